@@ -1,0 +1,115 @@
+"""Modules of the rlx dialect: building, printing, parsing, and the signature.
+
+A traced function is one `func.func` in a `builtin.module`. Its arguments are
+the inputs and params in declaration order, each carrying
+`{rlx.kind = "input" | "param", rlx.name = "..."}`; its results are the outputs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects import builtin, func
+from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, ModuleOp, StringAttr
+from xdsl.ir import Block, Region
+from xdsl.parser import Parser
+
+from .ops import RLX
+from .types import dtype_of, shape_of, tensor_type
+
+KINDS = ("input", "param")
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One argument of a traced function."""
+
+    name: str
+    kind: str  # "input" | "param"
+    shape: tuple
+    dtype: str = "f32"
+
+
+def context() -> Context:
+    ctx = Context()
+    ctx.load_dialect(builtin.Builtin)
+    ctx.load_dialect(func.Func)
+    ctx.load_dialect(RLX)
+    return ctx
+
+
+def arg_attr(a: Arg) -> DictionaryAttr:
+    return DictionaryAttr({"rlx.kind": StringAttr(a.kind), "rlx.name": StringAttr(a.name)})
+
+
+def new_function(name: str, args: list[Arg], block: Block | None = None
+                 ) -> tuple[ModuleOp, func.FuncOp, Block]:
+    """A function with the given signature around `block` (a new empty one by default,
+    whose args are created from `args`); the caller fills it and calls finish_function."""
+    types = [tensor_type(a.shape, a.dtype) for a in args]
+    if block is None:
+        block = Block(arg_types=types)
+        for a, v in zip(args, block.args):
+            v.name_hint = _hint(a.name)
+    f = func.FuncOp(name, (types, []), Region(block),
+                    arg_attrs=ArrayAttr([arg_attr(a) for a in args]))
+    return ModuleOp([f]), f, block
+
+
+def _hint(name: str) -> str | None:
+    ok = name.replace("_", "a").replace(".", "a").isalnum() and not name[0].isdigit()
+    return name.replace(".", "_") if ok else None
+
+
+def finish_function(f: func.FuncOp, block: Block, outputs) -> None:
+    """Append the return and fix the function type to the outputs."""
+    block.add_op(func.ReturnOp(*outputs))
+    f.function_type = builtin.FunctionType.from_lists(
+        [a.type for a in block.args], [o.type for o in outputs])
+
+
+def get_func(module: ModuleOp) -> func.FuncOp:
+    fs = [op for op in module.ops if isinstance(op, func.FuncOp)]
+    if len(fs) != 1:
+        raise ValueError(f"an rlx module holds exactly one func.func, found {len(fs)}")
+    return fs[0]
+
+
+def signature(f: func.FuncOp) -> list[Arg]:
+    """The named inputs and params of a traced function, in declaration order."""
+    out = []
+    attrs = f.arg_attrs.data if f.arg_attrs is not None else [None] * len(f.args)
+    for i, (v, d) in enumerate(zip(f.args, attrs)):
+        if d is None or "rlx.name" not in d.data or "rlx.kind" not in d.data:
+            raise ValueError(f"argument #{i} of @{f.sym_name.data} lacks rlx.name / rlx.kind")
+        kind = d.data["rlx.kind"].data
+        if kind not in KINDS:
+            raise ValueError(f"argument #{i}: rlx.kind must be input or param, got {kind!r}")
+        out.append(Arg(d.data["rlx.name"].data, kind, shape_of(v.type), dtype_of(v.type)))
+    names = [a.name for a in out]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise ValueError(f"duplicate argument names: {sorted(dup)}")
+    return out
+
+
+def outputs(f: func.FuncOp):
+    ret = f.body.block.last_op
+    if not isinstance(ret, func.ReturnOp):
+        raise ValueError(f"@{f.sym_name.data} must end with func.return")
+    return list(ret.arguments)
+
+
+def parse(text: str) -> ModuleOp:
+    m = Parser(context(), text).parse_module()
+    m.verify()
+    get_func(m)
+    return m
+
+
+def to_text(module: ModuleOp) -> str:
+    return str(module)
+
+
+def clone(module: ModuleOp) -> ModuleOp:
+    return module.clone()

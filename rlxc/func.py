@@ -1,0 +1,224 @@
+"""`Func`: an immutable traced function of named inputs and params.
+
+A Func holds an rlx module (one `func.func`) and the arrays bound to its
+params. Every builder (`with_param`, `init_randn`, a transform) returns a new
+Func; the IR of a Func is never mutated in place, so clones share it and its
+compiled artifacts.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+
+import numpy as np
+
+from rlxc.dialect import module as M
+from rlxc.dialect.interpreter import interpret
+from rlxc.runtime.errors import NameLookupError
+from rlxc.runtime.signature import bind_args, coerce
+
+from .tensor import GraphScope, Tensor
+
+DEVICES = ("cpu", "interp", "cuda")
+
+
+class Func:
+    """A pure function traced once into the rlx dialect.
+
+    `Func(name, build)` calls `build(scope)` with a GraphScope; it returns a
+    Tensor or a tuple/list of Tensors (several outputs)."""
+
+    def __init__(self, name: str, build=None, *, module=None, params=None):
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"Func name must be a C identifier, got {name!r}")
+        if (build is None) == (module is None):
+            raise TypeError("Func(name, build): give a build function")
+        if module is None:
+            module = _trace(name, build)
+        self.name = name
+        self._module = module
+        self._args = M.signature(M.get_func(module))
+        self._bound: dict[str, np.ndarray] = {}
+        self._hash = None
+        for k, v in (params or {}).items():
+            self._bound[k] = self._coerce_param(k, v)
+
+    # -- construction ------------------------------------------------------
+    @classmethod
+    def from_module(cls, module, params=None) -> "Func":
+        """Wrap an existing rlx module (verified; its function name becomes the Func name)."""
+        module.verify()
+        f = M.get_func(module)
+        return cls(f.sym_name.data, module=module, params=params)
+
+    @classmethod
+    def from_mlir(cls, text: str, params=None) -> "Func":
+        """Parse rlx-dialect MLIR text (as printed by `mlir()`)."""
+        return cls.from_module(M.parse(text), params)
+
+    def mlir(self) -> str:
+        """The module as MLIR text; `Func.from_mlir(f.mlir())` round-trips."""
+        return M.to_text(self._module)
+
+    @property
+    def module(self):
+        """The rlx module. Treat as read-only: passes work on clones."""
+        return self._module
+
+    def ir_hash(self) -> str:
+        if self._hash is None:
+            self._hash = hashlib.sha256(self.mlir().encode()).hexdigest()
+        return self._hash
+
+    def _derive(self, module=None, params=None, name=None) -> "Func":
+        """A new Func: same IR unless `module` is given; params carried over where they fit."""
+        g = Func.__new__(Func)
+        g.name = name or self.name
+        g._module = module if module is not None else self._module
+        g._args = M.signature(M.get_func(g._module)) if module is not None else self._args
+        g._hash = self._hash if module is None else None
+        keep = {a.name: a for a in g._args if a.kind == "param"}
+        g._bound = {k: v for k, v in self._bound.items()
+                    if k in keep and v.shape == tuple(keep[k].shape)}
+        if params:
+            g._bound.update(params)
+        return g
+
+    # -- signature ---------------------------------------------------------
+    def input_names(self) -> list[str]:
+        return [a.name for a in self._args if a.kind == "input"]
+
+    def param_names(self) -> list[str]:
+        """Params in declaration order."""
+        return [a.name for a in self._args if a.kind == "param"]
+
+    def signature(self) -> list:
+        """Every argument (name, kind, shape, dtype) in declaration order."""
+        return list(self._args)
+
+    def _arg(self, name: str, kind: str | None = None):
+        for a in self._args:
+            if a.name == name and (kind is None or a.kind == kind):
+                return a
+        valid = [a.name for a in self._args if kind is None or a.kind == kind]
+        raise NameLookupError(f"unknown {kind or 'name'} {name!r}; valid: {valid}")
+
+    def param_shape_of(self, name: str) -> tuple:
+        return tuple(self._arg(name, "param").shape)
+
+    def input_shape_of(self, name: str) -> tuple:
+        return tuple(self._arg(name, "input").shape)
+
+    def output_count(self) -> int:
+        return len(M.outputs(M.get_func(self._module)))
+
+    def output_shapes(self) -> list[tuple]:
+        from rlxc.dialect.types import shape_of
+
+        return [shape_of(v.type) for v in M.outputs(M.get_func(self._module))]
+
+    # -- params ------------------------------------------------------------
+    def _coerce_param(self, name, data) -> np.ndarray:
+        a = self._arg(name, "param")
+        arr = coerce("param", name, data, a.shape, a.dtype)
+        if arr is data:
+            arr = arr.copy()  # the Func owns its bound data
+        arr.flags.writeable = False
+        return arr
+
+    def with_param(self, name: str, data) -> "Func":
+        """A new Func with `name` bound to `data` (declared shape, or flat)."""
+        return self._derive(params={name: self._coerce_param(name, data)})
+
+    def with_params(self, params: dict) -> "Func":
+        return self._derive(params={k: self._coerce_param(k, v) for k, v in params.items()})
+
+    def param_binding(self, name: str) -> np.ndarray | None:
+        """The array bound to param `name`, or None when unbound."""
+        self._arg(name, "param")
+        return self._bound.get(name)
+
+    def params(self) -> dict[str, np.ndarray]:
+        """All bound params, by name, in declaration order."""
+        return {n: self._bound[n] for n in self.param_names() if n in self._bound}
+
+    def init_params(self, fn) -> "Func":
+        """Bind every param to `fn(name, dims)`."""
+        return self.with_params({n: fn(n, self.param_shape_of(n)) for n in self.param_names()})
+
+    def init_randn(self, seed: int, stddev: float) -> "Func":
+        """Bind every param from RLX's SplitMix64/Box-Muller stream (bit-identical to RLX)."""
+        from .randn import randn_stream
+
+        names = self.param_names()
+        vals = randn_stream(seed, [self.param_shape_of(n) for n in names], stddev)
+        return self.with_params(dict(zip(names, vals)))
+
+    # -- running -------------------------------------------------------------
+    def _bind(self, args, kwargs, what="run") -> list[np.ndarray]:
+        if args:
+            if len(args) != 1 or not isinstance(args[0], dict):
+                raise TypeError(f"{what}: pass inputs by name, run(x=...) or run({{'x': ...}})")
+            kwargs = {**args[0], **kwargs}
+        return bind_args(self._args, kwargs, self._bound, what)
+
+    def run(self, *args, **inputs) -> list[np.ndarray]:
+        """Run on the default device; returns a list of arrays shaped like the outputs."""
+        return self.run_on(default_device(), *args, **inputs)
+
+    def run_on(self, device: str, *args, **inputs) -> list[np.ndarray]:
+        """Run on "cpu" (native), "interp" (the NumPy reference) or "cuda"."""
+        arrays = self._bind(args, inputs, f"{self.name}.run")
+        return self._executor(device).run(arrays)
+
+    def _executor(self, device: str):
+        if device == "interp":
+            return _Interp(self._module)
+        if device not in DEVICES:
+            raise ValueError(f"unknown device {device!r}; valid: {list(DEVICES)}")
+        from rlxc.backends import executor
+
+        return executor(self, device)
+
+    def __repr__(self):
+        sig = ", ".join(f"{a.kind} {a.name}: {a.shape}" for a in self._args)
+        return f"Func({self.name!r}, [{sig}], outputs={self.output_count()})"
+
+
+class _Interp:
+    def __init__(self, module):
+        self.module = module
+
+    def run(self, arrays):
+        return interpret(self.module, arrays)
+
+
+def default_device() -> str:
+    """RLXC_DEVICE if set, else the native CPU backend when it is available."""
+    env = os.environ.get("RLXC_DEVICE")
+    if env:
+        if env not in DEVICES:
+            raise ValueError(f"RLXC_DEVICE={env!r}; valid: {list(DEVICES)}")
+        return env
+    try:
+        import rlxc.backends  # noqa: F401
+    except ImportError:
+        return "interp"
+    return "cpu"
+
+
+def _trace(name: str, build) -> object:
+    scope = GraphScope()
+    out = build(scope)
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    if not outs:
+        raise ValueError(f"Func {name!r}: build returned no outputs")
+    for i, o in enumerate(outs):
+        if not isinstance(o, Tensor):
+            raise TypeError(f"Func {name!r}: output #{i} is {type(o).__name__}, not a Tensor")
+        if o.scope is not scope:
+            raise ValueError(f"Func {name!r}: output #{i} comes from another scope")
+    mod, f, block = M.new_function(name, scope.args, scope.block)
+    M.finish_function(f, block, [o.value for o in outs])
+    mod.verify()
+    return mod

@@ -1,0 +1,512 @@
+"""Tracing: GraphScope and Tensor build rlx IR directly (no text parsing).
+
+`GraphScope` declares the function's inputs, params and constants;
+`Tensor` is a traced value whose methods append rlx ops. NumPy broadcasting
+is resolved here: binary ops broadcast both sides explicitly with
+`rlx.broadcast_to`, and Python scalars become splat constants of the result
+shape. Shape errors are raised at trace time and name the op and the shapes.
+"""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+from xdsl.ir import Block
+
+from rlxc.dialect import ops as O
+from rlxc.dialect.module import Arg, KINDS
+from rlxc.dialect.ops import make_op, normalize_axes
+from rlxc.dialect.types import (
+    DTYPES,
+    FLOAT_DTYPES,
+    INT_DTYPES,
+    ShapeError,
+    broadcast_shapes,
+    dense_attr,
+    dtype_of,
+    numel,
+    shape_of,
+    tensor_type,
+)
+
+
+def _np_dtype_name(a: np.ndarray, default_float="f32") -> str:
+    k = a.dtype.kind
+    if k == "b":
+        return "i1"
+    if k in "iu":
+        return "i32" if a.dtype.itemsize <= 4 else "i64"
+    if k == "f":
+        return "f64" if (a.dtype == np.float64 and default_float == "f64") else "f32"
+    raise TypeError(f"unsupported array dtype {a.dtype}")
+
+
+class GraphScope:
+    """Declares inputs, params and constants of a traced function, and owns its block."""
+
+    def __init__(self):
+        self.block = Block()
+        self.args: list[Arg] = []
+
+    # -- leaves ----------------------------------------------------------
+    def _arg(self, name: str, shape, dtype: str, kind: str) -> "Tensor":
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{kind} name must be a non-empty string, got {name!r}")
+        if any(a.name == name for a in self.args):
+            raise ValueError(f"duplicate name {name!r}: already declared as "
+                             f"{next(a.kind for a in self.args if a.name == name)}")
+        if dtype not in DTYPES:
+            raise TypeError(f"{kind} {name!r}: unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
+        if isinstance(shape, int):
+            shape = (shape,)
+        shape = tuple(int(d) for d in shape)
+        if any(d < 0 for d in shape):
+            raise ShapeError(f"{kind} {name!r}: negative dimension in {shape}")
+        v = self.block.insert_arg(tensor_type(shape, dtype), len(self.block.args))
+        if name.replace("_", "a").isalnum() and not name[0].isdigit():
+            v.name_hint = name
+        self.args.append(Arg(name, kind, shape, dtype))
+        return Tensor(self, v)
+
+    def input(self, name: str, shape, dtype: str = "f32") -> "Tensor":
+        """A named runtime input of the given shape and dtype (f32, f64, i1, i32, i64)."""
+        return self._arg(name, shape, dtype, "input")
+
+    def param(self, name: str, shape, dtype: str = "f32") -> "Tensor":
+        """A named trainable parameter; bind data with Func.with_param / init_*."""
+        if dtype not in FLOAT_DTYPES:
+            raise TypeError(f"param {name!r}: params are float tensors, got {dtype!r}")
+        return self._arg(name, shape, dtype, "param")
+
+    def constant(self, array, dtype: str | None = None) -> "Tensor":
+        """A dense constant (float arrays become f32 unless dtype says otherwise)."""
+        a = np.asarray(array)
+        dt = dtype or _np_dtype_name(a)
+        return self._emit_const(a, dt)
+
+    def scalar(self, x, dtype: str = "f32") -> "Tensor":
+        """A rank-0 constant."""
+        return self._emit_const(np.asarray(x), dtype)
+
+    def _emit_const(self, a: np.ndarray, dtype: str) -> "Tensor":
+        op = O.ConstantOp.create(result_types=[tensor_type(a.shape, dtype)],
+                                 properties={"value": dense_attr(a, dtype)})
+        self.block.add_op(op)
+        return Tensor(self, op.results[0])
+
+    def _splat(self, value, shape, dtype) -> "Tensor":
+        return self._emit_const(np.full(shape, value), dtype)
+
+    def emit(self, cls, operands, **params) -> "Tensor":
+        op = make_op(cls, [t.value for t in operands], **params)
+        self.block.add_op(op)
+        return Tensor(self, op.results[0])
+
+    # -- conveniences mirroring Tensor methods ----------------------------
+    @staticmethod
+    def concat(tensors, axis: int = 0) -> "Tensor":
+        return concat(tensors, axis)
+
+    @staticmethod
+    def where(cond, a, b) -> "Tensor":
+        return where(cond, a, b)
+
+
+class Tensor:
+    """A traced value. Arithmetic broadcasts like NumPy; every rlx op has a method."""
+
+    __array_priority__ = 1000  # so `ndarray + Tensor` reaches Tensor.__radd__
+
+    def __init__(self, scope: GraphScope, value):
+        self.scope = scope
+        self.value = value
+
+    # -- info ------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return shape_of(self.value.type)
+
+    @property
+    def dtype(self) -> str:
+        return dtype_of(self.value.type)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return numel(self.shape)
+
+    def __repr__(self):
+        return f"Tensor(shape={self.shape}, dtype={self.dtype})"
+
+    def __bool__(self):
+        raise TypeError("a traced Tensor has no truth value; use where()/select instead")
+
+    __hash__ = object.__hash__
+
+    # -- operand coercion -------------------------------------------------
+    def _lift(self, other, what: str) -> "Tensor":
+        if isinstance(other, Tensor):
+            if other.scope is not self.scope:
+                raise ValueError(f"{what}: tensors come from different scopes")
+            return other
+        if isinstance(other, (numbers.Number, np.number, bool)):
+            return None  # scalar: handled by the caller as a splat
+        if isinstance(other, (np.ndarray, list, tuple)):
+            a = np.asarray(other)
+            # arrays adopt a float tensor's dtype; otherwise they keep their own
+            dt = self.dtype if self.dtype in FLOAT_DTYPES else _np_dtype_name(a)
+            return self.scope.constant(a, dt)
+        raise TypeError(f"{what}: cannot combine a Tensor with {type(other).__name__}")
+
+    def _binary(self, cls, other, swap=False) -> "Tensor":
+        what = cls.name
+        o = self._lift(other, what)
+        if o is None:
+            if self.dtype not in FLOAT_DTYPES and not float(other).is_integer():
+                raise TypeError(f"{what}: float scalar {other} with {self.dtype} tensor")
+            o = self.scope._splat(other, self.shape, self.dtype)
+        elif o.dtype != self.dtype:
+            raise TypeError(f"{what}: dtypes differ: {self.dtype} vs {o.dtype}; use .cast()")
+        a, b = (o, self) if swap else (self, o)
+        shp = broadcast_shapes(a.shape, b.shape, what)
+        return self.scope.emit(cls, [a.broadcast_to(shp), b.broadcast_to(shp)])
+
+    def __add__(self, o): return self._binary(O.OPS["rlx.add"], o)
+    def __radd__(self, o): return self._binary(O.OPS["rlx.add"], o, swap=True)
+    def __sub__(self, o): return self._binary(O.OPS["rlx.sub"], o)
+    def __rsub__(self, o): return self._binary(O.OPS["rlx.sub"], o, swap=True)
+    def __mul__(self, o): return self._binary(O.OPS["rlx.mul"], o)
+    def __rmul__(self, o): return self._binary(O.OPS["rlx.mul"], o, swap=True)
+    def __truediv__(self, o): return self._binary(O.OPS["rlx.div"], o)
+    def __rtruediv__(self, o): return self._binary(O.OPS["rlx.div"], o, swap=True)
+
+    def __pow__(self, o):
+        if isinstance(o, numbers.Number) and o == 2:
+            return self * self  # exact, cheaper, and differentiable at 0
+        return self._binary(O.OPS["rlx.pow"], o)
+
+    def __rpow__(self, o): return self._binary(O.OPS["rlx.pow"], o, swap=True)
+    def __neg__(self): return self._unary("neg")
+    def __matmul__(self, o): return self.matmul(o)
+
+    def __rmatmul__(self, o):
+        return self._lift(o, "rlx.matmul").matmul(self)
+
+    def maximum(self, o): return self._binary(O.OPS["rlx.maximum"], o)
+    def minimum(self, o): return self._binary(O.OPS["rlx.minimum"], o)
+    def pow(self, o): return self._binary(O.OPS["rlx.pow"], o)
+
+    # comparisons -> i1 masks
+    def eq(self, o): return self._binary(O.OPS["rlx.eq"], o)
+    def ne(self, o): return self._binary(O.OPS["rlx.ne"], o)
+    def lt(self, o): return self._binary(O.OPS["rlx.lt"], o)
+    def le(self, o): return self._binary(O.OPS["rlx.le"], o)
+    def gt(self, o): return self._binary(O.OPS["rlx.gt"], o)
+    def ge(self, o): return self._binary(O.OPS["rlx.ge"], o)
+
+    def where(self, a, b) -> "Tensor":
+        """`self` is an i1 mask: a where true, b where false."""
+        return where(self, a, b)
+
+    # -- unary -------------------------------------------------------------
+    def _unary(self, name: str) -> "Tensor":
+        return self.scope.emit(O.OPS[f"rlx.{name}"], [self])
+
+    def exp(self): return self._unary("exp")
+    def log(self): return self._unary("log")
+    def sqrt(self): return self._unary("sqrt")
+    def rsqrt(self): return self._unary("rsqrt")
+    def tanh(self): return self._unary("tanh")
+    def sigmoid(self): return self._unary("sigmoid")
+    def relu(self): return self._unary("relu")
+
+    def gelu(self, approximate: str = "none"):
+        """GELU; approximate="tanh" selects the tanh form."""
+        if approximate not in ("none", "tanh"):
+            raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+        return self._unary("gelu" if approximate == "none" else "gelu_tanh")
+
+    def gelu_tanh(self): return self._unary("gelu_tanh")
+    def silu(self): return self._unary("silu")
+    def softplus(self): return self._unary("softplus")
+    def abs(self): return self._unary("abs")
+    def __abs__(self): return self._unary("abs")
+    def sin(self): return self._unary("sin")
+    def cos(self): return self._unary("cos")
+    def sign(self): return self._unary("sign")
+    def reciprocal(self): return self._unary("reciprocal")
+    def erf(self): return self._unary("erf")
+    def neg(self): return self._unary("neg")
+    def stop_gradient(self): return self._unary("stop_gradient")
+
+    def fake_quant(self, fmt) -> "Tensor":
+        """Round to a low-precision format (name like 'f8e4m3' or (e, m, max)); STE gradient."""
+        from rlxc.lowp import parse_format
+
+        spec = parse_format(fmt) if isinstance(fmt, str) else tuple(fmt)
+        if spec is None:
+            raise ValueError(f"fake_quant: unknown format {fmt!r}")
+        e, m, mx = spec
+        return self.scope.emit(O.FakeQuantOp, [self], exp_bits=e, man_bits=m, max_normal=mx)
+
+    # -- reductions --------------------------------------------------------
+    def _reduce(self, name, axes, keepdims):
+        ax = normalize_axes(axes, self.ndim, name)
+        return self.scope.emit(O.OPS[f"rlx.{name}"], [self], axes=ax, keepdims=bool(keepdims))
+
+    def sum(self, axes=None, keepdims=False): return self._reduce("sum", axes, keepdims)
+    def mean(self, axes=None, keepdims=False): return self._reduce("mean", axes, keepdims)
+    def max(self, axes=None, keepdims=False): return self._reduce("max", axes, keepdims)
+    def min(self, axes=None, keepdims=False): return self._reduce("min", axes, keepdims)
+    def prod(self, axes=None, keepdims=False): return self._reduce("prod", axes, keepdims)
+
+    # -- linear algebra ----------------------------------------------------
+    def matmul(self, other) -> "Tensor":
+        """NumPy matmul: vectors are promoted to matrices and the added dim removed."""
+        o = self._lift(other, "rlx.matmul")
+        if o is None:
+            raise TypeError("matmul: operand must be a tensor or array, not a scalar")
+        a, b = self, o
+        if a.ndim == 0 or b.ndim == 0:
+            raise ShapeError(f"matmul: {a.shape} @ {b.shape}: scalars are not allowed")
+        va, vb = a.ndim == 1, b.ndim == 1
+        if va:
+            a = a.reshape(1, a.shape[0])
+        if vb:
+            b = b.reshape(b.shape[0], 1)
+        if a.shape[-1] != b.shape[-2]:
+            raise ShapeError(f"matmul: {self.shape} @ {o.shape}: inner dimensions "
+                             f"{a.shape[-1]} != {b.shape[-2]}")
+        r = self.scope.emit(O.MatmulOp, [a, b])
+        if va or vb:
+            shp = r.shape[:-2] + ((r.shape[-2],) if not va else ()) + \
+                ((r.shape[-1],) if not vb else ())
+            r = r.reshape(*shp) if shp else r.reshape(())
+        return r
+
+    def linear(self, w, b=None) -> "Tensor":
+        """x @ w (+ b), with w laid out (in_features, out_features)."""
+        y = self.matmul(w)
+        return y + b if b is not None else y
+
+    # -- shape -------------------------------------------------------------
+    def reshape(self, *shape) -> "Tensor":
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        shape = tuple(int(d) for d in shape)
+        if shape.count(-1) > 1:
+            raise ShapeError(f"reshape: at most one -1 in {shape}")
+        if -1 in shape:
+            rest = numel(d for d in shape if d != -1)
+            if rest == 0 or self.size % rest:
+                raise ShapeError(f"reshape: cannot reshape {self.shape} to {shape}")
+            shape = tuple(self.size // rest if d == -1 else d for d in shape)
+        if numel(shape) != self.size or any(d < 0 for d in shape):
+            raise ShapeError(f"reshape: cannot reshape {self.shape} to {shape}")
+        if shape == self.shape:
+            return self
+        return self.scope.emit(O.ReshapeOp, [self], shape=shape)
+
+    def flatten(self) -> "Tensor":
+        return self.reshape(-1)
+
+    def expand_dims(self, axis: int) -> "Tensor":
+        r = self.ndim + 1
+        if not -r <= axis < r:
+            raise ShapeError(f"expand_dims: axis {axis} out of range for rank {self.ndim}")
+        axis %= r
+        return self.reshape(self.shape[:axis] + (1,) + self.shape[axis:])
+
+    def squeeze(self, axes=None) -> "Tensor":
+        if axes is None:
+            ax = tuple(i for i, d in enumerate(self.shape) if d == 1)
+        else:
+            ax = normalize_axes(axes, self.ndim, "squeeze")
+        for a in ax:
+            if self.shape[a] != 1:
+                raise ShapeError(f"squeeze: dim {a} of {self.shape} is not 1")
+        return self.reshape(tuple(d for i, d in enumerate(self.shape) if i not in ax))
+
+    def transpose(self, *perm) -> "Tensor":
+        if len(perm) == 1 and isinstance(perm[0], (tuple, list)):
+            perm = tuple(perm[0])
+        if not perm:
+            perm = tuple(reversed(range(self.ndim)))
+        perm = tuple(int(p) % max(self.ndim, 1) for p in perm)
+        if perm == tuple(range(self.ndim)):
+            return self
+        return self.scope.emit(O.TransposeOp, [self], perm=perm)
+
+    @property
+    def T(self) -> "Tensor":
+        return self.transpose()
+
+    def broadcast_to(self, shape) -> "Tensor":
+        shape = tuple(int(d) for d in shape)
+        if shape == self.shape:
+            return self
+        return self.scope.emit(O.BroadcastToOp, [self], shape=shape)
+
+    def slice(self, starts, limits, strides=None) -> "Tensor":
+        strides = tuple(strides) if strides is not None else (1,) * self.ndim
+        return self.scope.emit(O.SliceOp, [self], starts=tuple(starts), limits=tuple(limits),
+                               strides=strides)
+
+    def narrow(self, axis: int, start: int, length: int) -> "Tensor":
+        axis = normalize_axes(axis, self.ndim, "narrow")[0]
+        starts = [0] * self.ndim
+        limits = list(self.shape)
+        starts[axis], limits[axis] = start, start + length
+        return self.slice(starts, limits)
+
+    def __getitem__(self, key) -> "Tensor":
+        """Basic indexing: ints, slices with positive steps, None and Ellipsis."""
+        if not isinstance(key, tuple):
+            key = (key,)
+        if any(k is Ellipsis for k in key):
+            i = key.index(Ellipsis)
+            n_real = sum(1 for k in key if k is not None and k is not Ellipsis)
+            key = key[:i] + (slice(None),) * (self.ndim - n_real) + key[i + 1:]
+        starts, limits, strides, out_shape = [], [], [], []
+        dim = 0
+        for k in key:
+            if k is None:
+                out_shape.append(1)
+                continue
+            if dim >= self.ndim:
+                raise ShapeError(f"index: too many indices for shape {self.shape}")
+            d = self.shape[dim]
+            if isinstance(k, (int, np.integer)):
+                k = int(k)
+                if not -d <= k < d:
+                    raise ShapeError(f"index: {k} out of range for dim {dim} of {self.shape}")
+                k %= d
+                starts.append(k), limits.append(k + 1), strides.append(1)
+            elif isinstance(k, slice):
+                s, l, st = k.indices(d)
+                if st < 1:
+                    raise ShapeError("index: only positive slice steps are supported")
+                l = max(l, s)
+                starts.append(s), limits.append(l), strides.append(st)
+                out_shape.append((l - s + st - 1) // st)
+            else:
+                raise TypeError(f"index: unsupported key {k!r} (use gather for tensor indices)")
+            dim += 1
+        for d in self.shape[dim:]:
+            starts.append(0), limits.append(d), strides.append(1)
+            out_shape.append(d)
+        r = self
+        if (tuple(starts), tuple(limits), tuple(strides)) != ((0,) * self.ndim, self.shape,
+                                                               (1,) * self.ndim):
+            r = self.slice(starts, limits, strides)
+        return r.reshape(tuple(out_shape))
+
+    def gather(self, indices, axis: int = 0) -> "Tensor":
+        """Take slices along `axis` at integer `indices` (embedding lookup when axis=0)."""
+        if not isinstance(indices, Tensor):
+            indices = self.scope.constant(np.asarray(indices))
+        if indices.dtype not in INT_DTYPES:
+            raise TypeError(f"gather: indices must be i32 or i64, got {indices.dtype}")
+        axis = normalize_axes(axis, self.ndim, "gather")[0]
+        return self.scope.emit(O.GatherOp, [self, indices], axis=axis)
+
+    def index_select(self, axis: int, indices) -> "Tensor":
+        return self.gather(indices, axis)
+
+    def cast(self, dtype: str) -> "Tensor":
+        if dtype not in DTYPES:
+            raise TypeError(f"cast: unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
+        if dtype == self.dtype:
+            return self
+        op = O.CastOp.create(operands=[self.value], result_types=[tensor_type(self.shape, dtype)])
+        self.scope.block.add_op(op)
+        return Tensor(self.scope, op.results[0])
+
+    # -- composites ----------------------------------------------------------
+    def logsumexp(self, axis=-1, keepdims=False) -> "Tensor":
+        m = self.max(axis, keepdims=True).stop_gradient()
+        r = (self - m).exp().sum(axis, keepdims=True).log() + m
+        return r if keepdims else r.squeeze(normalize_axes(axis, self.ndim, "logsumexp"))
+
+    def log_softmax(self, axis=-1) -> "Tensor":
+        return self - self.logsumexp(axis, keepdims=True)
+
+    def softmax(self, axis=-1) -> "Tensor":
+        m = self.max(axis, keepdims=True).stop_gradient()
+        e = (self - m).exp()
+        return e / e.sum(axis, keepdims=True)
+
+    def layer_norm(self, axes=-1, eps: float = 1e-5, weight=None, bias=None) -> "Tensor":
+        mu = self.mean(axes, keepdims=True)
+        xc = self - mu
+        var = (xc * xc).mean(axes, keepdims=True)
+        y = xc * (var + eps).rsqrt()
+        if weight is not None:
+            y = y * weight
+        if bias is not None:
+            y = y + bias
+        return y
+
+    def rms_norm(self, axes=-1, eps: float = 1e-6, weight=None) -> "Tensor":
+        y = self * ((self * self).mean(axes, keepdims=True) + eps).rsqrt()
+        return y * weight if weight is not None else y
+
+    def cross_entropy(self, targets) -> "Tensor":
+        """Softmax cross-entropy of these logits, averaged over the batch.
+
+        `targets` is either one-hot/probabilities of the logits' shape, or
+        integer class labels of shape logits.shape[:-1]."""
+        if not isinstance(targets, Tensor):
+            targets = self.scope.constant(np.asarray(targets))
+        if targets.dtype in INT_DTYPES:
+            if targets.shape != self.shape[:-1]:
+                raise ShapeError(f"cross_entropy: labels {targets.shape} do not match "
+                                 f"logits {self.shape} without the class axis")
+            classes = self.scope.constant(np.arange(self.shape[-1], dtype=np.int64),
+                                          targets.dtype)
+            targets = targets.expand_dims(-1).eq(classes).cast(self.dtype)
+        elif targets.shape != self.shape:
+            raise ShapeError(f"cross_entropy: targets {targets.shape} vs logits {self.shape}")
+        nll = -(targets * self.log_softmax(-1)).sum(-1)
+        return nll.mean()
+
+    def mse(self, target) -> "Tensor":
+        d = self - target
+        return (d * d).mean()
+
+
+def _as_tensor(x, like: Tensor, what: str) -> Tensor:
+    t = like._lift(x, what)
+    return t if t is not None else like.scope._splat(x, like.shape, like.dtype)
+
+
+def where(cond: Tensor, a, b) -> Tensor:
+    """Elementwise select with NumPy broadcasting of all three operands."""
+    if not isinstance(cond, Tensor) or cond.dtype != "i1":
+        raise TypeError("where: the condition must be an i1 mask Tensor (from lt/gt/eq/...)")
+    ref = a if isinstance(a, Tensor) else b if isinstance(b, Tensor) else None
+    if ref is None:
+        dt = "f32"
+        a = cond.scope._splat(a, cond.shape, dt)
+        b = cond.scope._splat(b, cond.shape, dt)
+    else:
+        a, b = _as_tensor(a, ref, "rlx.select"), _as_tensor(b, ref, "rlx.select")
+    if a.dtype != b.dtype:
+        raise TypeError(f"where: branch dtypes differ: {a.dtype} vs {b.dtype}")
+    shp = broadcast_shapes(broadcast_shapes(cond.shape, a.shape, "select"), b.shape, "select")
+    return cond.scope.emit(O.SelectOp, [cond.broadcast_to(shp), a.broadcast_to(shp),
+                                        b.broadcast_to(shp)])
+
+
+def concat(tensors, axis: int = 0) -> Tensor:
+    tensors = list(tensors)
+    if not tensors or not all(isinstance(t, Tensor) for t in tensors):
+        raise TypeError("concat: needs a non-empty list of Tensors")
+    axis = normalize_axes(axis, tensors[0].ndim, "concat")[0]
+    return tensors[0].scope.emit(O.ConcatOp, tensors, axis=axis)
+
+
+__all__ = ["GraphScope", "Tensor", "where", "concat", "KINDS"]
