@@ -154,6 +154,48 @@ class Func:
         vals = randn_stream(seed, [self.param_shape_of(n) for n in names], stddev)
         return self.with_params(dict(zip(names, vals)))
 
+    # -- transforms (each one a dialect pass, then cleanup) --------------------
+    def _transformed(self, fn, *args) -> "Func":
+        from rlxc.dialect.passes import cleanup
+
+        return self._derive(module=cleanup(fn(self._module, *args)))
+
+    def grad(self, wrt) -> "Func":
+        """Gradients of the first output (summed if not scalar) w.r.t. `wrt` (inputs or params)."""
+        from rlxc.dialect.autodiff import grad_module
+
+        return self._transformed(grad_module, _names(wrt), False)
+
+    def value_and_grad(self, wrt) -> "Func":
+        """Outputs [loss, grads...]; the forward runs once."""
+        from rlxc.dialect.autodiff import grad_module
+
+        return self._transformed(grad_module, _names(wrt), True)
+
+    def grad_all(self) -> "Func":
+        return self.grad(self.param_names())
+
+    def value_and_grad_all(self) -> "Func":
+        return self.value_and_grad(self.param_names())
+
+    def jvp(self, tangent_for) -> "Func":
+        """Forward mode: adds inputs `tangent_<name>`; outputs [primals..., tangents...]."""
+        from rlxc.dialect.jvp import jvp_module
+
+        return self._transformed(jvp_module, _names(tangent_for))
+
+    def hvp(self, wrt) -> "Func":
+        """Forward-over-reverse: adds `tangent_<name>`; outputs [loss, grads..., <grad, v>, Hv...]."""
+        from rlxc.dialect.jvp import hvp_module
+
+        return self._transformed(hvp_module, _names(wrt))
+
+    def vmap(self, batched, batch_size: int) -> "Func":
+        """Map over a new leading axis of the `batched` inputs; params and other inputs are shared."""
+        from rlxc.dialect.vmap import vmap_module
+
+        return self._transformed(vmap_module, _names(batched), int(batch_size))
+
     # -- running -------------------------------------------------------------
     def _bind(self, args, kwargs, what="run") -> list[np.ndarray]:
         if args:
@@ -183,6 +225,15 @@ class Func:
     def __repr__(self):
         sig = ", ".join(f"{a.kind} {a.name}: {a.shape}" for a in self._args)
         return f"Func({self.name!r}, [{sig}], outputs={self.output_count()})"
+
+
+def _names(names) -> list[str]:
+    if isinstance(names, str):
+        return [names]
+    names = list(names)
+    if not all(isinstance(n, str) for n in names):
+        raise TypeError(f"expected a list of names, got {names!r}")
+    return names
 
 
 class _Interp:
