@@ -213,6 +213,17 @@ class Func:
         arrays = self._bind(args, inputs, f"{self.name}.run")
         return self._executor(device).run(arrays)
 
+    def jit(self):
+        """A `Jitted` for the default device: compiled once, `.run` does no cache lookup."""
+        return self.jit_on(default_device())
+
+    def jit_on(self, device: str):
+        if device not in DEVICES or device == "interp":
+            raise ValueError(f"jit_on: unknown native device {device!r}; valid: ['cpu', 'cuda']")
+        from rlxc.backends import jit
+
+        return jit(self, device)
+
     def _executor(self, device: str):
         if device == "interp":
             return _Interp(self._module)

@@ -1,0 +1,141 @@
+"""Checkpoints: dicts of named arrays in safetensors files, strictly checked.
+
+Purpose
+-------
+Model parameters (float32) and optimizer state (``Optimizer.state_dict()``,
+which adds a few int64/float64/uint8 entries) are saved as one safetensors
+file, the format the rest of the ecosystem reads.  Loading can check the
+file against the names and shapes the caller expects, so a checkpoint from a
+different model fails loudly instead of being half-applied.
+
+Algorithm
+---------
+* save: validate names and arrays, serialize in memory with
+  ``safetensors.numpy.save`` (arrays made C-contiguous first), write to a
+  temporary file in the destination directory, fsync, then ``os.replace``
+  onto the destination, so readers see the old file or the new one, never a
+  torn write.
+* load: ``safetensors.numpy.load_file``; a missing file raises
+  FileNotFoundError and an unreadable one CheckpointError, both naming the
+  path; with ``expected`` (name -> shape) every missing tensor, wrongly
+  shaped tensor and (in strict mode) unexpected tensor is reported in one
+  CheckpointError.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+
+import numpy as np
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import load_file
+from safetensors.numpy import save as _serialize
+
+__all__ = ["CheckpointError", "save_tensors", "load_tensors", "read_metadata"]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is unreadable or does not match what was expected."""
+
+
+def save_tensors(path: str | os.PathLike, tensors: Mapping[str, np.ndarray],
+                 metadata: Mapping[str, str] | None = None) -> None:
+    """Atomically write ``tensors`` (and optional string ``metadata``) to ``path``."""
+    path = os.fspath(path)
+    if not isinstance(tensors, Mapping):
+        raise TypeError(f"save_tensors({path!r}): tensors must be a dict of "
+                        f"name -> numpy array, got {type(tensors).__name__}")
+    arrays: dict[str, np.ndarray] = {}
+    for name, arr in tensors.items():
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"save_tensors({path!r}): tensor names must be "
+                            f"non-empty strings, got {name!r}")
+        if not isinstance(arr, np.ndarray):
+            raise TypeError(f"save_tensors({path!r}): tensor {name!r} must be a "
+                            f"numpy array, got {type(arr).__name__}")
+        arrays[name] = np.ascontiguousarray(arr)
+    meta = None
+    if metadata is not None:
+        meta = {}
+        for k, v in metadata.items():
+            if not isinstance(k, str) or not isinstance(v, str):
+                raise TypeError(f"save_tensors({path!r}): metadata must map str to "
+                                f"str, got {k!r}: {v!r}")
+            meta[k] = v
+    try:
+        data = _serialize(arrays, metadata=meta)
+    except (SafetensorError, ValueError, TypeError) as exc:
+        raise CheckpointError(f"cannot serialize checkpoint {path!r}: {exc}") from exc
+
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory,
+                               prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def load_tensors(path: str | os.PathLike,
+                 expected: Mapping[str, tuple[int, ...]] | None = None,
+                 strict: bool = True) -> dict[str, np.ndarray]:
+    """Read every tensor of ``path``; optionally check names and shapes.
+
+    With ``expected`` (name -> shape), a missing or wrongly shaped tensor is
+    an error; a tensor not in ``expected`` is an error when ``strict`` and is
+    left out of the result otherwise.
+    """
+    path = os.fspath(path)
+    tensors = _read(path)
+    if expected is None:
+        return tensors
+    want = {name: tuple(int(d) for d in shape) for name, shape in expected.items()}
+    problems = []
+    missing = [n for n in want if n not in tensors]
+    if missing:
+        problems.append(f"missing tensor(s) {missing}")
+    for name, shape in want.items():
+        if name in tensors and tensors[name].shape != shape:
+            problems.append(f"tensor {name!r} expected shape {shape}, "
+                            f"got {tensors[name].shape}")
+    extra = sorted(n for n in tensors if n not in want)
+    if extra and strict:
+        problems.append(f"unexpected tensor(s) {extra} (pass strict=False to ignore)")
+    if problems:
+        raise CheckpointError(f"checkpoint {path!r} does not match: "
+                              + "; ".join(problems))
+    return {name: tensors[name] for name in want}
+
+
+def read_metadata(path: str | os.PathLike) -> dict[str, str]:
+    """The string metadata stored in the file header ({} if none)."""
+    path = os.fspath(path)
+    _check_exists(path)
+    try:
+        with safe_open(path, framework="np") as f:
+            return dict(f.metadata() or {})
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"cannot read checkpoint {path!r}: {exc}") from exc
+
+
+def _check_exists(path: str) -> None:
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"checkpoint not found: {path!r}")
+
+
+def _read(path: str) -> dict[str, np.ndarray]:
+    _check_exists(path)
+    try:
+        return load_file(path)
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"cannot read checkpoint {path!r} (not a valid "
+                              f"safetensors file?): {exc}") from exc

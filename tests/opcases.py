@@ -1,0 +1,159 @@
+"""One test case per rlx op: a traced builder, a hand-written NumPy oracle, inputs.
+
+Shared by the dialect tests (print/parse/interpret) and the backend tests.
+Inputs are chosen away from kinks and outside singular domains.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+import rlxc
+
+rng = np.random.default_rng(0)
+
+
+def _r(*shape, lo=-2.0, hi=2.0):
+    return rng.uniform(lo, hi, size=shape).astype(np.float32)
+
+
+def _pos(*shape):
+    return rng.uniform(0.3, 3.0, size=shape).astype(np.float32)
+
+
+def _erf(x):
+    return np.vectorize(math.erf)(x.astype(np.float64))
+
+
+def _sig(x):
+    return 1 / (1 + np.exp(-x.astype(np.float64)))
+
+
+# name -> (build(scope, **inputs) -> Tensor, numpy oracle(**arrays), {input: array})
+CASES = {}
+
+
+def case(name, inputs, build, oracle):
+    CASES[name] = (build, oracle, inputs)
+
+
+def _unary(name, method, oracle, gen=_r):
+    case(name, {"x": gen(3, 5)}, lambda s, x: getattr(x, method)(), oracle)
+
+
+_unary("neg", "neg", lambda x: -x)
+_unary("exp", "exp", np.exp)
+_unary("log", "log", np.log, _pos)
+_unary("sqrt", "sqrt", np.sqrt, _pos)
+_unary("rsqrt", "rsqrt", lambda x: 1 / np.sqrt(x), _pos)
+_unary("tanh", "tanh", np.tanh)
+_unary("sigmoid", "sigmoid", _sig)
+_unary("relu", "relu", lambda x: np.maximum(x, 0))
+_unary("gelu", "gelu", lambda x: 0.5 * x * (1 + _erf(x / np.sqrt(2))))
+_unary("gelu_tanh", "gelu_tanh",
+       lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3))))
+_unary("silu", "silu", lambda x: x * _sig(x))
+_unary("softplus", "softplus", lambda x: np.log1p(np.exp(x.astype(np.float64))))
+_unary("abs", "abs", np.abs)
+_unary("sin", "sin", np.sin)
+_unary("cos", "cos", np.cos)
+_unary("sign", "sign", np.sign)
+_unary("reciprocal", "reciprocal", lambda x: 1 / x, _pos)
+_unary("erf", "erf", _erf)
+_unary("stop_gradient", "stop_gradient", lambda x: x)
+case("fake_quant", {"x": _r(4, 6)}, lambda s, x: x.fake_quant("e2m1"),
+     lambda x: np.clip(np.sign(x) * np.array([0, .5, 1, 1.5, 2, 3, 4, 6])[
+         np.abs(np.abs(x)[..., None] - np.array([0, .5, 1, 1.5, 2, 3, 4, 6])).argmin(-1)], -6, 6))
+
+_BIN = {"add": (lambda x, y: x + y, np.add), "sub": (lambda x, y: x - y, np.subtract),
+        "mul": (lambda x, y: x * y, np.multiply), "div": (lambda x, y: x / y, np.divide),
+        "maximum": (lambda x, y: x.maximum(y), np.maximum),
+        "minimum": (lambda x, y: x.minimum(y), np.minimum)}
+for _n, (_b, _f) in _BIN.items():
+    case(_n, {"x": _r(3, 4), "y": _r(4)}, (lambda b: lambda s, x, y: b(x, y))(_b), _f)
+case("pow", {"x": _pos(3, 4), "y": _r(3, 4)}, lambda s, x, y: x ** y, np.power)
+for _n, _f in {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
+               "gt": np.greater, "ge": np.greater_equal}.items():
+    case(_n, {"x": np.round(_r(3, 4)), "y": np.round(_r(1, 4))},
+         (lambda m: lambda s, x, y: getattr(x, m)(y).cast("f32"))(_n),
+         (lambda f: lambda x, y: f(x, y).astype(np.float32))(_f))
+case("select", {"x": _r(3, 4), "y": _r(3, 4)}, lambda s, x, y: x.gt(y).where(x, y * 2),
+     lambda x, y: np.where(x > y, x, y * 2))
+for _n, _f in {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min,
+               "prod": np.prod}.items():
+    case(_n, {"x": _r(3, 4, 5, lo=0.5, hi=1.5)},
+         (lambda m: lambda s, x: getattr(x, m)([0, 2], keepdims=False))(_n),
+         (lambda f: lambda x: f(x, axis=(0, 2)))(_f))
+    case(_n + "_keepdims", {"x": _r(3, 4, lo=0.5, hi=1.5)},
+         (lambda m: lambda s, x: getattr(x, m)(-1, keepdims=True))(_n),
+         (lambda f: lambda x: f(x, axis=-1, keepdims=True))(_f))
+    case(_n + "_all", {"x": _r(4, 5, lo=0.5, hi=1.5)},
+         (lambda m: lambda s, x: getattr(x, m)())(_n), (lambda f: lambda x: f(x))(_f))
+case("matmul", {"x": _r(5, 4), "y": _r(4, 3)}, lambda s, x, y: x @ y, np.matmul)
+case("matmul_batched", {"x": _r(2, 5, 4), "y": _r(4, 3)}, lambda s, x, y: x @ y, np.matmul)
+case("matmul_bcast", {"x": _r(2, 1, 5, 4), "y": _r(3, 4, 2)}, lambda s, x, y: x @ y, np.matmul)
+case("matmul_vec", {"x": _r(4), "y": _r(4, 3)}, lambda s, x, y: x @ y, np.matmul)
+case("transpose", {"x": _r(2, 3, 4)}, lambda s, x: x.transpose(2, 0, 1),
+     lambda x: np.transpose(x, (2, 0, 1)))
+case("T", {"x": _r(3, 4)}, lambda s, x: x.T, lambda x: x.T)
+case("reshape", {"x": _r(3, 4)}, lambda s, x: x.reshape(2, -1), lambda x: x.reshape(2, -1))
+case("broadcast_to", {"x": _r(3, 1)}, lambda s, x: x.broadcast_to((2, 3, 4)),
+     lambda x: np.broadcast_to(x, (2, 3, 4)))
+case("expand_dims", {"x": _r(3, 4)}, lambda s, x: x.expand_dims(1), lambda x: x[:, None])
+case("squeeze", {"x": _r(3, 1, 4)}, lambda s, x: x.squeeze(1), lambda x: x[:, 0])
+case("slice", {"x": _r(6, 5)}, lambda s, x: x[1:5:2, 2:], lambda x: x[1:5:2, 2:])
+case("narrow", {"x": _r(6, 5)}, lambda s, x: x.narrow(1, 1, 3), lambda x: x[:, 1:4])
+case("pad", {"x": _r(2, 3)},
+     lambda s, x: s.emit(rlxc.dialect.ops.PadOp, [x], low=(1, 0), high=(0, 2)),
+     lambda x: np.pad(x, ((1, 0), (0, 2))))
+case("concat", {"x": _r(2, 3), "y": _r(4, 3)}, lambda s, x, y: rlxc.concat([x, y, x], 0),
+     lambda x, y: np.concatenate([x, y, x], 0))
+case("gather", {"x": _r(10, 4)}, lambda s, x: x.gather(np.array([3, 0, 9, 3], np.int32)),
+     lambda x: x[[3, 0, 9, 3]])
+case("index_select", {"x": _r(3, 10)},
+     lambda s, x: x.index_select(1, np.array([[1, 2], [9, 0]], np.int64)),
+     lambda x: x[:, [[1, 2], [9, 0]]])
+case("scatter_add", {"x": _r(4, 3)},
+     lambda s, x: s.emit(rlxc.dialect.ops.ScatterAddOp,
+                         [s.constant(np.array([1, 3, 1, 0], np.int32)), x], axis=0, dim=5),
+     lambda x: np.stack([x[3], x[0] + x[2], np.zeros(3), x[1], np.zeros(3)]))
+case("cast", {"x": _r(3, 4, lo=-5, hi=5)}, lambda s, x: x.cast("i32").cast("f32"),
+     lambda x: np.trunc(x))
+case("where_fn", {"x": _r(3, 4)}, lambda s, x: rlxc.where(x.lt(0), 0.0, x),
+     lambda x: np.where(x < 0, 0, x))
+case("softmax", {"x": _r(3, 5)}, lambda s, x: x.softmax(),
+     lambda x: np.exp(x) / np.exp(x).sum(-1, keepdims=True))
+case("log_softmax", {"x": _r(3, 5)}, lambda s, x: x.log_softmax(),
+     lambda x: x - np.log(np.exp(x).sum(-1, keepdims=True)))
+case("logsumexp", {"x": _r(3, 5)}, lambda s, x: x.logsumexp(1),
+     lambda x: np.log(np.exp(x).sum(1)))
+case("layer_norm", {"x": _r(3, 8)}, lambda s, x: x.layer_norm(),
+     lambda x: (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5))
+case("rms_norm", {"x": _r(3, 8)}, lambda s, x: x.rms_norm(),
+     lambda x: x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6))
+case("linear", {"x": _r(3, 4), "w": _r(4, 2), "b": _r(2)}, lambda s, x, w, b: x.linear(w, b),
+     lambda x, w, b: x @ w + b)
+case("cross_entropy_labels", {"x": _r(4, 5)},
+     lambda s, x: x.cross_entropy(s.constant(np.array([0, 4, 2, 2], np.int32))),
+     lambda x: -np.mean((x - np.log(np.exp(x).sum(-1, keepdims=True)))[range(4), [0, 4, 2, 2]]))
+case("cross_entropy_onehot", {"x": _r(2, 3), "t": np.array([[0, 1, 0], [.5, .5, 0]], np.float32)},
+     lambda s, x, t: x.cross_entropy(t),
+     lambda x, t: -np.mean((t * (x - np.log(np.exp(x).sum(-1, keepdims=True)))).sum(-1)))
+case("mse", {"x": _r(3, 4), "y": _r(3, 4)}, lambda s, x, y: x.mse(y),
+     lambda x, y: np.mean((x - y) ** 2))
+case("scalar_ops", {"x": _r(3)}, lambda s, x: 2.0 - x * 3 + 1 / (x * x + 1) - (x ** 3.0),
+     lambda x: 2 - x * 3 + 1 / (x * x + 1) - x ** 3)
+case("rdiv_array", {"x": _pos(3)}, lambda s, x: np.array([1.0, 2.0, 3.0]) / x,
+     lambda x: np.array([1.0, 2.0, 3.0]) / x)
+
+
+def make_func(name):
+    build, oracle, inputs = CASES[name]
+    names = list(inputs)
+
+    def b(s):
+        ts = {k: s.input(k, v.shape, "f32") for k, v in inputs.items()}
+        return build(s, **ts)
+
+    return rlxc.Func("case_" + name.replace("-", "_"), b), oracle, inputs, names
