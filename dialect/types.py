@@ -71,7 +71,7 @@ def dense_attr(array: np.ndarray, dtype: str | None = None) -> DenseIntOrFPEleme
     if dtype is None:
         dtype = {np.dtype(np.float64): "f64", np.dtype(np.bool_): "i1", np.dtype(np.int32): "i32",
                  np.dtype(np.int64): "i64"}.get(array.dtype, "f32")
-    arr = np.ascontiguousarray(array, dtype=NP_DTYPES[dtype])
+    arr = np.array(array, dtype=NP_DTYPES[dtype], order="C")  # keeps rank 0
     if dtype == "i1":
         arr = arr.astype(np.int8)
     typ = tensor_type(arr.shape, dtype)

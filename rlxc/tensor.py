@@ -16,6 +16,7 @@ from xdsl.ir import Block
 from rlxc.dialect import ops as O
 from rlxc.dialect.module import Arg, KINDS
 from rlxc.dialect.ops import make_op, normalize_axes
+from rlxc.runtime.errors import NameLookupError
 from rlxc.dialect.types import (
     DTYPES,
     FLOAT_DTYPES,
@@ -101,6 +102,38 @@ class GraphScope:
         op = make_op(cls, [t.value for t in operands], **params)
         self.block.add_op(op)
         return Tensor(self, op.results[0])
+
+    def call(self, fn, args) -> list["Tensor"]:
+        """Inline a traced function (a Func or an rlx module) into this scope.
+
+        `args` maps each of its argument names (inputs and params) to a Tensor
+        of this scope (or an array, made a constant). Returns its outputs."""
+        from rlxc.dialect import module as M
+
+        mod = fn.module if hasattr(fn, "module") else fn
+        f = M.get_func(mod)
+        sig = M.signature(f)
+        missing = [a.name for a in sig if a.name not in args]
+        extra = [k for k in args if k not in {a.name for a in sig}]
+        if missing or extra:
+            raise NameLookupError(f"call @{f.sym_name.data}: missing {missing}, unknown {extra}; "
+                                  f"arguments: {[a.name for a in sig]}")
+        mapping = {}
+        for a, v in zip(sig, f.args):
+            t = args[a.name]
+            if not isinstance(t, Tensor):
+                t = self.constant(np.asarray(t), a.dtype)
+            if t.shape != tuple(a.shape) or t.dtype != a.dtype:
+                raise ShapeError(f"call @{f.sym_name.data}: argument {a.name!r} expects "
+                                 f"{tuple(a.shape)} {a.dtype}, got {t.shape} {t.dtype}")
+            mapping[v] = t.value
+        outs = M.outputs(f)
+        for op in f.body.block.ops:
+            if op is f.body.block.last_op:
+                break
+            new = op.clone(value_mapper=mapping)
+            self.block.add_op(new)
+        return [Tensor(self, mapping[o]) if o in mapping else Tensor(self, o) for o in outs]
 
     # -- conveniences mirroring Tensor methods ----------------------------
     @staticmethod
