@@ -8,7 +8,6 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
-	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
@@ -17,6 +16,7 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(VPY) examples/demo.py
+	$(VPY) examples/train_mlp.py
 
 bench: $(STAMP)
 	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(VPY) benchmarks/compare.py

@@ -9,9 +9,9 @@ __version__ = "0.1.0"
 from rlxc.runtime.errors import ArtifactError, NameLookupError, RlxError, ShapeError  # noqa: E402
 
 from . import lowp, optim  # noqa: E402
-from .func import Func  # noqa: E402
+from .func import Func, default_device  # noqa: E402
 from .schedules import LrSchedule  # noqa: E402
 from .tensor import GraphScope, Tensor, concat, where  # noqa: E402
 
-__all__ = ["Func", "LrSchedule", "optim", "lowp", "GraphScope", "Tensor", "concat", "where", "ShapeError", "NameLookupError",
+__all__ = ["Func", "default_device", "LrSchedule", "optim", "lowp", "GraphScope", "Tensor", "concat", "where", "ShapeError", "NameLookupError",
            "RlxError", "ArtifactError", "__version__"]
