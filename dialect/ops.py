@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from typing import Callable, ClassVar
 
+import numpy as np
+
 from xdsl.dialects.builtin import (
     AnyFloat,
     DenseArrayBase,
@@ -53,6 +55,8 @@ from xdsl.utils.exceptions import VerifyException
 
 from .types import (
     FLOAT_DTYPES,
+    dense_attr,
+    dense_value,
     INT_DTYPES,
     ShapeError,
     broadcast_shapes,
@@ -190,13 +194,36 @@ class ConstantOp(RlxOp):
     value = prop_def(ParamAttrConstraint(DenseIntOrFPElementsAttr, (_T, AnyAttr())))
     result = result_def(_T)
     traits = traits_def(Pure())
-    assembly_format = "$value attr-dict"
 
     def verify_(self) -> None:
         pass
 
     def params(self) -> dict:
         return {}
+
+    def print(self, printer) -> None:
+        """`rlx.constant dense<...> : type`. Non-finite or large float constants use
+        MLIR's hex form `dense<"0x...">` (raw little-endian bytes): exact for inf/NaN,
+        and fast to print and parse."""
+        vals = dense_value(self.value)
+        if vals.dtype.kind == "f" and (vals.size > 256 or not np.all(np.isfinite(vals))):
+            printer.print_string(f' dense<"0x{self.value.data.data.hex().upper()}"> : ')
+            printer.print_attribute(self.value.type)
+        else:
+            printer.print_string(" ")
+            printer.print_attribute(self.value)
+        if self.attributes:
+            printer.print_op_attributes(self.attributes)
+
+    @classmethod
+    def parse(cls, parser) -> "ConstantOp":
+        value = parser.parse_attribute()
+        if not isinstance(value, DenseIntOrFPElementsAttr):
+            parser.raise_error("rlx.constant expects a dense elements attribute")
+        attrs = parser.parse_optional_attr_dict()
+        value = dense_attr(dense_value(value), dtype_of(value.type))  # splats stored once
+        return cls.create(result_types=[value.type], properties={"value": value},
+                          attributes=attrs)
 
 
 # ---------------------------------------------------------------- elementwise

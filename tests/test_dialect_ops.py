@@ -71,3 +71,19 @@ def test_full_reduction_is_rank0():
     f = rlxc.Func("f", lambda s: s.input("x", (2, 3)).sum())
     (r,) = f.run_on("interp", x=np.ones((2, 3)))
     assert r.shape == () and r == 6
+
+
+def test_nonfinite_and_large_constants_round_trip_exactly():
+    def build(s):
+        x = s.input("x", (2,))
+        y = x.maximum(s.constant(np.array([-np.inf, np.nan], np.float32)))
+        return y + s.constant(np.full((2,), np.inf)) + s.constant(
+            np.arange(600.0).reshape(300, 2)).sum(0)
+
+    f = rlxc.Func("f", build)
+    assert 'dense<"0x000080FF0000C07F">' in f.mlir()
+    g = rlxc.Func.from_mlir(f.mlir())
+    assert g.mlir() == f.mlir()
+    a, b = f.run_on("interp", x=[1, 2])[0], g.run_on("interp", x=[1, 2])[0]
+    np.testing.assert_array_equal(a, b)
+    assert np.isposinf(a[0]) and np.isnan(a[1])
