@@ -3,15 +3,37 @@
 Trace a pure function of named inputs and params into the `rlx` MLIR dialect,
 transform it (grad, value_and_grad, vmap, jvp, hvp), and compile it to native
 CPU or NVIDIA GPU code loaded by a small ctypes runtime.
+
+The compiler parts (Func, GraphScope, Tensor, ...) load on first use, so that a
+compiled module importing `rlxc.runtime` pulls in neither xdsl nor llvmlite.
 """
 __version__ = "0.1.0"
 
+import importlib
+
 from rlxc.runtime.errors import ArtifactError, NameLookupError, RlxError, ShapeError  # noqa: E402
 
-from . import lowp, optim  # noqa: E402
-from .func import Func, default_device  # noqa: E402
+from . import lowp, optim  # noqa: E402  (NumPy only)
 from .schedules import LrSchedule  # noqa: E402
-from .tensor import GraphScope, Tensor, concat, where  # noqa: E402
 
-__all__ = ["Func", "default_device", "LrSchedule", "optim", "lowp", "GraphScope", "Tensor", "concat", "where", "ShapeError", "NameLookupError",
-           "RlxError", "ArtifactError", "__version__"]
+_LAZY = {
+    "Func": "rlxc.func",
+    "default_device": "rlxc.func",
+    "GraphScope": "rlxc.tensor",
+    "Tensor": "rlxc.tensor",
+    "concat": "rlxc.tensor",
+    "where": "rlxc.tensor",
+}
+
+
+def __getattr__(name):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'rlxc' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = ["Func", "default_device", "LrSchedule", "optim", "lowp", "GraphScope", "Tensor",
+           "concat", "where", "ShapeError", "NameLookupError", "RlxError", "ArtifactError",
+           "__version__"]
