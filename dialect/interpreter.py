@@ -2,8 +2,8 @@
 
 This is the semantic definition of every op and the oracle for every backend
 and transform. `EVAL_RULES` maps an op name to `rule(inputs, **params) -> array`.
-Float tensors are computed in float32 (the declared type) or, on request, in
-float64 for gradient checks; NaN and inf propagate as IEEE says.
+f32 tensors are computed in float32 or, on request, in float64 for gradient
+checks; f64 tensors always in float64; NaN and inf propagate as IEEE says.
 """
 from __future__ import annotations
 
@@ -130,9 +130,17 @@ missing = set(OPS) - set(EVAL_RULES) - {"rlx.constant", "rlx.cast"}
 assert not missing, f"no interpreter rule for {sorted(missing)}"
 
 
+def _np_dtype(d: str, float_dtype):
+    """f32 tensors compute in `float_dtype` (f64 for gradient checks); f64 stays f64."""
+    if d == "f32":
+        return float_dtype
+    if d == "f64":
+        return np.float64
+    return NP_DTYPES[d]
+
+
 def _result_dtype(op, float_dtype):
-    d = dtype_of(op.results[0].type)
-    return float_dtype if d in ("f32", "f64") else NP_DTYPES[d]
+    return _np_dtype(dtype_of(op.results[0].type), float_dtype)
 
 
 def interpret(module, args: list[np.ndarray], float_dtype=np.float32) -> list[np.ndarray]:
@@ -140,8 +148,7 @@ def interpret(module, args: list[np.ndarray], float_dtype=np.float32) -> list[np
     f = module if isinstance(module, func.FuncOp) else get_func(module)
     env = {}
     for v, a in zip(f.args, args):
-        d = dtype_of(v.type)
-        env[v] = np.asarray(a, dtype=float_dtype if d in ("f32", "f64") else NP_DTYPES[d])
+        env[v] = np.asarray(a, dtype=_np_dtype(dtype_of(v.type), float_dtype))
     with np.errstate(all="ignore"):
         for op in f.body.block.ops:
             if isinstance(op, func.ReturnOp):
