@@ -1,0 +1,214 @@
+"""rlxc sgemm vs NumPy's BLAS, side by side, at 1 and 2 threads.
+
+Run:  env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/bench_sgemm.py
+
+Each thread count runs in its own subprocess with OPENBLAS_NUM_THREADS /
+OMP_NUM_THREADS set (plus threadpoolctl when installed) and
+rlxc_set_num_threads(t).  Inside it, the two implementations alternate in
+blocks of a few calls, with a pause between blocks so that the other
+library's spinning worker threads (OpenBLAS spins ~0.1 s after a call,
+libgomp a little) have gone to sleep; so machine noise hits both alike.
+Prints median and best time as GFLOP/s over >= 20 timed calls after
+warm-up, and the ratio rlxc/NumPy.
+
+Options: --n 1024 (or --mnk M,N,K), --threads 1,2, --runs 20, --cpu native,
+--set kc=384 --set mc=280 (SgemmConfig overrides, for tuning), --ta/--tb
+(transposed operands through the strides), --reps R (R calls per timed run;
+rlxc loops in native code, NumPy in Python, so that small sizes measure the
+kernel rather than ctypes' conversion of 14 arguments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def _blas_info() -> str:
+    try:
+        from threadpoolctl import threadpool_info
+        infos = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+        if infos:
+            i = infos[0]
+            return (f"{i.get('internal_api')} {i.get('version')} "
+                    f"({i.get('architecture')}, {i.get('threading_layer')})")
+    except Exception:
+        pass
+    import numpy as np
+    try:
+        cfg = np.show_config(mode="dicts")
+        blas = cfg["Build Dependencies"]["blas"]
+        return f"{blas.get('name')} {blas.get('version')}"
+    except Exception:
+        return "unknown"
+
+
+def _parse_overrides(items):
+    out = {}
+    for it in items or ():
+        k, v = it.split("=", 1)
+        out[k] = v.lower() in ("1", "true", "yes") if v.lower() in (
+            "true", "false", "yes", "no") else int(v)
+    return out
+
+
+def _build(cfg, cpu, workdir):
+    import llvmlite.ir as ir
+    from rlxc.lowering import target, sgemm, parallel
+    m = target.ir_module("bench_sgemm")
+    fn = sgemm.emit_sgemm(m, "rlxc_sgemm", config=cfg)
+    parallel.thread_control(m)
+    # rlxc_sgemm_rep(reps, <sgemm args>): call it reps times from native code,
+    # so tiny sizes are not timed as ctypes' argument conversion
+    i64 = ir.IntType(64)
+    rep = ir.Function(m, ir.FunctionType(ir.VoidType(), [i64, *fn.function_type.args]),
+                      "rlxc_sgemm_rep")
+    b = ir.IRBuilder(rep.append_basic_block("entry"))
+    head, body, done = (rep.append_basic_block(n) for n in ("head", "body", "done"))
+    b.branch(head)
+    b.position_at_end(head)
+    i = b.phi(i64)
+    i.add_incoming(ir.Constant(i64, 0), rep.entry_basic_block)
+    b.cbranch(b.icmp_signed("<", i, rep.args[0]), body, done)
+    b.position_at_end(body)
+    b.call(fn, list(rep.args[1:]))
+    i.add_incoming(b.add(i, ir.Constant(i64, 1)), body)
+    b.branch(head)
+    b.position_at_end(done)
+    b.ret_void()
+    t0 = time.perf_counter()
+    obj = target.emit_object(target.compile_ir(m, cpu=cpu), cpu=cpu)
+    t_compile = time.perf_counter() - t0
+    path = target.link_shared([obj], os.path.join(workdir, "libbench_sgemm.so"))
+    return ctypes.CDLL(path), t_compile
+
+
+def worker(args) -> dict:
+    import numpy as np
+    from rlxc.lowering import sgemm
+    M, N, K = args.mnk
+    t = args.threads_one
+    try:
+        from threadpoolctl import threadpool_limits
+        limiter = threadpool_limits(t)
+    except ImportError:  # env vars set by the parent already apply
+        limiter = None
+    cfg = sgemm.sgemm_config(args.cpu, **_parse_overrides(args.set))
+    with tempfile.TemporaryDirectory(prefix="rlxc-bench-") as wd:
+        lib, t_compile = _build(cfg, args.cpu, wd)
+        lib.rlxc_set_num_threads(t)
+        f = lib.rlxc_sgemm_rep
+        P, L = ctypes.c_void_p, ctypes.c_int64
+        f.argtypes = [L, L, L, L, P, L, L, P, L, L, P, L, ctypes.c_int32, P, L]
+        f.restype = None
+        reps = args.reps
+        rng = np.random.default_rng(0)
+        A = rng.standard_normal((K, M) if args.ta else (M, K), dtype=np.float32)
+        B = rng.standard_normal((N, K) if args.tb else (K, N), dtype=np.float32)
+        An = A.T if args.ta else A
+        Bn = B.T if args.tb else B
+        rsa, csa = (1, M) if args.ta else (K, 1)
+        rsb, csb = (1, K) if args.tb else (N, 1)
+        C = np.zeros((M, N), np.float32)
+        Cn = np.zeros((M, N), np.float32)
+        ws = np.empty(sgemm.sgemm_workspace_floats(M, N, K, t, config=cfg), np.float32)
+        argv = (reps, M, N, K, A.ctypes.data, rsa, csa, B.ctypes.data, rsb, csb, C.ctypes.data, N, 0,
+                ws.ctypes.data, ws.size)
+
+        def run_rlxc():
+            f(*argv)
+
+        def run_np():
+            for _ in range(reps):
+                np.matmul(An, Bn, out=Cn)
+
+        for _ in range(3):
+            run_rlxc()
+            run_np()
+        ref = An.astype(np.float64) @ Bn.astype(np.float64)
+        err = float(np.abs(C - ref).max() / np.abs(ref).max())
+        times = {"rlxc": [], "numpy": []}
+        block = 5
+        while len(times["rlxc"]) < args.runs:
+            for name, fn in (("rlxc", run_rlxc), ("numpy", run_np)):
+                time.sleep(args.pause)
+                fn()  # one untimed call after the pause wakes the thread team
+                for _ in range(block):
+                    t0 = time.perf_counter()
+                    fn()
+                    times[name].append(time.perf_counter() - t0)
+        if limiter is not None:
+            limiter.restore_original_limits()
+    flop = 2.0 * M * N * K * reps
+    res = {"reps": reps, "threads": t, "mnk": [M, N, K], "compile_s": t_compile, "max_rel_err": err,
+           "config": dataclasses.asdict(cfg), "blas": _blas_info()}
+    for name, ts in times.items():
+        res[name] = {"median_gflops": flop / statistics.median(ts) / 1e9,
+                     "best_gflops": flop / min(ts) / 1e9, "runs": len(ts)}
+    return res
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=1024)
+    ap.add_argument("--mnk", type=lambda s: [int(x) for x in s.split(",")], default=None)
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--pause", type=float, default=0.25)
+    ap.add_argument("--cpu", default="native")
+    ap.add_argument("--set", action="append", help="SgemmConfig override, e.g. kc=384")
+    ap.add_argument("--reps", type=int, default=1,
+                    help="calls per timed run (rlxc loops in native code, NumPy in Python)")
+    ap.add_argument("--ta", action="store_true")
+    ap.add_argument("--tb", action="store_true")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--threads-one", type=int, default=1, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    args.mnk = args.mnk or [args.n] * 3
+    args.runs = max(args.runs, 20) if not args.worker else args.runs
+    if args.worker:
+        print(json.dumps(worker(args)))
+        return
+    rows = []
+    for t in [int(x) for x in args.threads.split(",")]:
+        env = dict(os.environ, OPENBLAS_NUM_THREADS=str(t), OMP_NUM_THREADS=str(t),
+                   MKL_NUM_THREADS=str(t))
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--threads-one", str(t),
+               "--mnk", ",".join(map(str, args.mnk)), "--runs", str(args.runs),
+               "--pause", str(args.pause), "--cpu", args.cpu, "--reps", str(args.reps)]
+        for s in args.set or ():
+            cmd += ["--set", s]
+        cmd += (["--ta"] if args.ta else []) + (["--tb"] if args.tb else [])
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if out.returncode != 0:
+            sys.exit(f"worker failed:\n{out.stderr}")
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    r0 = rows[0]
+    cfg = r0["config"]
+    M, N, K = r0["mnk"]
+    print(f"sgemm {M}x{N}x{K}{' A^T' if args.ta else ''}{' B^T' if args.tb else ''}"
+          f"  NumPy BLAS: {r0['blas']}")
+    print(f"rlxc config: {cfg['isa']} {cfg['mr']}x{cfg['nr']} kc={cfg['kc']} mc={cfg['mc']} "
+          f"nc={cfg['nc']} unroll={cfg['unroll']}  compile {r0['compile_s']:.2f}s  "
+          f"max rel err {r0['max_rel_err']:.1e}")
+    print(f"{'threads':>7} | {'rlxc median':>11} {'best':>7} | {'numpy median':>12} {'best':>7} |"
+          f" {'ratio med':>9} {'best':>6}   (GFLOP/s, {r0['rlxc']['runs']} runs each"
+          f"{f' of {args.reps} calls' if args.reps > 1 else ''})")
+    for r in rows:
+        a, n = r["rlxc"], r["numpy"]
+        print(f"{r['threads']:>7} | {a['median_gflops']:>11.1f} {a['best_gflops']:>7.1f} |"
+              f" {n['median_gflops']:>12.1f} {n['best_gflops']:>7.1f} |"
+              f" {a['median_gflops'] / n['median_gflops']:>9.3f}"
+              f" {a['best_gflops'] / n['best_gflops']:>6.3f}")
+
+
+if __name__ == "__main__":
+    main()

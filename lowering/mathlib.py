@@ -1,0 +1,477 @@
+"""Vectorizable float32 elementwise math, emitted as LLVM IR (llvmlite.ir).
+
+    emit(builder, "gelu", x)          x: float or <N x float>
+        │ defines once per module:  define internal float @rlx.math.gelu.f32(float) alwaysinline
+        │                           (or @rlx.math.gelu.v8f32 for <8 x float>, ...)
+        ▼
+    call -> after O3: inlined straight-line fmul/fadd/select/bitcast code, which the loop
+            vectorizer widens on x86-64 and which NVPTX lowers to plain PTX instructions.
+
+No function here calls libm or the llvm.exp/llvm.log/llvm.sin intrinsics (those become
+libm calls on x86 and are unsupported on NVPTX).  The only intrinsics used are llvm.fmuladd
+(an FMA where the target has one, mul+add otherwise: every algorithm below is accurate with
+either), llvm.fabs and llvm.copysign.  No llvm.floor/rint either (libcalls on baseline x86-64):
+rounding to an integer is the add/sub of 1.5*2^23 trick.  There are no branches, only
+selects, so special cases cost a compare and a select.
+
+Accuracy is measured in float32 ulps of the exact result (a subnormal result's ulp is
+2^-149); SUPPORTED holds the bounds the tests enforce (measured maxima in parentheses,
+host FMA and non-FMA code both).  Algorithms:
+
+  exp       Cody-Waite: n = round(x/ln2) via the 1.5*2^23 trick, r = x - n*ln2 in two parts
+            (ln2_hi has 9 bits so n*ln2_hi is exact), e^r = 1 + r + r^2*Q(r) (Cephes degree 5),
+            2^n applied as two exponent-bit multiplies (2^(n/2) * 2^(n-n/2)) so overflow gives
+            inf and underflow rounds once into the subnormals.  x is clamped to [-110, 89] with
+            ordered compares (NaN passes through).                                 <= 1 ulp (0.9)
+  expm1     the same reduction; 2^n*(e^r-1) + (2^n-1), e^r-1 = r + r^2*Q(r); exp path for x > 18.
+                                                                                <= 2 ulp (1.4)
+  log       x = 2^e*m, m in [sqrt(1/2), sqrt(2)) by integer arithmetic on the bits (subnormals
+            pre-scaled by 2^23), log(m) = f - f^2/2 + f^3*P(f) (Cephes degree 8), f = m-1 exact,
+            e*ln2 added in two parts.                                            <= 1 ulp (0.9)
+  log1p     log(u) + (x - (u-1))/u with u = 1+x (the classic rounding correction).
+                                                                                <= 2 ulp (1.2)
+  sin, cos  j = round(x*2/pi); r = x - j*pi/2 with pi/2 in five parts, the first four 10 bits
+            wide so j*P_k is exact and the chain cancels exactly near multiples of pi/2;
+            sin/cos(r) by Cephes odd/even polynomials on [-pi/4, pi/4]; the quadrant j&3 picks
+            the polynomial and the sign.  Bound for |x| <= SIN_COS_EXACT_RANGE (25735, j < 2^14);
+            beyond it the error grows with |x| (the argument loses bits) and beyond ~6e6 the
+            result is meaningless, but it is always in [-1, 1], and inf gives NaN.   <= 2 ulp (1.5)
+  tanh      |x| < 0.625: x + x^3*P(x^2) (Cephes); else 1 - 2/(e^(2|x|)+1); sign by copysign.
+                                                                                <= 3 ulp (1.9)
+  sigmoid   e = e^-|x| (as mantissa p and exponent n); x >= 0: 1/(1+e); x < 0: ldexp(p/(1+e), n),
+            so results stay accurate down into the subnormals.                   <= 3 ulp (2.0)
+  silu      x*sigmoid(x) with the same split: x < 0: ldexp(x*p/(1+e), n).          <= 3 ulp (2.0)
+  erf       |x| < 0.5: x + x*Q(x^2) (degree-4 minimax); else 1 - erfc(|x|) (below).
+                                                                                <= 2 ulp (1.2)
+  erfc      z >= 0.5: erfc(z) = e^(-z^2) * R(z): R = P1(z-1.25) (degree 10) on [0.5, 2), R =
+            P2(1/z^2)/z (degree 8) on [2, 10.5] (coefficients picked by select; both minimax
+            fits of erfcx in relative error).  z^2 = zh^2 + zl*(z+zh) with zh = z cut to 12 bits
+            (zh^2 exact) and fed to exp as a hi/lo pair, so e^(-z^2) carries no error from
+            rounding z^2.  x < -0.5: 2 - erfc(-x); |x| < 0.5: 1 - erf(x).          <= 4 ulp (2.9)
+  gelu      0.5*x*(1+erf(x/sqrt2)).  x < 0 uses 0.5*x*erfc(|x|/sqrt2) with (x/sqrt2)^2 = x^2/2
+            formed exactly from the split of x, so the tail is accurate to the last subnormal.
+                                                                                <= 4 ulp (3.3)
+  gelu_tanh 0.5*x*(1+tanh(u)), u = sqrt(2/pi)*(x+0.044715x^3), evaluated as x*sigmoid(2u) (no
+            cancellation for x < 0).  The bound holds for x >= -2.5 (GELU_TANH_EXACT_FROM); below,
+            the rounding of the cubic 2u (relative ~2^-23) is amplified by e^(2u): the error
+            is at most 4 + 2*|2u| ulp (<= 230 ulp where the result underflows at x ~ -10).
+                                                                                <= 8 ulp (7.1)
+  softplus  max(x, 0) + log1p(e^-|x|) (no overflow, softplus(-large) = e^x, (+large) = x).
+                                                                                <= 2 ulp (1.4)
+
+IEEE behaviour: a NaN input gives NaN for every op (clamps use ordered compares, so NaN is
+never turned into a number); exp(+-inf) = inf/0, log(0) = -inf, log(<0) = NaN, log(inf) = inf,
+tanh/erf(+-inf) = +-1, sigmoid(+-inf) = 1/0, sin/cos(+-inf) = NaN, softplus(+inf) = inf,
+gelu/silu/gelu_tanh(-inf) = -0, (+inf) = inf; odd functions keep the sign of -0.
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+
+__all__ = ["emit", "get_function", "SUPPORTED", "SIN_COS_EXACT_RANGE", "GELU_TANH_EXACT_FROM"]
+
+F32 = ir.FloatType()
+I32 = ir.IntType(32)
+
+# Max error in float32 ulps of the exact result (subnormal ulp = 2^-149), enforced by
+# tests/test_mathlib.py.  sin/cos: for |x| <= SIN_COS_EXACT_RANGE; gelu_tanh: for
+# x >= GELU_TANH_EXACT_FROM (see the header for the other ranges).
+SUPPORTED: dict[str, float] = {
+    "exp": 1.0, "expm1": 2.0, "log": 1.0, "log1p": 2.0,
+    "sin": 2.0, "cos": 2.0, "tanh": 3.0, "sigmoid": 3.0, "silu": 3.0,
+    "erf": 2.0, "erfc": 4.0, "gelu": 4.0, "gelu_tanh": 4.0, "softplus": 2.0,
+}
+SIN_COS_EXACT_RANGE = 25735.0   # 2^14 * pi/2: j*P_k stays exact
+GELU_TANH_EXACT_FROM = -1.0
+
+
+# ---------------------------------------------------------------------------- builder helpers
+class _Ops:
+    """Arithmetic on one float type (float or <N x float>), constants splatted to match."""
+
+    def __init__(self, b: ir.IRBuilder, ty: ir.Type):
+        self.b, self.ty = b, ty
+        self.n = ty.count if isinstance(ty, ir.VectorType) else None
+        self.ity = I32 if self.n is None else ir.VectorType(I32, self.n)
+        self.suffix = "f32" if self.n is None else f"v{self.n}f32"
+
+    # constants
+    def f(self, v: float):
+        return ir.Constant(self.ty, v if self.n is None else [v] * self.n)
+
+    def i(self, v: int):
+        return ir.Constant(self.ity, v if self.n is None else [v] * self.n)
+
+    # float arithmetic (no fast-math flags: IEEE semantics, NaN/inf preserved)
+    def add(self, a, c): return self.b.fadd(a, c)
+    def sub(self, a, c): return self.b.fsub(a, c)
+    def mul(self, a, c): return self.b.fmul(a, c)
+    def div(self, a, c): return self.b.fdiv(a, c)
+
+    def _intrinsic(self, name, nargs):
+        module = self.b.module
+        full = f"{name}.{self.suffix}"
+        fn = module.globals.get(full)
+        if fn is None:
+            fn = ir.Function(module, ir.FunctionType(self.ty, [self.ty] * nargs), full)
+        return fn
+
+    def fma(self, a, c, d):
+        """a*c + d, fused where the target has FMA (llvm.fmuladd)."""
+        return self.b.call(self._intrinsic("llvm.fmuladd", 3), [a, c, d])
+
+    def abs(self, a): return self.b.call(self._intrinsic("llvm.fabs", 1), [a])
+    def copysign(self, mag, sgn): return self.b.call(self._intrinsic("llvm.copysign", 2), [mag, sgn])
+
+    def horner(self, x, coeffs):
+        """coeffs[0] + coeffs[1]*x + ...; each coefficient a float or a ready value."""
+        cs = [self.f(c) if isinstance(c, float) else c for c in coeffs]
+        acc = cs[-1]
+        for c in reversed(cs[:-1]):
+            acc = self.fma(acc, x, c)
+        return acc
+
+    # compares: ordered (false on NaN) unless stated
+    def lt(self, a, c): return self.b.fcmp_ordered("<", a, c)
+    def gt(self, a, c): return self.b.fcmp_ordered(">", a, c)
+    def eq(self, a, c): return self.b.fcmp_ordered("==", a, c)
+    def ult(self, a, c): return self.b.fcmp_unordered("<", a, c)   # true on NaN
+    def sel(self, cond, a, c): return self.b.select(cond, a, c)
+
+    def clamp(self, x, lo, hi):
+        """min(max(x, lo), hi) that keeps NaN (ordered compares, selects)."""
+        x = self.sel(self.lt(x, self.f(lo)), self.f(lo), x)
+        return self.sel(self.gt(x, self.f(hi)), self.f(hi), x)
+
+    # bits
+    def bits(self, x): return self.b.bitcast(x, self.ity)
+    def flt(self, i): return self.b.bitcast(i, self.ty)
+    def iadd(self, a, c): return self.b.add(a, c)
+    def isub(self, a, c): return self.b.sub(a, c)
+    def iand(self, a, c): return self.b.and_(a, c)
+    def ixor(self, a, c): return self.b.xor(a, c)
+    def shl(self, a, k): return self.b.shl(a, self.i(k))
+    def ashr(self, a, k): return self.b.ashr(a, self.i(k))
+    def itof(self, i): return self.b.sitofp(i, self.ty)
+
+    def pow2(self, n):
+        """2.0**n for integer n in [-126, 127] (255 gives inf), via the exponent field."""
+        return self.flt(self.shl(self.iadd(n, self.i(127)), 23))
+
+    def ldexp(self, v, n):
+        """v * 2**n for n in [-252, 254] as two exact-or-final multiplies (one rounding)."""
+        n1 = self.ashr(n, 1)
+        return self.mul(self.mul(v, self.pow2(n1)), self.pow2(self.isub(n, n1)))
+
+    def split(self, x):
+        """x = hi + lo with hi = x cut to 12 significant bits, so hi*hi is exact."""
+        hi = self.flt(self.iand(self.bits(x), self.i(-4096)))   # 0xFFFFF000
+        return hi, self.sub(x, hi)
+
+
+# ---------------------------------------------------------------------------- exp family
+_LOG2E = 1.4426950408889634
+_MAGIC = 12582912.0          # 1.5*2^23: (v + MAGIC) - MAGIC = round(v) for |v| < 2^22
+_MAGIC_BITS = 0x4B400000
+_LN2_HI = 0.693359375        # 9 significant bits: n*_LN2_HI exact for |n| < 2^15
+_LN2_LO = -2.12194440e-4     # ln2 - _LN2_HI
+# e^r = 1 + r + r^2*Q(r) on |r| <= ln2/2 (Cephes expf)
+_EXP_Q = (5.0000001201e-1, 1.6666665459e-1, 4.1665795894e-2, 8.3334519073e-3,
+          1.3981999507e-3, 1.9875691500e-4)
+_EXP_MIN, _EXP_MAX = -110.0, 89.0   # e^-110 < 2^-150/2 (rounds to 0), e^89 > FLT_MAX
+
+
+def _exp_reduce(o, hi, lo=None):
+    """x = hi (+ lo) -> (r, n) with e^x = e^r * 2^n, |r| <~ ln2/2.  hi - n*ln2_hi is exact
+    for any float |hi| <= 128, so a hi/lo pair carries extra precision into r."""
+    hi = o.clamp(hi, _EXP_MIN, _EXP_MAX)
+    t = o.fma(hi, o.f(_LOG2E), o.f(_MAGIC))
+    n = o.isub(o.bits(t), o.i(_MAGIC_BITS))
+    nf = o.sub(t, o.f(_MAGIC))
+    r = o.fma(nf, o.f(-_LN2_HI), hi)
+    r = o.fma(nf, o.f(-_LN2_LO), r)
+    if lo is not None:
+        r = o.add(r, lo)
+    return r, n
+
+
+def _expm1_poly(o, r):
+    return o.fma(o.mul(r, r), o.horner(r, _EXP_Q), r)
+
+
+def _exp_parts(o, hi, lo=None):
+    """e^(hi+lo) = p * 2^n with p in [0.7, 1.42]."""
+    r, n = _exp_reduce(o, hi, lo)
+    return o.add(_expm1_poly(o, r), o.f(1.0)), n
+
+
+def _exp(o, x):
+    p, n = _exp_parts(o, x)
+    return o.ldexp(p, n)
+
+
+def _expm1(o, x):
+    r, n = _exp_reduce(o, o.sel(o.lt(x, o.f(-30.0)), o.f(-30.0), x))
+    em = _expm1_poly(o, r)
+    s = o.pow2(n)                                    # only used for x <= 18 (n <= 26)
+    small = o.fma(s, em, o.sub(s, o.f(1.0)))
+    big = o.ldexp(o.add(em, o.f(1.0)), n)            # e^x - 1 == e^x to float precision
+    res = o.sel(o.gt(x, o.f(18.0)), big, small)
+    return o.sel(o.eq(x, o.f(0.0)), x, res)          # expm1(-0) = -0
+
+
+# ---------------------------------------------------------------------------- log family
+_SQRT_HALF_BITS = 0x3F3504F3
+# log(1+f) = f - f^2/2 + f^3*P(f) on f in [sqrt(1/2)-1, sqrt(2)-1] (Cephes logf)
+_LOG_P = (3.3333331174e-1, -2.4999993993e-1, 2.0000714765e-1, -1.6668057665e-1,
+          1.4249322787e-1, -1.2420140846e-1, 1.1676998740e-1, -1.1514610310e-1,
+          7.0376836292e-2)
+
+
+def _log(o, x, specials=True):
+    tiny = o.lt(x, o.f(2.0 ** -126))
+    xs = o.sel(tiny, o.mul(x, o.f(2.0 ** 23)), x)
+    ix = o.isub(o.bits(xs), o.i(_SQRT_HALF_BITS))
+    e = o.iadd(o.ashr(ix, 23), o.b.select(tiny, o.i(-23), o.i(0)))
+    m = o.flt(o.iadd(o.iand(ix, o.i(0x7FFFFF)), o.i(_SQRT_HALF_BITS)))
+    f = o.sub(m, o.f(1.0))                           # exact (Sterbenz)
+    ef = o.itof(e)
+    z = o.mul(f, f)
+    y = o.mul(f, o.mul(z, o.horner(f, _LOG_P)))
+    y = o.fma(ef, o.f(_LN2_LO), y)
+    y = o.fma(z, o.f(-0.5), y)
+    r = o.fma(ef, o.f(_LN2_HI), o.add(f, y))
+    if not specials:
+        return r
+    r = o.sel(o.eq(x, o.f(float("inf"))), x, r)
+    r = o.sel(o.eq(x, o.f(0.0)), o.f(float("-inf")), r)
+    return o.sel(o.ult(x, o.f(0.0)), o.f(float("nan")), r)   # x < 0 or NaN
+
+
+def _log1p(o, x):
+    u = o.add(o.f(1.0), x)
+    corr = o.div(o.sub(x, o.sub(u, o.f(1.0))), u)     # rounding error of u, relative
+    finite = o.b.and_(o.gt(u, o.f(0.0)), o.lt(u, o.f(float("inf"))))
+    r = o.add(_log(o, u), o.sel(finite, corr, o.f(0.0)))
+    return o.sel(o.eq(x, o.f(0.0)), x, r)            # log1p(-0) = -0
+
+
+def _softplus(o, x):
+    e = _exp(o, o.sub(o.f(0.0), o.abs(x)))           # in [0, 1]; NaN stays NaN
+    u = o.add(o.f(1.0), e)                           # in [1, 2]: no specials needed
+    l1p = o.add(_log(o, u, specials=False), o.div(o.sub(e, o.sub(u, o.f(1.0))), u))
+    return o.add(o.sel(o.gt(x, o.f(0.0)), x, o.f(0.0)), l1p)
+
+
+# ---------------------------------------------------------------------------- logistic family
+def _scaled_logistic(o, w, f):
+    """f * sigmoid(w) = f / (1 + e^-w).  For w < 0 it is f*e^w/(1+e^w) = ldexp(f*p/(1+e), n)
+    with e^w = p*2^n, so nothing is lost when the result is tiny or subnormal."""
+    p, n = _exp_parts(o, o.sub(o.f(0.0), o.abs(w)))
+    e = o.ldexp(p, n)
+    neg = o.lt(w, o.f(0.0))
+    m = o.div(o.sel(neg, o.mul(f, p), f), o.add(o.f(1.0), e))
+    return o.ldexp(m, o.b.select(neg, n, o.i(0)))
+
+
+def _sigmoid(o, x):
+    return _scaled_logistic(o, x, o.f(1.0))
+
+
+def _silu(o, x):
+    xc = o.sel(o.lt(x, o.f(-110.0)), o.f(-110.0), x)  # silu(x < -110) = -0, and -inf*0 is NaN
+    return _scaled_logistic(o, xc, xc)
+
+
+_GELU_C1 = 1.5957691216057308            # 2*sqrt(2/pi)
+_GELU_C3 = 1.5957691216057308 * 0.044715
+
+
+def _gelu_tanh(o, x):
+    # 0.5*x*(1 + tanh(u)) == x * sigmoid(2u)
+    xc = o.sel(o.lt(x, o.f(-11.0)), o.f(-11.0), x)    # result underflows to -0 below -10.9
+    w = o.mul(xc, o.fma(o.f(_GELU_C3), o.mul(xc, xc), o.f(_GELU_C1)))
+    return _scaled_logistic(o, w, xc)
+
+
+# tanh(x) = x + x^3*P(x^2) for |x| < 0.625 (Cephes tanhf)
+_TANH_P = (-3.33332819422e-1, 1.33314422036e-1, -5.37397155531e-2, 2.06390887954e-2,
+           -5.70498872745e-3)
+
+
+def _tanh(o, x):
+    a = o.abs(x)
+    z = o.mul(a, a)
+    small = o.fma(o.mul(a, z), o.horner(z, _TANH_P), a)
+    large = o.sub(o.f(1.0), o.div(o.f(2.0), o.add(_exp(o, o.add(a, a)), o.f(1.0))))
+    return o.copysign(o.sel(o.lt(a, o.f(0.625)), small, large), x)
+
+
+# ---------------------------------------------------------------------------- erf family
+# erf(z) = z + z*Q(z^2), |z| < 0.5 (minimax, relative)
+_ERF_Q = (0.12837916612625122, -0.37612608075141907, 0.11282823234796524,
+          -0.02675720304250717, 0.004718021955341101)
+# erfcx(z) = e^(z^2)*erfc(z) = P1(z - 1.25) on [0.5, 2]  (minimax, relative)
+_ERFCX_P1 = (0.36782291531562805, -0.20882189273834229, 0.10679556429386139,
+             -0.05021785944700241, 0.022011438384652138, -0.00908578559756279,
+             0.0035533756017684937, -0.0013089455896988511, 0.00047084808466024697,
+             -0.0001922531664604321, 6.163374928291887e-05)
+# z*erfcx(z) = P2(1/z^2) on [2, 10.5]  (minimax, relative)
+_ERFCX_P2 = (0.5641895532608032, -0.2820865511894226, 0.4225422441959381,
+             -1.0359749794006348, 3.2344577312469482, -10.11299991607666,
+             25.187152862548828, -40.27606201171875, 29.628524780273438)
+_ERF_SMALL = 0.5
+_ERFC_MAX = 10.5                            # erfc(10.06) < 2^-150
+
+
+def _erf_small(o, z):
+    return o.fma(z, o.horner(o.mul(z, z), _ERF_Q), z)
+
+
+def _erfc_big(o, z, z2h, z2l):
+    """erfc(z) = m * 2^n / (z if big else 1) for z in [0.5, 10.5], given z^2 = z2h + z2l
+    with z2h exact; returns (m, n, big).  The caller divides: gelu divides x by z exactly."""
+    big = o.gt(z, o.f(2.0))
+    v = o.sel(big, o.div(o.f(1.0), o.mul(z, z)), o.sub(z, o.f(1.25)))
+    p2 = _ERFCX_P2 + (0.0,) * (len(_ERFCX_P1) - len(_ERFCX_P2))
+    coeffs = [o.sel(big, o.f(c), o.f(a)) for a, c in zip(_ERFCX_P1, p2)]
+    p, n = _exp_parts(o, o.sub(o.f(0.0), z2h), o.sub(o.f(0.0), z2l))
+    return o.mul(p, o.horner(v, coeffs)), n, big
+
+
+def _erfc_pos(o, z, z2h, z2l):
+    """erfc(z) as m * 2^n for z in [0.5, 10.5]."""
+    m, n, big = _erfc_big(o, z, z2h, z2l)
+    return o.div(m, o.sel(big, z, o.f(1.0))), n
+
+
+def _square_hilo(o, x, scale=1.0):
+    """scale*x^2 as hi + lo with hi exact (scale a power of two)."""
+    xh, xl = o.split(x)
+    hi, lo = o.mul(xh, xh), o.mul(xl, o.add(x, xh))
+    if scale != 1.0:
+        hi, lo = o.mul(hi, o.f(scale)), o.mul(lo, o.f(scale))
+    return hi, lo
+
+
+def _erf(o, x):
+    a = o.abs(x)
+    ac = o.sel(o.gt(a, o.f(4.0)), o.f(4.0), a)        # erf(4) rounds to 1
+    m, n = _erfc_pos(o, ac, *_square_hilo(o, ac))
+    big = o.sub(o.f(1.0), o.ldexp(m, n))
+    res = o.sel(o.lt(a, o.f(_ERF_SMALL)), _erf_small(o, a), big)
+    return o.copysign(res, x)
+
+
+def _erfc(o, x):
+    a = o.abs(x)
+    ac = o.sel(o.gt(a, o.f(_ERFC_MAX)), o.f(_ERFC_MAX), a)
+    m, n = _erfc_pos(o, ac, *_square_hilo(o, ac))
+    e = o.ldexp(m, n)
+    big = o.sel(o.lt(x, o.f(0.0)), o.sub(o.f(2.0), e), e)
+    small = o.sub(o.f(1.0), _erf_small(o, x))
+    return o.sel(o.lt(a, o.f(_ERF_SMALL)), small, big)
+
+
+_INV_SQRT2 = 0.7071067811865476
+
+
+def _gelu(o, x):
+    xc = o.clamp(x, -15.0, 15.0)                      # gelu(<-15) = -0, gelu(>15) = x
+    z = o.mul(xc, o.f(_INV_SQRT2))
+    az = o.abs(z)
+    m, n, big = _erfc_big(o, az, *_square_hilo(o, xc, 0.5))  # (x/sqrt2)^2 = x^2/2 exactly
+    half_x = o.mul(x, o.f(0.5))
+    # x < 0: 0.5*x*erfc(|z|) = m*2^n * (0.5*x, or 0.5*x/|z| = -1/sqrt2 where erfc has the /z)
+    neg = o.ldexp(o.mul(m, o.sel(big, o.f(-_INV_SQRT2), o.mul(xc, o.f(0.5)))), n)
+    pos = o.mul(half_x, o.sub(o.f(2.0), o.ldexp(o.div(m, o.sel(big, az, o.f(1.0))), n)))
+    small = o.mul(half_x, o.add(o.f(1.0), _erf_small(o, z)))
+    return o.sel(o.lt(az, o.f(_ERF_SMALL)), small, o.sel(o.lt(x, o.f(0.0)), neg, pos))
+
+
+# ---------------------------------------------------------------------------- sin / cos
+_TWO_OVER_PI = 0.6366197723675814
+# pi/2 = _PIO2[0] + ... + _PIO2[4]; the first four have 10 significant bits (j*P exact for
+# |j| < 2^14), the last is the float nearest the remainder.
+_PIO2 = (1.5703125, 0.00048351287841796875, 3.1385570764541626e-07, 6.070877134334296e-11,
+         6.223371969669989e-14)
+# sin r = r + r^3*S(r^2), cos r = 1 - r^2/2 + r^4*C(r^2) on |r| <= pi/4 (Cephes sinf/cosf)
+_SIN_S = (-1.6666654611e-1, 8.3321608736e-3, -1.9515295891e-4)
+_COS_C = (4.166664568298827e-2, -1.388731625493765e-3, 2.443315711809948e-5)
+
+
+def _two_sum(o, a, c):
+    """a + c = s + e exactly (Knuth; no FMA needed)."""
+    s = o.add(a, c)
+    cc = o.sub(s, a)
+    return s, o.add(o.sub(a, o.sub(s, cc)), o.sub(c, cc))
+
+
+def _sincos(o, x, quadrant_offset):
+    t = o.fma(x, o.f(_TWO_OVER_PI), o.f(_MAGIC))
+    j = o.sub(t, o.f(_MAGIC))
+    p1, p2, p3, p4, p5 = (o.f(-p) for p in _PIO2)
+    r = o.fma(j, p2, o.fma(j, p1, x))                 # exact (Sterbenz, 10-bit parts)
+    r, e3 = _two_sum(o, r, o.mul(j, p3))              # j*p3, j*p4 exact; sums exact with e
+    r, e4 = _two_sum(o, r, o.mul(j, p4))
+    r = o.add(r, o.fma(j, p5, o.add(e3, e4)))         # the only rounding of size ulp(r)
+    # far outside the accurate range r is garbage: keep it where the polynomials are sane
+    r = o.clamp(r, -1.0, 1.0)
+    q = o.iadd(o.bits(t), o.i(quadrant_offset))      # low bits of t's mantissa = j mod 4
+    z = o.mul(r, r)
+    s = o.fma(o.mul(r, z), o.horner(z, _SIN_S), r)
+    c = o.fma(o.mul(z, z), o.horner(z, _COS_C), o.fma(z, o.f(-0.5), o.f(1.0)))
+    odd = o.b.icmp_unsigned("!=", o.iand(q, o.i(1)), o.i(0))
+    res = o.sel(odd, c, s)
+    return o.flt(o.ixor(o.bits(res), o.shl(o.iand(q, o.i(2)), 30)))   # negate in q = 2, 3
+
+
+def _sin(o, x):
+    return o.sel(o.eq(x, o.f(0.0)), x, _sincos(o, x, 0))   # sin(-0) = -0
+
+
+def _cos(o, x):
+    return _sincos(o, x, 1)
+
+
+# ---------------------------------------------------------------------------- registry / API
+_IMPL = {
+    "exp": _exp, "expm1": _expm1, "log": _log, "log1p": _log1p,
+    "sin": _sin, "cos": _cos, "tanh": _tanh, "sigmoid": _sigmoid, "silu": _silu,
+    "erf": _erf, "erfc": _erfc, "gelu": _gelu, "gelu_tanh": _gelu_tanh, "softplus": _softplus,
+}
+assert _IMPL.keys() == SUPPORTED.keys()
+
+
+def _check_type(name: str, ty: ir.Type) -> None:
+    if name not in _IMPL:
+        raise KeyError(f"rlx.math: no elementwise math rule for {name!r} "
+                       f"(have: {', '.join(sorted(_IMPL))})")
+    elem = ty.element if isinstance(ty, ir.VectorType) else ty
+    if not isinstance(elem, ir.FloatType):
+        raise TypeError(f"rlx.math.{name}: expected float or <N x float>, got {ty}")
+
+
+def get_function(module: ir.Module, name: str, ty: ir.Type) -> ir.Function:
+    """The internal alwaysinline function `rlx.math.<name>.<f32|vNf32>` of `module`,
+    defined on first use."""
+    _check_type(name, ty)
+    suffix = "f32" if not isinstance(ty, ir.VectorType) else f"v{ty.count}f32"
+    fname = f"rlx.math.{name}.{suffix}"
+    fn = module.globals.get(fname)
+    if fn is None:
+        fn = ir.Function(module, ir.FunctionType(ty, [ty]), fname)
+        fn.linkage = "internal"
+        fn.attributes.add("alwaysinline")
+        fn.attributes.add("nounwind")
+        fn.args[0].name = "x"
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        b.ret(_IMPL[name](_Ops(b, ty), fn.args[0]))
+    return fn
+
+
+def emit(builder: ir.IRBuilder, name: str, x: ir.Value) -> ir.Value:
+    """Emit `name(x)` at the builder's position; x is float or <N x float>, and so is the
+    result.  Calls an internal alwaysinline helper (defined once per module)."""
+    fn = get_function(builder.module, name, x.type)
+    return builder.call(fn, [x], name=f"{name}")

@@ -1,0 +1,755 @@
+"""Single-precision GEMM emitted as LLVM IR (llvmlite.ir): packed, blocked, threaded.
+
+    C[i,j] (=|+=) sum_k A[i*rsa + k*csa] * B[k*rsb + j*csb]      (strided A, B)
+      │ emit_sgemm
+      ▼
+    NAME          picks the workspace, splits C over an OpenMP team (parallel.py):
+                  by rows when M has at least as many MR-blocks as N has
+                  NR-blocks (the team shares packed B), else by columns
+     └ NAME.seq   GotoBLAS/BLIS loop nest on one thread's C rows/columns:
+         for jc in N by NC:                         (B block: L3)
+           for pc in K by KC:                       (at least once, so K=0 works)
+             pack_b  B[pc:pc+kc, jc:jc+nc] → Bp   KC×NR micro-panels, zero padded
+                     (row split: each thread packs 1/nt of the panels into a
+                      shared, double-buffered Bp; one team barrier per block)
+             for ic in M by MC:                     (A block: L2)
+               pack_a  A[ic:ic+mc, pc:pc+kc] → Ap MR×KC micro-panels, zero padded
+               for jr in nc by NR:                  (B micro-panel: L1)
+                 for ir in mc by MR:
+                   micro: MR×NR tile of C, kc rank-1 updates:
+                     acc[r][v] = fma(splat(Ap[k*MR+r]), Bp[k*NR + v*VL : +VL], acc[r][v])
+                   store: C += / = acc (only the first K block may skip loading C),
+                          epilogue on the last K block, masked on edge tiles
+
+Register tile: the vector axis is N (rows of C are contiguous), so each k step
+loads NR/VL vectors of packed B and broadcasts MR scalars of packed A (one
+vbroadcastss shared by the row's FMAs).  AVX-512: 6×64 (24 zmm accumulators +
+4 B vectors + 1 broadcast, of 32 registers); AVX2: 6×16 (12 ymm accumulators
++ 2 + 1, of 16).  The k loop is unrolled ``unroll`` times.  (A 14×32 tile
+needs 28 + 2 + 1 registers and LLVM then spills an accumulator.)  Packing
+uses vector copies for unit-stride rows of B and an in-register transpose
+(one shufflevector) for row-major A; strided operands take scalar gathers.
+
+Workspace: packed buffers are 64-byte aligned slices of a caller-provided
+workspace (``sgemm_workspace_floats`` says how many floats: one A part and
+one B part per thread), so the hot path never allocates.  The thread count
+is capped by how many slices fit; with a NULL or too small workspace the
+kernel mallocs one slice and runs on one thread (a slow path, not meant for
+the runtime).  The row split uses the B parts of slots 0 and 1 as its
+shared double buffer.
+
+Edges: packing pads partial micro-panels with zeros, so the microkernel
+always computes a full MR×NR tile; edge tiles store only rows < m_rem with
+masked vector loads/stores for columns < n_rem.
+
+Epilogue hook (fused bias/activation): ``epilogue(builder, row, col, vec,
+lanes, mask, args) -> vec`` is called while emitting the final store of each
+row-vector of each tile, only for the last K block, after C's old value has
+been added when accumulating, i.e. C = epilogue(acc ? C + A@B : A@B).
+``row``/``col`` are i64 global indices of C's element under lane 0, ``vec`` a
+``<lanes x float>`` value (lanes = VL: 16 on AVX-512, 8 on AVX2) covering
+columns col..col+lanes-1, ``mask`` is None for a full vector or an
+``<lanes x i1>`` value (lane valid iff col+lane < N; use it to load bias
+etc. with ``masked_load``); results in masked-off lanes are discarded.
+``args`` are the values of the extra trailing arguments declared with
+``epilogue_arg_types`` (the hook runs in an internal function, so it must
+reach outside data through these).  The hook may be emitted several times.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Sequence
+
+import llvmlite.ir as ir
+
+from . import parallel
+from .target import host_has_avx512
+
+__all__ = [
+    "SgemmConfig",
+    "sgemm_config",
+    "sgemm_workspace_floats",
+    "emit_sgemm",
+    "sgemm_signature",
+    "masked_load",
+]
+
+F32 = ir.FloatType()
+F32P = F32.as_pointer()
+I1 = ir.IntType(1)
+I8 = ir.IntType(8)
+I8P = I8.as_pointer()
+I32 = ir.IntType(32)
+I64 = ir.IntType(64)
+VOID = ir.VoidType()
+
+
+@dataclasses.dataclass(frozen=True)
+class SgemmConfig:
+    isa: str          # "avx512" | "avx2"
+    vl: int           # floats per vector
+    mr: int           # register tile rows
+    nr: int           # register tile columns (multiple of vl)
+    kc: int           # K block (B micro-panel kc×nr should stay in L1)
+    mc: int           # M block (packed A mc×kc in L2), multiple of mr
+    nc: int           # N block (packed B kc×nc), multiple of nr
+    unroll: int = 4   # k-loop unroll in the microkernel
+    prefetch_a: int = 0   # prefetch distance in k steps for packed A (0 = off)
+    prefetch_b: int = 0   # prefetch distance in k steps for packed B (0 = off)
+    prefetch_c: bool = True
+    min_work: int = 1 << 18  # M*N*K below this runs on one thread
+
+    @property
+    def nv(self) -> int:
+        return self.nr // self.vl
+
+
+# Tuned on a 2-core Sapphire Rapids VM (48 KiB L1d, 2 MiB L2): 6x64, 8x48 and
+# 14x32 tiles all land within a few percent of OpenBLAS; 6x64 was best.
+AVX512 = SgemmConfig("avx512", 16, 6, 64, kc=256, mc=6 * 48, nc=4096, unroll=4)
+AVX2 = SgemmConfig("avx2", 8, 6, 16, kc=256, mc=6 * 24, nc=4096, unroll=4)
+
+
+def sgemm_config(cpu: str = "native", **overrides) -> SgemmConfig:
+    """Block sizes for ``cpu``: AVX-512 when ``cpu`` is "native" and the host
+    has avx512f (or when the cpu name is an AVX-512 one), else AVX2."""
+    if cpu in ("native", "host", ""):
+        base = AVX512 if host_has_avx512() else AVX2
+    elif cpu in ("avx512", "x86-64-v4") or "avx512" in cpu or cpu in (
+            "skylake-avx512", "cascadelake", "cooperlake", "icelake-server",
+            "sapphirerapids", "graniterapids", "emeraldrapids", "znver4", "znver5",
+            "tigerlake", "rocketlake", "icelake-client"):
+        base = AVX512
+    else:
+        base = AVX2
+    return dataclasses.replace(base, **overrides) if overrides else base
+
+
+def _rup(x: int, m: int) -> int:
+    return (x + m - 1) // m * m
+
+
+def _per_thread_floats(M: int, N: int, K: int, cfg: SgemmConfig) -> int:
+    kc = max(1, min(cfg.kc, K))
+    mc = min(cfg.mc, _rup(max(M, 1), cfg.mr))
+    nc = min(cfg.nc, _rup(max(N, 1), cfg.nr))
+    return _rup(mc * kc, 16) + 16 + _rup(kc * nc, 16) + 16
+
+
+def sgemm_workspace_floats(M: int, N: int, K: int, threads: int = 1, *,
+                           cpu: str = "native", config: SgemmConfig | None = None) -> int:
+    """Floats of workspace an sgemm emitted with ``config`` (default: the one
+    for ``cpu``) needs to run (M, N, K) on up to ``threads`` threads.  Passing
+    a smaller workspace caps the thread count at what fits."""
+    cfg = config or sgemm_config(cpu)
+    return max(1, int(threads)) * _per_thread_floats(M, N, K, cfg)
+
+
+def sgemm_signature(epilogue_arg_types: Sequence[ir.Type] = ()) -> ir.FunctionType:
+    """``void (i64 M, i64 N, i64 K, float* A, i64 rsa, i64 csa, float* B,
+    i64 rsb, i64 csb, float* C, i64 ldc, i32 accumulate, float* workspace,
+    i64 workspace_floats, <epilogue args>...)``"""
+    return ir.FunctionType(VOID, [I64, I64, I64, F32P, I64, I64, F32P, I64, I64,
+                                  F32P, I64, I32, F32P, I64, *epilogue_arg_types])
+
+
+# --------------------------------------------------------------------------
+# small IR helpers
+
+def _c64(v: int) -> ir.Constant:
+    return ir.Constant(I64, int(v))
+
+
+def _intrinsic(module: ir.Module, name: str, ret, args) -> ir.Function:
+    fn = module.globals.get(name)
+    if fn is None:
+        fn = ir.Function(module, ir.FunctionType(ret, list(args)), name)
+    return fn
+
+
+def _smin(b, x, y):
+    return b.select(b.icmp_signed("<", x, y), x, y)
+
+
+def _smax(b, x, y):
+    return b.select(b.icmp_signed(">", x, y), x, y)
+
+
+def _gep(b, p, i):
+    return b.gep(p, [i], inbounds=True)
+
+
+def _for(b: ir.IRBuilder, lo, hi, step: int | ir.Value, body, name="i"):
+    """for (iv = lo; iv < hi; iv += step) body(b, iv)   (signed i64)."""
+    fn = b.function
+    head = fn.append_basic_block(name + ".head")
+    loop = fn.append_basic_block(name + ".body")
+    done = fn.append_basic_block(name + ".done")
+    pre = b.block
+    b.branch(head)
+    b.position_at_end(head)
+    iv = b.phi(I64, name=name)
+    iv.add_incoming(lo, pre)
+    b.cbranch(b.icmp_signed("<", iv, hi), loop, done)
+    b.position_at_end(loop)
+    body(b, iv)
+    st = step if isinstance(step, ir.Value) else _c64(step)
+    iv.add_incoming(b.add(iv, st), b.block)
+    b.branch(head)
+    b.position_at_end(done)
+
+
+def _vec_ptr(b, p, vt):
+    return b.bitcast(p, vt.as_pointer())
+
+
+def _splat(b, x, n):
+    vt = ir.VectorType(x.type, n)
+    v = b.insert_element(ir.Constant(vt, ir.Undefined), x, ir.Constant(I32, 0))
+    return b.shuffle_vector(v, ir.Constant(vt, ir.Undefined),
+                            ir.Constant(ir.VectorType(I32, n), [0] * n))
+
+
+def _lane_mask(b, first_col_off: int, n_rem, lanes: int):
+    """<lanes x i1>: lane l valid iff first_col_off + l < n_rem."""
+    idx = ir.Constant(ir.VectorType(I64, lanes), [first_col_off + l for l in range(lanes)])
+    return b.icmp_signed("<", idx, _splat(b, n_rem, lanes))
+
+
+def masked_load(builder: ir.IRBuilder, ptr, lanes: int, mask=None, passthru=None,
+                align: int = 4):
+    """Load ``<lanes x float>`` from float* ``ptr``; with an ``<lanes x i1>``
+    mask only the valid lanes are read (the others are ``passthru``, zero by
+    default).  For epilogue hooks loading bias rows etc."""
+    vt = ir.VectorType(F32, lanes)
+    vp = _vec_ptr(builder, ptr, vt)
+    if mask is None:
+        return builder.load(vp, align=align)
+    mt = ir.VectorType(I1, lanes)
+    fn = _intrinsic(builder.module, f"llvm.masked.load.v{lanes}f32.p0", vt,
+                    [vt.as_pointer(), I32, mt, vt])
+    pt = passthru if passthru is not None else ir.Constant(vt, None)
+    return builder.call(fn, [vp, ir.Constant(I32, align), mask, pt])
+
+
+def _masked_store(b, val, ptr, mask, align=4):
+    vt = val.type
+    mt = ir.VectorType(I1, vt.count)
+    vp = _vec_ptr(b, ptr, vt)
+    if mask is None:
+        b.store(val, vp, align=align)
+        return
+    fn = _intrinsic(b.module, f"llvm.masked.store.v{vt.count}f32.p0", VOID,
+                    [vt, vt.as_pointer(), I32, mt])
+    b.call(fn, [val, vp, ir.Constant(I32, align), mask])
+
+
+def _prefetch(b, ptr, rw: int, locality: int = 3):
+    fn = _intrinsic(b.module, "llvm.prefetch.p0", VOID, [I8P, I32, I32, I32])
+    b.call(fn, [b.bitcast(ptr, I8P), ir.Constant(I32, rw), ir.Constant(I32, locality),
+                ir.Constant(I32, 1)])
+
+
+def _align64(b, p):
+    """Round float* p up to a 64-byte boundary."""
+    i = b.ptrtoint(p, I64)
+    i = b.and_(b.add(i, _c64(63)), _c64(~63))
+    return b.inttoptr(i, F32P)
+
+
+def _set_noalias(fn: ir.Function, idxs):
+    for i in idxs:
+        fn.args[i].add_attribute("noalias")
+
+
+# --------------------------------------------------------------------------
+# packing
+
+def _transpose_rows(b, vs, rows: int, lanes: int):
+    """rows vectors of ``lanes`` floats → one <rows*lanes> vector, element
+    kk*rows + r = vs[r][kk] (concatenate pairwise, then one shuffle)."""
+    def concat(x, y):
+        n = x.type.count
+        if y is None:
+            y = ir.Constant(x.type, ir.Undefined)
+            return b.shuffle_vector(x, y, ir.Constant(ir.VectorType(I32, 2 * n),
+                                                      list(range(n)) + [n] * n))
+        return b.shuffle_vector(x, y, ir.Constant(ir.VectorType(I32, 2 * n), list(range(2 * n))))
+    level = list(vs)
+    while len(level) > 1:
+        nxt = []
+        for i in range(0, len(level), 2):
+            nxt.append(concat(level[i], level[i + 1] if i + 1 < len(level) else None))
+        level = nxt
+    whole = level[0]  # row r at [r*lanes, (r+1)*lanes)
+    mask = [r * lanes + kk for kk in range(lanes) for r in range(rows)]
+    return b.shuffle_vector(whole, ir.Constant(whole.type, ir.Undefined),
+                            ir.Constant(ir.VectorType(I32, rows * lanes), mask))
+
+
+def _emit_pack_a(module, name, cfg: SgemmConfig) -> ir.Function:
+    """pack_a(A, rsa, csa, mc, kc, Ap): MR-row micro-panels, Ap[p*MR*kc + k*MR + r]."""
+    MR, VL = cfg.mr, cfg.vl
+    vt = ir.VectorType(F32, VL)
+    fn = ir.Function(module, ir.FunctionType(VOID, [F32P, I64, I64, I64, I64, F32P]), name)
+    fn.linkage = "internal"
+    fn.attributes.add("noinline")
+    _set_noalias(fn, [0, 5])
+    A, rsa, csa, mc, kc, Ap = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    zero = ir.Constant(F32, 0.0)
+
+    def panel(b, i0):
+        mr_cur = _smin(b, _c64(MR), b.sub(mc, i0))
+        dst = _gep(b, Ap, b.mul(i0, kc))
+        src = _gep(b, A, b.mul(i0, rsa))
+        full = b.icmp_signed("==", mr_cur, _c64(MR))
+        with b.if_else(full) as (then, other):
+            with then:
+                unit = b.icmp_signed("==", csa, _c64(1))
+                with b.if_else(unit) as (t2, o2):
+                    with t2:
+                        # row-major A: each of MR rows read contiguously along k
+                        rows = [_gep(b, src, b.mul(_c64(r), rsa)) for r in range(MR)]
+                        kv = b.mul(b.sdiv(kc, _c64(VL)), _c64(VL))
+
+                        def kbv(b, k):
+                            # VL k-values of each row, transposed in registers:
+                            # out[kk*MR + r] = row_r[k + kk]
+                            vs = [b.load(_vec_ptr(b, _gep(b, rows[r], k), vt), align=4)
+                                  for r in range(MR)]
+                            out = _transpose_rows(b, vs, MR, VL)
+                            b.store(out, _vec_ptr(b, _gep(b, dst, b.mul(k, _c64(MR))), out.type),
+                                    align=4)
+                        _for(b, _c64(0), kv, VL, kbv, "pa.kv")
+
+                        def kb(b, k):
+                            d = _gep(b, dst, b.mul(k, _c64(MR)))
+                            for r in range(MR):
+                                b.store(b.load(_gep(b, rows[r], k)), _gep(b, d, _c64(r)))
+                        _for(b, kv, kc, 1, kb, "pa.k")
+                    with o2:
+                        def kb2(b, k):
+                            s = _gep(b, src, b.mul(k, csa))
+                            d = _gep(b, dst, b.mul(k, _c64(MR)))
+                            for r in range(MR):
+                                b.store(b.load(_gep(b, s, b.mul(_c64(r), rsa))),
+                                        _gep(b, d, _c64(r)))
+                        _for(b, _c64(0), kc, 1, kb2, "pa.k2")
+            with other:
+                def kb3(b, k):
+                    s = _gep(b, src, b.mul(k, csa))
+                    d = _gep(b, dst, b.mul(k, _c64(MR)))
+                    for r in range(MR):
+                        ok = b.icmp_signed("<", _c64(r), mr_cur)
+                        # clamp the row so the address is always in bounds
+                        rr = b.select(ok, _c64(r), _c64(0))
+                        v = b.load(_gep(b, s, b.mul(rr, rsa)))
+                        b.store(b.select(ok, v, zero), _gep(b, d, _c64(r)))
+                _for(b, _c64(0), kc, 1, kb3, "pa.k3")
+
+    _for(b, _c64(0), mc, MR, panel, "pa.i")
+    b.ret_void()
+    return fn
+
+
+def _emit_pack_b(module, name, cfg: SgemmConfig) -> ir.Function:
+    """pack_b(B, rsb, csb, kc, nc, Bp): NR-column micro-panels, Bp[p*NR*kc + k*NR + c]."""
+    NR, VL, NV = cfg.nr, cfg.vl, cfg.nv
+    vt = ir.VectorType(F32, VL)
+    fn = ir.Function(module, ir.FunctionType(VOID, [F32P, I64, I64, I64, I64, F32P]), name)
+    fn.linkage = "internal"
+    fn.attributes.add("noinline")
+    _set_noalias(fn, [0, 5])
+    B, rsb, csb, kc, nc, Bp = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    zero = ir.Constant(F32, 0.0)
+
+    def panel(b, j0):
+        nr_cur = _smin(b, _c64(NR), b.sub(nc, j0))
+        dst = _gep(b, Bp, b.mul(j0, kc))
+        src = _gep(b, B, b.mul(j0, csb))
+        unit = b.icmp_signed("==", csb, _c64(1))
+        with b.if_else(unit) as (then, other):
+            with then:
+                full = b.icmp_signed("==", nr_cur, _c64(NR))
+                masks = [None] * NV
+                with b.if_else(full) as (t2, o2):
+                    with t2:
+                        def kb(b, k):
+                            s = _gep(b, src, b.mul(k, rsb))
+                            d = _gep(b, dst, b.mul(k, _c64(NR)))
+                            for v in range(NV):
+                                x = b.load(_vec_ptr(b, _gep(b, s, _c64(v * VL)), vt), align=4)
+                                b.store(x, _vec_ptr(b, _gep(b, d, _c64(v * VL)), vt), align=64)
+                        _for(b, _c64(0), kc, 1, kb, "pb.k")
+                    with o2:
+                        masks = [_lane_mask(b, v * VL, nr_cur, VL) for v in range(NV)]
+
+                        def kb2(b, k):
+                            s = _gep(b, src, b.mul(k, rsb))
+                            d = _gep(b, dst, b.mul(k, _c64(NR)))
+                            for v in range(NV):
+                                x = masked_load(b, _gep(b, s, _c64(v * VL)), VL, masks[v])
+                                b.store(x, _vec_ptr(b, _gep(b, d, _c64(v * VL)), vt), align=64)
+                        _for(b, _c64(0), kc, 1, kb2, "pb.k2")
+            with other:
+                # strided (e.g. transposed) B: gather NR columns per k
+                def kb3(b, k):
+                    s = _gep(b, src, b.mul(k, rsb))
+                    d = _gep(b, dst, b.mul(k, _c64(NR)))
+                    for c in range(NR):
+                        ok = b.icmp_signed("<", _c64(c), nr_cur)
+                        cc = b.select(ok, _c64(c), _c64(0))
+                        x = b.load(_gep(b, s, b.mul(cc, csb)))
+                        b.store(b.select(ok, x, zero), _gep(b, d, _c64(c)))
+                _for(b, _c64(0), kc, 1, kb3, "pb.k3")
+
+    _for(b, _c64(0), nc, NR, panel, "pb.j")
+    b.ret_void()
+    return fn
+
+
+# --------------------------------------------------------------------------
+# microkernel
+
+def _emit_micro(module, name, cfg: SgemmConfig, epilogue, epi_types) -> ir.Function:
+    """micro(kc, Ap, Bp, C, ldc, m_rem, n_rem, beta i1, last i1, row0, col0, epi...)"""
+    MR, NR, VL, NV, U = cfg.mr, cfg.nr, cfg.vl, cfg.nv, cfg.unroll
+    vt = ir.VectorType(F32, VL)
+    fty = ir.FunctionType(VOID, [I64, F32P, F32P, F32P, I64, I64, I64, I1, I1, I64, I64,
+                                 *epi_types])
+    fn = ir.Function(module, fty, name)
+    fn.linkage = "internal"
+    fn.attributes.add("alwaysinline")
+    _set_noalias(fn, [1, 2, 3])
+    kc, Ap, Bp, C, ldc, m_rem, n_rem, beta, last, row0, col0 = fn.args[:11]
+    epi_args = list(fn.args[11:])
+    fma = _intrinsic(module, f"llvm.fma.v{VL}f32", vt, [vt, vt, vt])
+
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    entry = b.block
+    zero_v = ir.Constant(vt, None)
+
+    if cfg.prefetch_c:
+        for r in range(MR):
+            rr = b.select(b.icmp_signed("<", _c64(r), m_rem), _c64(r), _c64(0))
+            crow = _gep(b, C, b.mul(rr, ldc))
+            _prefetch(b, crow, 1)
+            if NR > 16:
+                _prefetch(b, _gep(b, crow, _c64(NR - 1)), 1)
+
+    def step(b, pa, pb, acc, k_off):
+        """One rank-1 update at k = k_off (relative to pa/pb)."""
+        bv = [b.load(_vec_ptr(b, _gep(b, pb, _c64(k_off * NR + v * VL)), vt), align=64)
+              for v in range(NV)]
+        out = []
+        for r in range(MR):
+            a = _splat(b, b.load(_gep(b, pa, _c64(k_off * MR + r)), align=4), VL)
+            out.append([b.call(fma, [a, bv[v], acc[r][v]]) for v in range(NV)])
+        return out
+
+    def loop(b, pre_block, trip, pa0, pb0, acc0, per_iter, tag):
+        head = fn.append_basic_block(tag + ".head")
+        body = fn.append_basic_block(tag + ".body")
+        done = fn.append_basic_block(tag + ".done")
+        b.branch(head)
+        b.position_at_end(head)
+        it = b.phi(I64, name=tag + ".it")
+        pa = b.phi(F32P, name=tag + ".pa")
+        pb = b.phi(F32P, name=tag + ".pb")
+        acc = [[b.phi(vt, name=f"{tag}.c{r}_{v}") for v in range(NV)] for r in range(MR)]
+        it.add_incoming(_c64(0), pre_block)
+        pa.add_incoming(pa0, pre_block)
+        pb.add_incoming(pb0, pre_block)
+        for r in range(MR):
+            for v in range(NV):
+                acc[r][v].add_incoming(acc0[r][v], pre_block)
+        b.cbranch(b.icmp_signed("<", it, trip), body, done)
+        b.position_at_end(body)
+        cur = acc
+        if cfg.prefetch_a:
+            _prefetch(b, _gep(b, pa, _c64(cfg.prefetch_a * MR)), 0)
+        if cfg.prefetch_b:
+            _prefetch(b, _gep(b, pb, _c64(cfg.prefetch_b * NR)), 0)
+        for u in range(per_iter):
+            cur = step(b, pa, pb, cur, u)
+        latch = b.block
+        it.add_incoming(b.add(it, _c64(1)), latch)
+        pa.add_incoming(_gep(b, pa, _c64(per_iter * MR)), latch)
+        pb.add_incoming(_gep(b, pb, _c64(per_iter * NR)), latch)
+        for r in range(MR):
+            for v in range(NV):
+                acc[r][v].add_incoming(cur[r][v], latch)
+        b.branch(head)
+        b.position_at_end(done)
+        return pa, pb, acc
+
+    acc0 = [[zero_v] * NV for _ in range(MR)]
+    n_main = b.sdiv(kc, _c64(U)) if U > 1 else kc
+    pa, pb, acc = loop(b, entry, n_main, Ap, Bp, acc0, U, "km")
+    if U > 1:
+        n_rem_k = b.srem(kc, _c64(U))
+        pa, pb, acc = loop(b, b.block, n_rem_k, pa, pb, acc, 1, "kr")
+
+    # ---- store phase
+    def store_tile(b, masked: bool, load_c: bool, epi: bool):
+        masks = [_lane_mask(b, v * VL, n_rem, VL) for v in range(NV)] if masked else [None] * NV
+        for r in range(MR):
+            def row(b):
+                crow = _gep(b, C, b.mul(_c64(r), ldc))
+                for v in range(NV):
+                    p = _gep(b, crow, _c64(v * VL))
+                    x = acc[r][v]
+                    if load_c:
+                        x = b.fadd(x, masked_load(b, p, VL, masks[v]))
+                    if epi:
+                        x = epilogue(b, b.add(row0, _c64(r)), b.add(col0, _c64(v * VL)), x, VL,
+                                     masks[v], epi_args)
+                    _masked_store(b, x, p, masks[v])
+            if masked and r > 0:
+                with b.if_then(b.icmp_signed("<", _c64(r), m_rem)):
+                    row(b)
+            else:
+                row(b)  # row 0 always exists (m_rem >= 1)
+
+    def store_variants(b, masked):
+        if epilogue is None:
+            with b.if_else(beta) as (t, o):
+                with t:
+                    store_tile(b, masked, True, False)
+                with o:
+                    store_tile(b, masked, False, False)
+        else:
+            with b.if_else(beta) as (t, o):
+                with t:
+                    with b.if_else(last) as (t2, o2):
+                        with t2:
+                            store_tile(b, masked, True, True)
+                        with o2:
+                            store_tile(b, masked, True, False)
+                with o:
+                    with b.if_else(last) as (t2, o2):
+                        with t2:
+                            store_tile(b, masked, False, True)
+                        with o2:
+                            store_tile(b, masked, False, False)
+
+    full = b.and_(b.icmp_signed("==", m_rem, _c64(MR)), b.icmp_signed("==", n_rem, _c64(NR)))
+    with b.if_else(full, likely=True) as (t, o):
+        with t:
+            store_variants(b, False)
+        with o:
+            store_variants(b, True)
+    b.ret_void()
+    return fn
+
+
+# --------------------------------------------------------------------------
+# macro kernel + sequential driver
+
+def _emit_seq(module, name, cfg: SgemmConfig, micro, pack_a, pack_b, epi_types) -> ir.Function:
+    """seq(M, N, K, A, rsa, csa, B, rsb, csb, C, ldc, beta i1, Ap, Bp0, Bp1, row0, col0,
+    tid i32, nt i32, coop i1, epi...).
+
+    coop = 0: one thread owns this whole C block; B is packed into Bp0.
+    coop = 1: the nt threads of a team call this with their own rows of C
+    (and their own Ap) but the same B; each packs its share of the NR panels
+    of every (jc, pc) block into a shared buffer, then a team barrier makes
+    the block visible.  The buffer alternates between Bp0 and Bp1 so one
+    barrier per block suffices: a thread that packs block p+1 has passed
+    barrier p, so nobody still reads the buffer of block p-1 it overwrites."""
+    MR, NR, KC, MC, NC = cfg.mr, cfg.nr, cfg.kc, cfg.mc, cfg.nc
+    fty = ir.FunctionType(VOID, [I64, I64, I64, F32P, I64, I64, F32P, I64, I64, F32P, I64,
+                                 I1, F32P, F32P, F32P, I64, I64, I32, I32, I1, *epi_types])
+    fn = ir.Function(module, fty, name)
+    fn.linkage = "internal"
+    _set_noalias(fn, [3, 6, 9, 12])
+    (M, N, K, A, rsa, csa, B, rsb, csb, C, ldc, acc, Ap, Bp0, Bp1, row0, col0, tid, nt,
+     coop) = fn.args[:20]
+    epi_args = list(fn.args[20:])
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    k_end = _smax(b, K, _c64(1))  # K = 0 still runs one (empty) K block
+    n_kblocks = b.sdiv(b.add(k_end, _c64(KC - 1)), _c64(KC))
+    tid64, nt64 = b.sext(tid, I64), b.sext(nt, I64)
+    # my share of the panels when cooperating: [share_lo, share_hi) of np panels
+    share_lo_num = b.select(coop, tid64, _c64(0))
+    share_den = b.select(coop, nt64, _c64(1))
+
+    def jc_body(b, jc):
+        nc = _smin(b, _c64(NC), b.sub(N, jc))
+
+        def pc_body(b, pc):
+            kc = _smax(b, _smin(b, _c64(KC), b.sub(K, pc)), _c64(0))
+            blk = b.add(b.mul(b.sdiv(jc, _c64(NC)), n_kblocks), b.sdiv(pc, _c64(KC)))
+            Bp = b.select(b.trunc(blk, I1), Bp1, Bp0)
+            n_pan = b.sdiv(b.add(nc, _c64(NR - 1)), _c64(NR))
+            p0 = b.sdiv(b.mul(n_pan, share_lo_num), share_den)
+            p1 = b.sdiv(b.mul(n_pan, b.add(share_lo_num, _c64(1))), share_den)
+            j0 = b.mul(p0, _c64(NR))
+            j1 = _smin(b, b.mul(p1, _c64(NR)), nc)
+            with b.if_then(b.icmp_signed("<", j0, j1)):
+                b.call(pack_b, [_gep(b, B, b.add(b.mul(pc, rsb), b.mul(b.add(jc, j0), csb))),
+                                rsb, csb, kc, b.sub(j1, j0), _gep(b, Bp, b.mul(j0, kc))])
+            with b.if_then(coop):
+                parallel.emit_barrier(b, nt)
+            beta = b.or_(acc, b.icmp_signed(">", pc, _c64(0)))
+            last = b.icmp_signed(">=", b.add(pc, _c64(KC)), K)
+
+            def ic_body(b, ic):
+                mc = _smin(b, _c64(MC), b.sub(M, ic))
+                b.call(pack_a, [_gep(b, A, b.add(b.mul(ic, rsa), b.mul(pc, csa))), rsa, csa,
+                                mc, kc, Ap])
+                cblk = _gep(b, C, b.add(b.mul(ic, ldc), jc))
+
+                def jr_body(b, jr):
+                    n_rem = _smin(b, _c64(NR), b.sub(nc, jr))
+                    bp = _gep(b, Bp, b.mul(jr, kc))
+
+                    def ir_body(b, i_r):
+                        m_rem = _smin(b, _c64(MR), b.sub(mc, i_r))
+                        ap = _gep(b, Ap, b.mul(i_r, kc))
+                        cp = _gep(b, cblk, b.add(b.mul(i_r, ldc), jr))
+                        b.call(micro, [kc, ap, bp, cp, ldc, m_rem, n_rem, beta, last,
+                                       b.add(row0, b.add(ic, i_r)),
+                                       b.add(col0, b.add(jc, jr)), *epi_args])
+                    _for(b, _c64(0), mc, MR, ir_body, "ir")
+                _for(b, _c64(0), nc, NR, jr_body, "jr")
+            _for(b, _c64(0), M, MC, ic_body, "ic")
+        _for(b, _c64(0), k_end, KC, pc_body, "pc")
+    _for(b, _c64(0), N, NC, jc_body, "jc")
+    b.ret_void()
+    return fn
+
+
+def _emit_ws_per_thread(b, M, N, K, cfg: SgemmConfig):
+    """IR twin of _per_thread_floats (keep in sync)."""
+    def rup(x, m):
+        return b.mul(b.sdiv(b.add(x, _c64(m - 1)), _c64(m)), _c64(m))
+    kc = _smax(b, _c64(1), _smin(b, _c64(cfg.kc), K))
+    mc = _smin(b, _c64(cfg.mc), rup(_smax(b, M, _c64(1)), cfg.mr))
+    nc = _smin(b, _c64(cfg.nc), rup(_smax(b, N, _c64(1)), cfg.nr))
+    a_part = b.add(rup(b.mul(mc, kc), 16), _c64(16))
+    b_part = b.add(rup(b.mul(kc, nc), 16), _c64(16))
+    return a_part, b_part
+
+
+def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
+               config: SgemmConfig | None = None, threads: bool = True,
+               epilogue: Callable | None = None,
+               epilogue_arg_types: Sequence[ir.Type] = ()) -> ir.Function:
+    """Define ``void NAME(i64 M, i64 N, i64 K, float* A, i64 rsa, i64 csa,
+    float* B, i64 rsb, i64 csb, float* C, i64 ldc, i32 accumulate,
+    float* workspace, i64 workspace_floats, <epilogue args>...)`` in ``module``:
+
+        C[i*ldc + j] (= if accumulate == 0, += otherwise)
+            sum_k A[i*rsa + k*csa] * B[k*rsb + j*csb],   0 <= i < M, 0 <= j < N
+
+    A, B, C must not overlap (noalias).  ``workspace`` holds
+    ``sgemm_workspace_floats(M, N, K, threads, config=...)`` floats for up to
+    ``threads`` threads (any alignment); the thread count is
+    min(rlxc_num_threads or all cores, what the workspace fits, blocks of
+    work), and 1 when M*N*K < config.min_work.  ``threads=False`` emits a
+    single-threaded kernel (no libgomp reference).  See the module docstring
+    for the epilogue hook.  Returns the function."""
+    cfg = config or sgemm_config(cpu)
+    epi_types = list(epilogue_arg_types)
+    pack_a = _emit_pack_a(module, name + ".pack_a", cfg)
+    pack_b = _emit_pack_b(module, name + ".pack_b", cfg)
+    micro = _emit_micro(module, name + ".micro", cfg, epilogue, epi_types)
+    seq = _emit_seq(module, name + ".seq", cfg, micro, pack_a, pack_b, epi_types)
+
+    fn = ir.Function(module, sgemm_signature(epi_types), name)
+    _set_noalias(fn, [3, 6, 9])
+    (M, N, K, A, rsa, csa, B, rsb, csb, C, ldc, accum, ws, ws_floats) = fn.args[:14]
+    for a, n in zip(fn.args[:14], ["M", "N", "K", "A", "rsa", "csa", "B", "rsb", "csb", "C",
+                                   "ldc", "accumulate", "workspace", "workspace_floats"]):
+        a.name = n
+    epi_args = list(fn.args[14:])
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    empty = b.or_(b.icmp_signed("<=", M, _c64(0)), b.icmp_signed("<=", N, _c64(0)))
+    with b.if_then(empty, likely=False):
+        b.ret_void()
+    beta = b.icmp_signed("!=", accum, ir.Constant(I32, 0))
+    a_part, b_part = _emit_ws_per_thread(b, M, N, K, cfg)
+    per = b.add(a_part, b_part)
+
+    # workspace: caller's, or a malloc'd single-thread slice (slow path)
+    ws_null = b.icmp_unsigned("==", b.ptrtoint(ws, I64), _c64(0))
+    fits = b.sdiv(ws_floats, per)
+    fits = b.select(ws_null, _c64(0), fits)
+    need_malloc = b.icmp_signed("<", fits, _c64(1))
+    malloc = _intrinsic(module, "malloc", I8P, [I64])
+    free = _intrinsic(module, "free", VOID, [I8P])
+    pre = b.block
+    with b.if_then(need_malloc, likely=False):
+        mem = b.bitcast(b.call(malloc, [b.mul(per, _c64(4))]), F32P)
+        mem_block = b.block
+    wsp = b.phi(F32P)
+    wsp.add_incoming(ws, pre)
+    wsp.add_incoming(mem, mem_block)
+    cap = _smax(b, fits, _c64(1))
+
+    def slot(b, ws_, per_, a_part_, t):
+        base = _gep(b, ws_, b.mul(b.sext(t, I64), per_))
+        return _align64(b, base), _align64(b, _gep(b, base, a_part_))
+
+    def run(b, m0, m1, n0, n1, tid, nt, coop, args):
+        (M_, N_, K_, A_, rsa_, csa_, B_, rsb_, csb_, C_, ldc_, beta_, ws_, a_part_, per_) = args[:15]
+        eargs = args[15:]
+        ap, bp = slot(b, ws_, per_, a_part_, tid)
+        if coop:
+            # shared double buffer: the B parts of slots 0 and 1 (one slot per thread
+            # exists, and nt >= 2 whenever the team really cooperates)
+            _, bp0 = slot(b, ws_, per_, a_part_, ir.Constant(I32, 0))
+            _, bp1 = slot(b, ws_, per_, a_part_, ir.Constant(I32, 1))
+            bp1 = b.select(b.icmp_signed(">", nt, ir.Constant(I32, 1)), bp1, bp0)
+            bp = bp0
+        else:
+            bp1 = bp
+        b.call(seq, [b.sub(m1, m0), b.sub(n1, n0), K_,
+                     _gep(b, A_, b.mul(m0, rsa_)), rsa_, csa_,
+                     _gep(b, B_, b.mul(n0, csb_)), rsb_, csb_,
+                     _gep(b, C_, b.add(b.mul(m0, ldc_), n0)), ldc_, beta_, ap, bp, bp1, m0, n0,
+                     tid, nt, ir.Constant(I1, int(coop)), *eargs])
+
+    captured = [M, N, K, A, rsa, csa, B, rsb, csb, C, ldc, beta, wsp, a_part, per, *epi_args]
+    if threads:
+        mb = b.sdiv(b.add(M, _c64(cfg.mr - 1)), _c64(cfg.mr))
+        nb = b.sdiv(b.add(N, _c64(cfg.nr - 1)), _c64(cfg.nr))
+        work = b.mul(b.mul(M, N), _smax(b, K, _c64(1)))
+        split_m = b.icmp_signed(">=", mb, nb)
+
+        def body_m(b, lo, hi, tid, nt, args):
+            # every team member runs seq (even with no rows): it owns a share
+            # of the B packing and must meet the same barriers
+            M_ = args[0]
+            m0 = _smin(b, b.mul(lo, _c64(cfg.mr)), M_)
+            m1 = _smin(b, b.mul(hi, _c64(cfg.mr)), M_)
+            run(b, m0, m1, _c64(0), args[1], tid, nt, True, args)
+
+        def body_n(b, lo, hi, tid, nt, args):
+            N_ = args[1]
+            with b.if_then(b.icmp_signed("<", lo, hi)):
+                n0 = b.mul(lo, _c64(cfg.nr))
+                n1 = _smin(b, b.mul(hi, _c64(cfg.nr)), N_)
+                run(b, _c64(0), args[0], n0, n1, tid, nt, False, args)
+
+        with b.if_else(split_m) as (t, o):
+            with t:
+                parallel.emit_parallel_ranges(module, b, mb, body_m, captured,
+                                              name=name + ".par_m", work=work,
+                                              min_work=cfg.min_work, max_threads=cap)
+            with o:
+                parallel.emit_parallel_ranges(module, b, nb, body_n, captured,
+                                              name=name + ".par_n", work=work,
+                                              min_work=cfg.min_work, max_threads=cap)
+    else:
+        run(b, _c64(0), M, _c64(0), N, ir.Constant(I32, 0), ir.Constant(I32, 1), False,
+            captured)
+
+    with b.if_then(need_malloc, likely=False):
+        b.call(free, [b.bitcast(wsp, I8P)])
+    b.ret_void()
+    return fn

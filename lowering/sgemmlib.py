@@ -1,0 +1,197 @@
+"""The shared sgemm object: compiled once per CPU, cached, linked into every module.
+
+    sgemm.emit_sgemm x 2  ->  rlxc_sgemm_plain_TAG  (C = A@B)
+                              rlxc_sgemm_cb_TAG     (C = epi(A@B), epi a callback)
+          │ O3 + codegen once per (cpu, sgemm config, sources)   ~0.3-1 s
+          ▼
+    sgemm object bytes: memory cache, then $RLXC_CACHE_DIR/objects/sgemm-KEY.o
+          │ relocatable_link([module object, sgemm object])   (cc -nostdlib -r)
+          ▼
+    one self-contained object per compiled function (what cpu.py links / aot.py embeds)
+
+Why: an sgemm is large (packing, a 14x32 register-tiled microkernel, edge
+cases, threading) and costs far more LLVM time than a typical fused graph, so
+emitting it into every module would make every function with a matmul take
+about a second to compile.  The two entry points are `weak_odr` and `hidden`:
+several objects carrying them link into one library (AOT kernel + train
+step), and they are not exported from the .so.
+
+Callback epilogue.  `rlxc_sgemm_cb_TAG` takes two extra arguments, a function
+`void epi(i8* ctx, i64 row, i64 col, float* v, i64 n)` and its `ctx`.  For
+each finished row-vector of C (VL floats at (row, col), the first n valid) it
+stores the vector to a stack slot, calls epi, which rewrites the n values in
+place, and stores the result to C.  The call costs a few ns per VL outputs.
+The disk entry is checked against its sha256 sidecar before use.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import threading
+
+import llvmlite.ir as ir
+
+F32 = ir.FloatType()
+I8P = ir.IntType(8).as_pointer()
+I32 = ir.IntType(32)
+I64 = ir.IntType(64)
+VOID = ir.VoidType()
+EPI_FN = ir.FunctionType(VOID, [I8P, I64, I64, F32.as_pointer(), I64])
+
+_lock = threading.Lock()
+_objects: dict = {}
+SOURCES = ("sgemm.py", "parallel.py", "target.py", "sgemmlib.py")
+
+
+def _key(cpu: str) -> tuple[str, str]:
+    from importlib.metadata import version
+
+    from .sgemm import sgemm_config
+    from .target import _resolve_cpu
+
+    name, feats = _resolve_cpu(cpu)
+    h = hashlib.sha256(f"{name}|{feats}|{sgemm_config(cpu)}|{version('llvmlite')}".encode())
+    d = os.path.dirname(__file__)
+    for n in SOURCES:
+        with open(os.path.join(d, n), "rb") as f:
+            h.update(f.read())
+    k = h.hexdigest()
+    return k[:32], k[:10]
+
+
+def symbols(cpu: str = "native") -> tuple[str, str]:
+    """(plain sgemm, callback sgemm) symbol names for `cpu`."""
+    tag = _key(cpu)[1]
+    return f"rlxc_sgemm_plain_{tag}", f"rlxc_sgemm_cb_{tag}"
+
+
+def vector_width(cpu: str = "native") -> int:
+    from .sgemm import sgemm_config
+
+    return sgemm_config(cpu).vl
+
+
+_slots: dict = {}
+
+
+def _entry_slot(b: ir.IRBuilder, ty):
+    """One stack slot per function for the epilogue vector (the hook is emitted many times)."""
+    key = (id(b.function), str(ty))
+    slot = _slots.get(key)
+    if slot is None or slot.parent.parent is not b.function:
+        entry = b.function.entry_basic_block
+        tmp = ir.IRBuilder(entry)
+        if entry.instructions:
+            tmp.position_before(entry.instructions[0])
+        slot = _slots[key] = tmp.alloca(ty)
+    return slot
+
+
+def _callback_hook(b, row, col, vec, lanes, mask, args):
+    fnp, ctx = args
+    slot = _entry_slot(b, vec.type)
+    b.store(vec, slot, align=4)
+    if mask is None:
+        n = ir.Constant(I64, lanes)
+    else:
+        bits = b.bitcast(mask, ir.IntType(lanes))
+        pc = b.module.globals.get(f"llvm.ctpop.i{lanes}") or ir.Function(
+            b.module, ir.FunctionType(ir.IntType(lanes), [ir.IntType(lanes)]),
+            f"llvm.ctpop.i{lanes}")
+        n = b.zext(b.call(pc, [bits]), I64)
+    fn = b.bitcast(fnp, EPI_FN.as_pointer())
+    b.call(fn, [ctx, row, col, b.bitcast(slot, F32.as_pointer()), n])
+    return b.load(slot, align=4)
+
+
+def _build(cpu: str) -> bytes:
+    from .sgemm import emit_sgemm
+    from .target import compile_ir, emit_object, ir_module
+
+    plain, cb = symbols(cpu)
+    _slots.clear()
+    m = ir_module("rlxc_sgemm")
+    for name, hook, extra in ((plain, None, ()), (cb, _callback_hook, (I8P, I8P))):
+        fn = emit_sgemm(m, name, cpu=cpu, epilogue=hook, epilogue_arg_types=extra)
+        fn.linkage = "weak_odr"
+    text = str(m)
+    for name in (plain, cb):
+        text = text.replace(f'define weak_odr void @"{name}"',
+                            f'define weak_odr hidden void @"{name}"')
+    return emit_object(compile_ir(text, cpu, 3), cpu, 3)
+
+
+def _cache_dir() -> str:
+    return os.path.join(os.environ.get("RLXC_CACHE_DIR") or
+                        os.path.join(os.path.expanduser("~"), ".cache", "rlxc"), "objects")
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+        with open(path + ".sha256") as f:
+            want = f.read().strip()
+    except OSError:
+        return None
+    return data if hashlib.sha256(data).hexdigest() == want else None
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def sgemm_object(cpu: str = "native") -> bytes:
+    """The sgemm object for `cpu` (built at most once per process and cache dir)."""
+    key = _key(cpu)[0]
+    d = _cache_dir()
+    mkey = (key, d)
+    obj = _objects.get(mkey)
+    if obj is not None:
+        return obj
+    with _lock:
+        obj = _objects.get(mkey)
+        if obj is None:
+            path = os.path.join(d, f"sgemm-{key}.o")
+            obj = _read(path)
+            if obj is None:
+                obj = _build(cpu)
+                try:
+                    os.makedirs(d, exist_ok=True)
+                    _write_atomic(path + ".sha256", hashlib.sha256(obj).hexdigest().encode())
+                    _write_atomic(path, obj)
+                except OSError:
+                    pass  # read-only cache: keep it in memory only
+            _objects[mkey] = obj
+    return obj
+
+
+def relocatable_link(objects: list[bytes]) -> bytes:
+    """Combine object files into one relocatable object (`cc -nostdlib -r`)."""
+    import subprocess
+
+    from .target import _cc
+
+    with tempfile.TemporaryDirectory(prefix="rlxc-r-") as tmp:
+        paths = []
+        for i, o in enumerate(objects):
+            p = os.path.join(tmp, f"p{i}.o")
+            with open(p, "wb") as f:
+                f.write(o)
+            paths.append(p)
+        out = os.path.join(tmp, "all.o")
+        proc = subprocess.run([_cc(), "-nostdlib", "-r", "-o", out, *paths],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"relocatable link failed: {proc.stderr.strip()}")
+        with open(out, "rb") as f:
+            return f.read()

@@ -1,0 +1,269 @@
+"""LLVM target handling for the CPU backend: target machines, O3, objects, .so.
+
+    llvmlite.ir.Module / LLVM IR text
+          │ compile_ir: parse → verify → optimize (new PM, O3, loop-vec + SLP)
+          ▼
+    llvmlite.binding.ModuleRef (optimized)
+          │ emit_object / emit_asm (TargetMachine for cpu="native" or a named CPU)
+          ▼
+    ELF relocatable object bytes
+          │ link_shared: cc -shared -fopenmp (libgomp) -lm, written atomically
+          ▼
+    libNAME.so (plain C ABI, loadable with ctypes)
+
+Target machines are cached per (cpu, features, opt).  ``cpu="native"`` means
+the host CPU name plus the host feature string (so AVX-512 is used where the
+machine has it); any other name (``"x86-64-v3"``, ``"skylake-avx512"``) takes
+LLVM's features for that CPU.  All objects are position independent (they go
+into shared libraries).
+
+llvmlite 0.50 notes: ``llvm.initialize()`` raises, so only the
+``initialize_all_*`` calls are made; O3 runs through the new pass manager
+(``create_pipeline_tuning_options`` + ``create_pass_builder``).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+
+import llvmlite.binding as llvm
+import llvmlite.ir as ir
+
+__all__ = [
+    "host_cpu_name",
+    "host_cpu_features",
+    "host_has_avx512",
+    "target_machine",
+    "optimize",
+    "parse_module",
+    "compile_ir",
+    "emit_object",
+    "emit_asm",
+    "link_shared",
+    "build_shared",
+    "ir_module",
+]
+
+_init_lock = threading.Lock()
+_initialized = False
+
+
+def _ensure_init() -> None:
+    global _initialized
+    if _initialized:
+        return
+    with _init_lock:
+        if not _initialized:
+            llvm.initialize_all_targets()
+            llvm.initialize_all_asmprinters()
+            _initialized = True
+
+
+def host_cpu_name() -> str:
+    """LLVM's name for the host CPU (e.g. "sapphirerapids", "znver4")."""
+    _ensure_init()
+    return llvm.get_host_cpu_name()
+
+
+@functools.lru_cache(maxsize=None)
+def host_cpu_features() -> str:
+    """The host feature string ("+avx2,+fma,-avx512f,...")."""
+    _ensure_init()
+    try:
+        return llvm.get_host_cpu_features().flatten()
+    except RuntimeError:  # some hosts cannot report features
+        return ""
+
+
+@functools.lru_cache(maxsize=None)
+def host_has_avx512() -> bool:
+    """True when the host can run AVX-512F code.
+
+    Read from /proc/cpuinfo (what the kernel lets us use), falling back to
+    LLVM's host feature string elsewhere."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return "avx512f" in line.split()
+    except OSError:
+        pass
+    return "+avx512f" in host_cpu_features().split(",")
+
+
+def _resolve_cpu(cpu: str) -> tuple[str, str]:
+    if cpu in ("native", "host", ""):
+        return host_cpu_name(), host_cpu_features()
+    return cpu, ""
+
+
+_tm_cache: dict[tuple[str, str, int], llvm.TargetMachine] = {}
+_tm_lock = threading.Lock()
+
+
+def target_machine(cpu: str = "native", opt: int = 3) -> llvm.TargetMachine:
+    """A cached x86-64 (host triple) TargetMachine for ``cpu``.
+
+    ``cpu="native"`` → host CPU name + host features; otherwise an LLVM CPU
+    name such as ``"x86-64-v3"`` with that CPU's default features."""
+    _ensure_init()
+    name, features = _resolve_cpu(cpu)
+    key = (name, features, int(opt))
+    with _tm_lock:
+        tm = _tm_cache.get(key)
+        if tm is None:
+            target = llvm.Target.from_triple(llvm.get_process_triple())
+            tm = target.create_target_machine(
+                cpu=name, features=features, opt=int(opt),
+                reloc="pic", codemodel="default")
+            _tm_cache[key] = tm
+        return tm
+
+
+def optimize(mod: llvm.ModuleRef, tm: llvm.TargetMachine, level: int = 3) -> llvm.ModuleRef:
+    """Run the new-pass-manager pipeline at ``level`` (loop vectorizer and
+    SLP vectorizer on, loop unrolling and interleaving on) in place."""
+    pto = llvm.create_pipeline_tuning_options(speed_level=int(level))
+    pto.loop_vectorization = True
+    pto.slp_vectorization = True
+    pto.loop_unrolling = True
+    pto.loop_interleaving = True
+    pb = llvm.create_pass_builder(tm, pto)
+    mpm = pb.getModulePassManager()
+    mpm.run(mod, pb)
+    return mod
+
+
+def parse_module(ir_text_or_module, cpu: str = "native") -> llvm.ModuleRef:
+    """Parse ``ir_text_or_module`` (IR text, an llvmlite.ir.Module or a
+    ModuleRef) into a verified ModuleRef carrying the target triple and data
+    layout of ``cpu``'s target machine."""
+    _ensure_init()
+    if isinstance(ir_text_or_module, llvm.ModuleRef):
+        mod = ir_text_or_module
+    else:
+        mod = llvm.parse_assembly(str(ir_text_or_module))
+    tm = target_machine(cpu)
+    mod.triple = tm.triple
+    mod.data_layout = str(tm.target_data)
+    mod.verify()
+    _hide_internal_state(mod)
+    return mod
+
+
+# Library-internal mutable state: references bind inside the .so (hidden
+# visibility; llvmlite.ir cannot say so), so two libraries loaded with
+# RTLD_GLOBAL never share, say, their thread count through interposition.
+HIDDEN_GLOBALS = ("rlxc_num_threads",)
+
+
+def _hide_internal_state(mod: llvm.ModuleRef) -> None:
+    for name in HIDDEN_GLOBALS:
+        try:
+            gv = mod.get_global_variable(name)
+        except NameError:
+            continue
+        if not gv.is_declaration:
+            gv.visibility = "hidden"
+
+
+def compile_ir(ir_text_or_module, cpu: str = "native", opt: int = 3) -> llvm.ModuleRef:
+    """Parse, verify and optimize IR for ``cpu``; returns the ModuleRef."""
+    mod = parse_module(ir_text_or_module, cpu)
+    if opt > 0:
+        optimize(mod, target_machine(cpu, opt), opt)
+        mod.verify()
+    return mod
+
+
+def _as_moduleref(m, cpu: str, opt: int) -> llvm.ModuleRef:
+    if isinstance(m, llvm.ModuleRef):
+        return m
+    return compile_ir(m, cpu, opt)
+
+
+def emit_object(m, cpu: str = "native", opt: int = 3) -> bytes:
+    """Object file bytes for ``m`` (an optimized ModuleRef is used as is;
+    IR text or an llvmlite.ir.Module is compiled first)."""
+    mod = _as_moduleref(m, cpu, opt)
+    return target_machine(cpu, opt).emit_object(mod)
+
+
+def emit_asm(m, cpu: str = "native", opt: int = 3) -> str:
+    """Assembly text for ``m`` (same input rules as :func:`emit_object`)."""
+    mod = _as_moduleref(m, cpu, opt)
+    return target_machine(cpu, opt).emit_assembly(mod)
+
+
+def _cc() -> str:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if not cc:
+        raise RuntimeError("link_shared: no C compiler found (looked for $CC, cc, gcc, clang)")
+    return cc
+
+
+def link_shared(objects: list[bytes], out_path: str, extra_libs=("gomp",)) -> str:
+    """Link object-file bytes into the shared library ``out_path``.
+
+    Uses the system ``cc -shared``; ``"gomp"`` in ``extra_libs`` adds
+    ``-fopenmp`` (which links libgomp and its dependencies), other names become
+    ``-lNAME``; ``-lm`` is always added.  The library is written to a temporary
+    file next to ``out_path`` and renamed into place, so a concurrent loader
+    never sees a half-written file.  Raises RuntimeError with cc's stderr on
+    failure.  Returns the absolute output path."""
+    out_path = os.path.abspath(out_path)
+    out_dir = os.path.dirname(out_path) or "."
+    os.makedirs(out_dir, exist_ok=True)
+    cc = _cc()
+    with tempfile.TemporaryDirectory(prefix="rlxc-link-") as tmp:
+        obj_paths = []
+        for i, obj in enumerate(objects):
+            p = os.path.join(tmp, f"part{i}.o")
+            with open(p, "wb") as f:
+                f.write(obj)
+            obj_paths.append(p)
+        libs = []
+        for lib in extra_libs:
+            if lib in ("gomp", "omp", "openmp"):
+                libs.append("-fopenmp")
+            else:
+                libs.append(f"-l{lib}")
+        fd, tmp_out = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(out_path), dir=out_dir)
+        os.close(fd)
+        cmd = [cc, "-shared", "-fPIC", "-o", tmp_out, *obj_paths, *libs, "-lm"]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(
+                    f"link_shared: `{' '.join(cmd)}` failed (exit {proc.returncode}):\n"
+                    f"{proc.stderr.strip() or proc.stdout.strip()}")
+            os.chmod(tmp_out, 0o755)
+            os.replace(tmp_out, out_path)
+        finally:
+            if os.path.exists(tmp_out):
+                os.unlink(tmp_out)
+    return out_path
+
+
+def build_shared(modules, out_path: str, cpu: str = "native", opt: int = 3,
+                 extra_libs=("gomp",)) -> str:
+    """compile_ir + emit_object each of ``modules`` (IR text, llvmlite.ir
+    Modules or ModuleRefs) and link_shared them into ``out_path``."""
+    if not isinstance(modules, (list, tuple)):
+        modules = [modules]
+    objs = [emit_object(compile_ir(m, cpu, opt) if not isinstance(m, llvm.ModuleRef) else m,
+                        cpu, opt) for m in modules]
+    return link_shared(objs, out_path, extra_libs)
+
+
+def ir_module(name: str = "rlxc") -> ir.Module:
+    """A fresh llvmlite.ir.Module with the host triple set."""
+    _ensure_init()
+    m = ir.Module(name=name)
+    m.triple = llvm.get_process_triple()
+    return m

@@ -1,0 +1,295 @@
+"""sgemm emitted by rlxc.lowering.sgemm against a float64 NumPy reference.
+
+Each build compiles one small shared library (target.py + link_shared) and
+calls it through ctypes.  Error bound: |C - ref| <= 1e-5 * sqrt(K) * (|A|@|B| +
+|C0|) elementwise, the natural scale of a length-K float32 dot product.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import os
+
+import numpy as np
+import pytest
+
+import llvmlite.ir as ir
+
+from rlxc.lowering import parallel, sgemm, target
+
+SIZES = (1, 3, 7, 17, 33, 65, 129)
+P, L = ctypes.c_void_p, ctypes.c_int64
+
+
+class Gemm:
+    """ctypes wrapper around one emitted sgemm (optionally with a bias+relu epilogue)."""
+
+    def __init__(self, path, cfg, name="sg", epilogue=False):
+        self.lib = ctypes.CDLL(path)
+        self.cfg = cfg
+        self.f = getattr(self.lib, name)
+        self.f.argtypes = [L, L, L, P, L, L, P, L, L, P, L, ctypes.c_int32, P, L] + (
+            [P] if epilogue else [])
+        self.f.restype = None
+
+    def __call__(self, A, B, C, *, ta=False, tb=False, accumulate=0, threads=2, ws="auto",
+                 extra=()):
+        """A is the logical M×K operand; with ta it is stored K×M (A = stored.T) and
+        passed through strides; same for B with tb.  C may be a strided view."""
+        As = np.ascontiguousarray(A.T) if ta else A
+        Bs = np.ascontiguousarray(B.T) if tb else B
+        M, K = A.shape
+        N = B.shape[1]
+        rsa, csa = (As.strides[1] // 4, As.strides[0] // 4) if ta else (
+            As.strides[0] // 4, As.strides[1] // 4)
+        rsb, csb = (Bs.strides[1] // 4, Bs.strides[0] // 4) if tb else (
+            Bs.strides[0] // 4, Bs.strides[1] // 4)
+        assert C.size == 0 or C.strides[1] == 4
+        if isinstance(ws, str):
+            ws = np.empty(sgemm.sgemm_workspace_floats(M, N, K, threads, config=self.cfg),
+                          np.float32)
+        wp, wn = (None, 0) if ws is None else (ws.ctypes.data, ws.size)
+        self.f(M, N, K, As.ctypes.data, rsa, csa, Bs.ctypes.data, rsb, csb, C.ctypes.data,
+               max(C.strides[0] // 4, N), accumulate, wp, wn, *extra)
+
+
+def _build(tmp_path_factory, tag, cpu="native", epilogue=None, epi_types=(), threads=True):
+    cfg = sgemm.sgemm_config(cpu)
+    m = target.ir_module(tag)
+    sgemm.emit_sgemm(m, "sg", config=cfg, epilogue=epilogue, epilogue_arg_types=epi_types,
+                     threads=threads)
+    parallel.thread_control(m)
+    path = str(tmp_path_factory.mktemp(tag) / f"lib{tag}.so")
+    target.build_shared(m, path, cpu=cpu)
+    return path, cfg
+
+
+@pytest.fixture(scope="module")
+def gemm(tmp_path_factory):
+    path, cfg = _build(tmp_path_factory, "sgemm_native")
+    g = Gemm(path, cfg)
+    g.lib.rlxc_set_num_threads(2)
+    return g
+
+
+@pytest.fixture(scope="module")
+def gemm_tiny(tmp_path_factory):
+    """Tiny cache blocks (odd kc, several mc/nc blocks) and threads for any size:
+    every blocking loop, the k-unroll remainder and the shared, double-buffered
+    B packing run on small problems."""
+    base = sgemm.sgemm_config()
+    cfg = sgemm.sgemm_config(kc=19, mc=2 * base.mr, nc=2 * base.nr, min_work=0)
+    m = target.ir_module("tiny")
+    sgemm.emit_sgemm(m, "sg", config=cfg)
+    parallel.thread_control(m)
+    path = str(tmp_path_factory.mktemp("tiny") / "libtiny.so")
+    target.build_shared(m, path)
+    g = Gemm(path, cfg)
+    g.lib.rlxc_set_num_threads(2)
+    return g
+
+
+def _bias_relu(b, row, col, vec, lanes, mask, args):
+    bias = sgemm.masked_load(b, b.gep(args[0], [col], inbounds=True), lanes, mask)
+    x = b.fadd(vec, bias)
+    return b.select(b.fcmp_ordered(">", x, ir.Constant(x.type, None)), x,
+                    ir.Constant(x.type, None))
+
+
+@pytest.fixture(scope="module")
+def gemm_epi(tmp_path_factory):
+    path, cfg = _build(tmp_path_factory, "sgemm_epi", epilogue=_bias_relu,
+                       epi_types=[ir.FloatType().as_pointer()])
+    g = Gemm(path, cfg, epilogue=True)
+    g.lib.rlxc_set_num_threads(2)
+    return g
+
+
+def _rand(rng, *shape):
+    return rng.standard_normal(shape, dtype=np.float32)
+
+
+def _check(C, A, B, C0=None, accumulate=0):
+    A64, B64 = A.astype(np.float64), B.astype(np.float64)
+    ref = A64 @ B64
+    scale = np.abs(A64) @ np.abs(B64)
+    if accumulate:
+        ref = ref + C0
+        scale = scale + np.abs(C0)
+    K = A.shape[1]
+    tol = 1e-5 * np.sqrt(max(K, 1)) * (scale + 1e-30)
+    err = np.abs(C.astype(np.float64) - ref)
+    bad = err > tol
+    assert not bad.any(), (
+        f"{bad.sum()} wrong elements, worst rel err "
+        f"{(err / (scale + 1e-30)).max():.3g} (bound {1e-5 * np.sqrt(max(K, 1)):.3g})")
+
+
+def _run_case(g, rng, M, N, K, ta, tb, acc, threads=2):
+    A, B = _rand(rng, M, K), _rand(rng, K, N)
+    C0 = _rand(rng, M, N)
+    C = C0.copy()
+    g(A, B, C, ta=ta, tb=tb, accumulate=acc, threads=threads)
+    _check(C, A, B, C0, acc)
+
+
+def test_all_small_shapes(gemm):
+    """Every (M, N, K) in SIZES^3; layouts and accumulate cycle through all 8 combinations."""
+    rng = np.random.default_rng(0)
+    combos = list(itertools.product((False, True), (False, True), (0, 1)))
+    for i, (M, N, K) in enumerate(itertools.product(SIZES, SIZES, SIZES)):
+        ta, tb, acc = combos[i % len(combos)]
+        _run_case(gemm, rng, M, N, K, ta, tb, acc)
+
+
+@pytest.mark.parametrize("ta,tb,acc", list(itertools.product((False, True), (False, True), (0, 1))))
+def test_layouts_edge_shapes(gemm, ta, tb, acc):
+    rng = np.random.default_rng(1)
+    for M, N, K in [(129, 65, 33), (7, 129, 17), (65, 3, 129), (1, 129, 65), (33, 1, 7),
+                    (300, 260, 257), (6, 64, 1), (12, 128, 300)]:
+        _run_case(gemm, rng, M, N, K, ta, tb, acc)
+
+
+def test_tiny_blocks(gemm_tiny):
+    rng = np.random.default_rng(11)
+    combos = list(itertools.product((False, True), (False, True), (0, 1)))
+    shapes = [(M, N, K) for M in (1, 7, 33, 129) for N in (3, 65, 129, 300) for K in (1, 17, 65, 129)]
+    shapes += [(300, 260, 257), (129, 2, 40), (2, 129, 40)]
+    for i, (M, N, K) in enumerate(shapes):
+        ta, tb, acc = combos[i % len(combos)]
+        for t in (1, 2):
+            gemm_tiny.lib.rlxc_set_num_threads(t)
+            _run_case(gemm_tiny, rng, M, N, K, ta, tb, acc)
+    gemm_tiny.lib.rlxc_set_num_threads(2)
+
+
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
+def test_1024(gemm, ta, tb):
+    rng = np.random.default_rng(2)
+    _run_case(gemm, rng, 1024, 1024, 1024, ta, tb, 0)
+
+
+@pytest.mark.parametrize("M,N,K", [(1024, 17, 65), (3, 1024, 1024), (1024, 1024, 1), (65, 1024, 129),
+                                   (1024, 129, 7)])
+def test_1024_mixed(gemm, M, N, K):
+    """Split over M or over N, depending on which has more register-tile blocks."""
+    _run_case(gemm, np.random.default_rng(3), M, N, K, False, False, 1)
+
+
+def test_strided_views(gemm):
+    """Row strides larger than the row length (sub-matrices of bigger arrays)."""
+    rng = np.random.default_rng(4)
+    M, N, K = 70, 90, 110
+    Abig, Bbig, Cbig = _rand(rng, M + 3, K + 9), _rand(rng, K + 2, N + 7), _rand(rng, M, N + 13)
+    A, B = Abig[1:M + 1, 5:K + 5], Bbig[2:, 3:N + 3]
+    before = Cbig.copy()
+    C0 = Cbig[:, 4:N + 4].copy()
+    C = Cbig[:, 4:N + 4]
+    gemm(A, B, C, accumulate=1)
+    _check(C, A, B, C0, 1)
+    # columns outside the view untouched
+    assert np.array_equal(Cbig[:, :4], before[:, :4])
+    assert np.array_equal(Cbig[:, N + 4:], before[:, N + 4:])
+
+
+def test_k_zero_and_empty(gemm):
+    rng = np.random.default_rng(5)
+    A, B = np.zeros((5, 0), np.float32), np.zeros((0, 9), np.float32)
+    C = _rand(rng, 5, 9)
+    gemm(A, B, C, accumulate=0)
+    assert np.array_equal(C, np.zeros_like(C))
+    C = _rand(rng, 5, 9)
+    C0 = C.copy()
+    gemm(A, B, C, accumulate=1)
+    assert np.array_equal(C, C0)
+    C = _rand(rng, 0, 9)
+    gemm(np.zeros((0, 4), np.float32), _rand(rng, 4, 9), C)  # M = 0: nothing to do
+
+
+def test_thread_counts_agree(gemm):
+    """1 and 2 threads compute the same thing; a short workspace caps the threads."""
+    rng = np.random.default_rng(6)
+    A, B = _rand(rng, 257, 300), _rand(rng, 300, 190)
+    outs = []
+    for t in (1, 2, 0):
+        gemm.lib.rlxc_set_num_threads(t)
+        assert gemm.lib.rlxc_get_num_threads() == t
+        C = np.zeros((257, 190), np.float32)
+        gemm(A, B, C, threads=2)
+        outs.append(C)
+    gemm.lib.rlxc_set_num_threads(2)
+    one = sgemm.sgemm_workspace_floats(257, 190, 300, 1, config=gemm.cfg)
+    C = np.zeros((257, 190), np.float32)
+    gemm(A, B, C, ws=np.empty(one, np.float32))
+    outs.append(C)
+    _check(outs[0], A, B)
+    for o in outs[1:]:
+        np.testing.assert_allclose(o, outs[0], rtol=1e-5, atol=1e-4)
+
+
+def test_no_workspace_falls_back(gemm):
+    rng = np.random.default_rng(7)
+    for ws in (None, np.empty(3, np.float32)):
+        A, B = _rand(rng, 40, 50), _rand(rng, 50, 70)
+        C = np.zeros((40, 70), np.float32)
+        gemm(A, B, C, ws=ws)
+        _check(C, A, B)
+
+
+def test_workspace_formula():
+    cfg = sgemm.sgemm_config()
+    w1 = sgemm.sgemm_workspace_floats(1024, 1024, 1024, 1, config=cfg)
+    assert sgemm.sgemm_workspace_floats(1024, 1024, 1024, 2, config=cfg) == 2 * w1
+    assert w1 >= cfg.mc * cfg.kc + cfg.kc * min(cfg.nc, 1024)
+    assert sgemm.sgemm_workspace_floats(1, 1, 1, 1, config=cfg) < w1
+
+
+@pytest.mark.parametrize("acc", [0, 1])
+def test_epilogue_bias_relu(gemm_epi, acc):
+    """C = relu((acc ? C : 0) + A@B + bias): the hook runs once, on the final K block."""
+    rng = np.random.default_rng(8)
+    for M, N, K in [(17, 33, 65), (129, 65, 300), (1, 1, 1), (64, 128, 600), (5, 70, 0)]:
+        A, B = _rand(rng, M, K), _rand(rng, K, N)
+        bias = _rand(rng, N)
+        C0 = _rand(rng, M, N)
+        C = C0.copy()
+        gemm_epi(A, B, C, accumulate=acc, extra=(bias.ctypes.data,))
+        pre = A.astype(np.float64) @ B + bias + (C0 if acc else 0)
+        ref = np.maximum(pre, 0)
+        tol = 1e-5 * np.sqrt(max(K, 1)) * (np.abs(A) @ np.abs(B) + np.abs(bias) + np.abs(C0) + 1e-6)
+        assert (np.abs(C - ref) <= tol).all(), (M, N, K)
+
+
+def test_avx2_build(tmp_path_factory):
+    """The AVX2 fallback (cpu="x86-64-v3": 6x16 ymm tile) on the same shapes."""
+    path, cfg = _build(tmp_path_factory, "sgemm_avx2", cpu="x86-64-v3")
+    assert cfg.isa == "avx2" and cfg.vl == 8
+    g = Gemm(path, cfg)
+    g.lib.rlxc_set_num_threads(2)
+    rng = np.random.default_rng(9)
+    for i, (M, N, K) in enumerate([(1, 1, 1), (7, 17, 33), (65, 129, 3), (129, 33, 300),
+                                   (300, 7, 65)]):
+        _run_case(g, rng, M, N, K, bool(i & 1), bool(i & 2), i % 2)
+
+
+def test_single_thread_variant(tmp_path_factory):
+    """threads=False emits no libgomp reference."""
+    path, cfg = _build(tmp_path_factory, "sgemm_seq", threads=False)
+    g = Gemm(path, cfg)
+    _run_case(g, np.random.default_rng(10), 100, 70, 130, True, False, 1)
+    m = target.ir_module("seq")
+    sgemm.emit_sgemm(m, "sg", threads=False)
+    assert "GOMP_parallel" not in str(m)
+
+
+def test_kernel_is_vectorized():
+    """The microkernel is made of vector FMAs on the widest registers of the target."""
+    m = target.ir_module("asm")
+    sgemm.emit_sgemm(m, "sg", cpu="x86-64-v3")
+    asm = target.emit_asm(m, cpu="x86-64-v3")
+    assert asm.count("vfmadd231ps\t%ymm") + asm.count("vfmadd231ps\t(") >= 12
+    if target.host_has_avx512():
+        m = target.ir_module("asm512")
+        sgemm.emit_sgemm(m, "sg")
+        assert "%zmm" in target.emit_asm(m)
