@@ -1,0 +1,168 @@
+"""The native CPU backend driver: rlx module -> loops -> LLVM -> object -> .so.
+
+    rlx module (one func.func)
+          │ schedule.build_program   fusion groups -> loop kernels      (--emit loops)
+          │ buffers.plan             workspace offsets, liveness reuse
+          │ llvmgen.generate         llvmlite module                    (--emit llvm)
+          │ target.compile_ir        O3, loop + SLP vectorizer          (--emit llvm, optimized)
+          │ target.emit_object       x86-64 ELF object                  (--emit asm)
+          │ target.link_shared       cc -shared -fopenmp
+          ▼
+    libNAME.so exporting
+        int32_t rlx_NAME(void **inputs, void **outputs, void **params, void *workspace);
+        int64_t rlx_NAME_workspace_size(void);
+        void    rlxc_set_num_threads(int32_t);    int32_t rlxc_get_num_threads(void);
+
+C ABI of the entry.  `inputs`, `params` and `outputs` are arrays of data
+pointers in declaration order (inputs and params counted separately, as
+signature order filtered by kind), each a C-contiguous array of the declared
+shape: f32 -> float, i32 -> int32_t, i64 -> int64_t, i1 -> one byte 0/1.
+`workspace` points to rlx_NAME_workspace_size() bytes, 64-byte aligned, used
+by one call at a time (concurrent calls need one workspace each).  Inputs and
+params are only read; outputs are fully written and must not overlap inputs.
+Returns 0, or an error code listed in the artifact's `errors` (an index out of
+range in gather/scatter_add, detected before any memory is touched).
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+ABI = 1
+
+
+@dataclass
+class CompiledArtifact:
+    """A compiled function: object bytes, the linked .so and what a loader needs."""
+
+    name: str
+    entry: str                 # "rlx_<name>"
+    workspace_symbol: str      # "rlx_<name>_workspace_size"
+    workspace_size: int        # bytes (also returned by the workspace symbol)
+    object: bytes
+    so_path: str | None
+    args: list                 # [{"name", "kind", "shape", "dtype"}] in signature order
+    outputs: list              # [{"shape", "dtype"}]
+    errors: dict               # {code: [exception name, message]}
+    cpu: str
+    timings: dict = field(default_factory=dict)
+
+    @property
+    def inputs(self) -> list:
+        return [a for a in self.args if a["kind"] == "input"]
+
+    @property
+    def params(self) -> list:
+        return [a for a in self.args if a["kind"] == "param"]
+
+    def metadata(self) -> dict:
+        """JSON-serializable description for runtime/cpu.py."""
+        return {"abi": ABI, "name": self.name, "entry": self.entry,
+                "workspace_symbol": self.workspace_symbol,
+                "workspace_size": self.workspace_size, "args": self.args,
+                "outputs": self.outputs,
+                "errors": {str(k): list(v) for k, v in self.errors.items()}, "cpu": self.cpu}
+
+
+def default_threads() -> int:
+    """Threads the sgemm workspace is sized for (RLXC_MAX_THREADS, else cores, at most 32)."""
+    env = os.environ.get("RLXC_MAX_THREADS")
+    if env:
+        return max(1, int(env))
+    return max(1, min(os.cpu_count() or 1, 32))
+
+
+def _name(module, name):
+    from rlxc.dialect.module import get_func
+
+    name = name or get_func(module).sym_name.data
+    if not name.isidentifier():
+        raise ValueError(f"compile_cpu: name must be a C identifier, got {name!r}")
+    return name
+
+
+def lower(module, name: str | None = None, cpu: str = "native", max_threads: int | None = None):
+    """The planned loop program of an rlx module."""
+    from . import buffers
+    from .schedule import build_program
+
+    prog = build_program(module, _name(module, name), max_threads or default_threads(), cpu)
+    buffers.plan(prog)
+    return prog
+
+
+def emit_loops(module, name: str | None = None, cpu: str = "native") -> str:
+    """The loop IR as text (`rlxc compile --emit loops`)."""
+    from .loops import format_program
+
+    return format_program(lower(module, name, cpu))
+
+
+def llvm_module(module, name: str | None = None, cpu: str = "native",
+                max_threads: int | None = None):
+    from .llvmgen import generate
+
+    prog = lower(module, name, cpu, max_threads)
+    return generate(prog, cpu), prog
+
+
+def emit_llvm(module, name: str | None = None, optimized: bool = False, cpu: str = "native",
+              opt: int = 3) -> str:
+    """LLVM IR text, as generated (default) or after the O`opt` pipeline."""
+    m, _ = llvm_module(module, name, cpu)
+    if not optimized:
+        return str(m)
+    from .target import compile_ir
+
+    return str(compile_ir(m, cpu, opt))
+
+
+def emit_asm(module, name: str | None = None, cpu: str = "native", opt: int = 3) -> str:
+    from .target import compile_ir
+    from .target import emit_asm as _asm
+
+    m, _ = llvm_module(module, name, cpu)
+    return _asm(compile_ir(m, cpu, opt), cpu, opt)
+
+
+def compile_cpu(func_module, name: str | None = None, cpu: str = "native", opt: int = 3,
+                so_path: str | None = None, link: bool = True,
+                max_threads: int | None = None) -> CompiledArtifact:
+    """Compile an rlx module to an object and (unless link=False) a shared library.
+
+    The library goes to `so_path` (written atomically), or to a fresh temporary
+    directory when it is None."""
+    from .loops import MatmulKernel
+    from .sgemmlib import relocatable_link, sgemm_object
+    from .target import compile_ir, emit_object, link_shared
+
+    t = {}
+    t0 = time.perf_counter()
+    name = _name(func_module, name)
+    m, prog = llvm_module(func_module, name, cpu, max_threads)
+    t["lower"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    ref = compile_ir(m, cpu, opt)
+    t["llvm opt"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    obj = emit_object(ref, cpu, opt)
+    t["codegen"] = time.perf_counter() - t0
+    if any(isinstance(k, MatmulKernel) for k in prog.kernels):
+        t0 = time.perf_counter()
+        obj = relocatable_link([obj, sgemm_object(cpu)])  # the shared sgemm (sgemmlib.py)
+        t["sgemm object + ld -r"] = time.perf_counter() - t0
+    path = None
+    if link:
+        t0 = time.perf_counter()
+        if so_path is None:
+            so_path = os.path.join(tempfile.mkdtemp(prefix="rlxc-"), f"lib{name}.so")
+        path = link_shared([obj], so_path)
+        t["link"] = time.perf_counter() - t0
+    args = [{"name": a.name, "kind": a.kind, "shape": list(a.shape), "dtype": a.dtype}
+            for a in prog.args]
+    outs = [{"shape": list(s), "dtype": d} for s, d in prog.outputs]
+    return CompiledArtifact(name, f"rlx_{name}", f"rlx_{name}_workspace_size",
+                            prog.workspace_size, obj, path, args, outs,
+                            {int(k): list(v) for k, v in prog.errors.items()}, cpu, t)

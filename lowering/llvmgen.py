@@ -1,0 +1,334 @@
+"""Loop IR -> LLVM IR (llvmlite): one internal function per kernel, one C entry.
+
+    loops.Program (buffers with workspace offsets, kernels in order)
+          │ generate
+          ▼
+    i64 rlx_NAME_workspace_size()
+    i32 rlx_NAME(i8** inputs, i8** outputs, i8** params, i8* workspace)
+        pointers: inputs[k] / outputs[k] / params[k] / workspace + offset / @constants
+        CheckKernel   rc = NAME.kN(idx*); if rc: return rc        (bounds of gather/scatter)
+        LoopKernel    NAME.kN(T* noalias buf..., [i64 lo, i64 hi])
+                      called directly, or over [0, n) of its parallel loop through
+                      parallel.emit_parallel_ranges (libgomp; inline below PAR_MIN_WORK
+                      work units or with one thread)
+        MatmulKernel  for batch...: NAME.sgemmK(M, N, K, A+a, rsa, csa, B+b, rsb, csb,
+                                                C+c, N, 0, ws, ws_floats, epilogue ptrs...)
+        return 0
+
+Loops are emitted as `for (i64 i = start; i < stop; ++i)` with the loop body
+inline, buffer pointers as `noalias` arguments of the kernel function, all
+addressing as `getelementptr inbounds T, T* buf, i64 offset` on i64 index
+arithmetic (`nsw`): no ptrtoint, so LLVM's loop vectorizer sees unit-stride
+accesses on the innermost loop and vectorizes it; accumulators are allocas that
+SROA turns into phis.  Accumulator updates of float sums/products carry the
+`reassoc` flag so the vectorizer may keep vector partial sums (the reduction
+order changes; see reduce.py for the blocked f64 accumulation that bounds the
+error); everything else is plain IEEE arithmetic.  Elementwise ops come from
+llvmops.py (transcendentals from mathlib, no libm calls).  An sgemm epilogue is
+the same expression tree emitted on <VL x float> vectors inside sgemm's store
+hook; one sgemm function is emitted per distinct epilogue structure.  On
+AVX-512 targets every function gets "prefer-vector-width"="512".
+"""
+from __future__ import annotations
+
+import llvmlite.ir as ir
+
+from . import indexing as ix
+from . import parallel
+from .llvmops import F32, I8, I32, I64, MEM_TYPES, combine, const, emit_op, vtype
+from .loops import (AccDecl, AccRef, CheckKernel, Const, For, InRange, Load,
+                    LoopKernel, MatmulKernel, Op, Program, Store, Update, walk, walk_expr)
+from .schedule import PAR_MIN_WORK
+
+VOID = ir.VoidType()
+I8P = I8.as_pointer()
+I8PP = I8P.as_pointer()
+F32P = F32.as_pointer()
+
+
+def c64(v: int):
+    return ir.Constant(I64, int(v))
+
+
+class _Body:
+    """Emits statements and expressions of one kernel function."""
+
+    def __init__(self, fn: ir.Function, ptrs: dict):
+        self.fn = fn
+        self.ptrs = ptrs  # id(buffer) -> pointer value
+        self.accs: dict = {}
+        self.entry = fn.entry_basic_block
+
+    # -------------------------------------------------------- indices
+    def index(self, b, a, vars_):
+        a = ix.of(a)
+        acc = None
+        for atom, k in a.terms:
+            v = self.atom(b, atom, vars_)
+            if k != 1:
+                v = b.mul(v, c64(k), flags=["nsw"])
+            acc = v if acc is None else b.add(acc, v, flags=["nsw"])
+        if acc is None:
+            return c64(a.const)
+        return b.add(acc, c64(a.const), flags=["nsw"]) if a.const else acc
+
+    def atom(self, b, a, vars_):
+        if isinstance(a, ix.Var):
+            return vars_[a]
+        if isinstance(a, ix.FloorDiv):
+            return b.udiv(self.index(b, a.x, vars_), c64(a.c))
+        if isinstance(a, ix.Mod):
+            return b.urem(self.index(b, a.x, vars_), c64(a.c))
+        if isinstance(a, ix.Clamp):
+            x = self.index(b, a.x, vars_)
+            x = b.select(b.icmp_signed("<", x, c64(a.lo)), c64(a.lo), x)
+            return b.select(b.icmp_signed(">", x, c64(a.hi)), c64(a.hi), x)
+        if isinstance(a, ix.Min):
+            x, y = self.index(b, a.a, vars_), self.index(b, a.b, vars_)
+            return b.select(b.icmp_signed("<", x, y), x, y)
+        if isinstance(a, ix.LoadIdx):
+            v = self.load(b, a.buf, self.index(b, a.off, vars_))
+            return v if v.type == I64 else b.sext(v, I64)
+        raise TypeError(a)
+
+    def load(self, b, buf, off):
+        p = b.gep(self.ptrs[id(buf)], [off], inbounds=True)
+        v = b.load(p, align=_align(buf.dtype))
+        if buf.dtype == "i1":
+            v = b.icmp_unsigned("!=", v, ir.Constant(I8, 0))
+        return v
+
+    def store(self, b, buf, off, v):
+        p = b.gep(self.ptrs[id(buf)], [off], inbounds=True)
+        if buf.dtype == "i1":
+            v = b.zext(v, I8)
+        b.store(v, p, align=_align(buf.dtype))
+
+    # -------------------------------------------------------- expressions
+    def expr(self, b, e, vars_, memo):
+        r = memo.get(id(e))
+        if r is not None:
+            return r
+        if isinstance(e, Const):
+            r = const(vtype(e.dtype), e.value)
+        elif isinstance(e, Load):
+            r = self.load(b, e.buf, self.index(b, e.off, vars_))
+        elif isinstance(e, AccRef):
+            return b.load(self.accs[id(e.acc)])
+        elif isinstance(e, InRange):
+            i = self.index(b, e.idx, vars_)
+            r = b.and_(b.icmp_signed(">=", i, c64(e.lo)), b.icmp_signed("<", i, c64(e.hi)))
+        elif isinstance(e, Op):
+            r = emit_op(b, e, [self.expr(b, a, vars_, memo) for a in e.args])
+        else:
+            raise TypeError(e)
+        memo[id(e)] = r
+        return r
+
+    # -------------------------------------------------------- statements
+    def stmts(self, b, stmts, vars_, lohi=None):
+        for s in stmts:
+            if isinstance(s, For):
+                self.loop(b, s, vars_, lohi if s.parallel else None)
+            elif isinstance(s, AccDecl):
+                slot = self.accs[id(s.acc)]
+                b.store(self.expr(b, s.init, vars_, {}), slot)
+            elif isinstance(s, Update):
+                slot = self.accs[id(s.acc)]
+                v = self.expr(b, s.value, vars_, {})
+                old = b.load(slot)
+                b.store(combine(b, s.op, old, v, s.acc.dtype, flags=("reassoc",)), slot)
+            elif isinstance(s, Store):
+                off = self.index(b, s.off, vars_)
+                v = self.expr(b, s.value, vars_, {})
+                if s.combine:
+                    v = combine(b, s.combine, self.load(b, s.buf, off), v, s.buf.dtype,
+                                flags=("reassoc",))
+                self.store(b, s.buf, off, v)
+            else:
+                raise TypeError(s)
+
+    def loop(self, b, s: For, vars_, lohi=None, body_fn=None):
+        """Emit `s`; `body_fn(builder, vars)` replaces s.body when given."""
+        if lohi is not None:
+            start, stop = lohi
+        else:
+            start, stop = self.index(b, s.start, vars_), self.index(b, s.stop, vars_)
+        fn = self.fn
+        head = fn.append_basic_block(f"{s.var.name}.head")
+        body = fn.append_basic_block(f"{s.var.name}.body")
+        done = fn.append_basic_block(f"{s.var.name}.done")
+        pre = b.block
+        b.branch(head)
+        b.position_at_end(head)
+        iv = b.phi(I64, name=s.var.name)
+        iv.add_incoming(start, pre)
+        b.cbranch(b.icmp_signed("<", iv, stop), body, done)
+        b.position_at_end(body)
+        inner = dict(vars_)
+        inner[s.var] = iv
+        if body_fn is not None:
+            body_fn(b, inner)
+        else:
+            self.stmts(b, s.body, inner)
+        iv.add_incoming(b.add(iv, c64(1), flags=["nsw"]), b.block)
+        b.branch(head)
+        b.position_at_end(done)
+
+
+def _avx512(cpu: str) -> bool:
+    from .sgemm import sgemm_config
+
+    return sgemm_config(cpu).isa == "avx512"
+
+
+def _align(dt: str) -> int:
+    return {"f32": 4, "f64": 8, "i1": 1, "i32": 4, "i64": 8}[dt]
+
+
+def _ptr_type(dt: str):
+    return MEM_TYPES[dt].as_pointer()
+
+
+class ModuleGen:
+    def __init__(self, program: Program, cpu: str = "native", module=None):
+        from .target import ir_module
+
+        self.p = program
+        self.cpu = cpu
+        self.sym = f"rlx_{program.name}"
+        self.m = module if module is not None else ir_module(program.name)
+        parallel.thread_control(self.m)
+        self.globals: dict = {}
+        self.uses_sgemm = False  # set by llvmmatmul: link sgemmlib's object
+
+    def _fn(self, name, ret, argtys):
+        fn = ir.Function(self.m, ir.FunctionType(ret, argtys), f"{self.sym}.{name}")
+        fn.linkage = "internal"
+        fn.attributes.add("nounwind")
+        for a in fn.args:
+            if isinstance(a.type, ir.PointerType):
+                a.add_attribute("noalias")
+        fn.append_basic_block("entry")
+        return fn
+
+    # -------------------------------------------------------- kernels
+    def loop_kernel(self, k: LoopKernel):
+        bufs = k.buffers()
+        par = k.body[0] if k.body and isinstance(k.body[0], For) and k.body[0].parallel \
+            else None
+        fn = self._fn(k.name, VOID, [_ptr_type(x.dtype) for x in bufs] + ([I64, I64] if par
+                                                                          else []))
+        body = _Body(fn, {id(x): a for x, a in zip(bufs, fn.args)})
+        b = ir.IRBuilder(fn.entry_basic_block)
+        for s in walk(k.body):  # accumulators live in entry-block allocas (SROA -> phis)
+            if isinstance(s, AccDecl) and id(s.acc) not in body.accs:
+                body.accs[id(s.acc)] = b.alloca(vtype(s.acc.dtype), name=s.acc.name)
+        body.stmts(b, k.body, {}, (fn.args[-2], fn.args[-1]) if par else None)
+        b.ret_void()
+        return fn, bufs, par
+
+    def check_kernel(self, k: CheckKernel):
+        fn = self._fn(k.name, I32, [_ptr_type(k.buf.dtype)])
+        b = ir.IRBuilder(fn.entry_basic_block)
+        ity = MEM_TYPES[k.buf.dtype]
+        bad = b.alloca(ir.IntType(1), name="bad")
+        b.store(ir.Constant(ir.IntType(1), 0), bad)
+        body = _Body(fn, {id(k.buf): fn.args[0]})
+        var = ix.Var("i", k.numel)
+
+        def emit(bb, vars_):
+            v = bb.load(bb.gep(fn.args[0], [vars_[var]], inbounds=True), align=_align(k.buf.dtype))
+            out = bb.icmp_unsigned(">=", v, ir.Constant(ity, k.bound))
+            bb.store(bb.or_(bb.load(bad), out), bad)
+        body.loop(b, For(var, ix.ZERO, ix.const(k.numel), []), {}, body_fn=emit)
+        b.ret(b.select(b.load(bad), ir.Constant(I32, k.code), ir.Constant(I32, 0)))
+        return fn
+
+    def matmul_kernel(self, k: MatmulKernel):
+        from .llvmmatmul import matmul_kernel
+
+        return matmul_kernel(self, k)
+
+    # -------------------------------------------------------- entry
+    def _const_ptr(self, buf):
+        g = self.globals.get(id(buf))
+        if g is None:
+            data = bytearray(buf.data or b"\0")
+            g = ir.GlobalVariable(self.m, ir.ArrayType(I8, len(data)), f"{self.sym}.{buf.name}")
+            g.initializer = ir.Constant(ir.ArrayType(I8, len(data)), data)
+            g.global_constant = True
+            g.linkage = "private"
+            g.align = 64
+            self.globals[id(buf)] = g
+        return g
+
+    def generate(self) -> ir.Module:
+        p = self.p
+        wsfn = ir.Function(self.m, ir.FunctionType(I64, []), f"{self.sym}_workspace_size")
+        b = ir.IRBuilder(wsfn.append_basic_block("entry"))
+        b.ret(c64(p.workspace_size))
+
+        entry = ir.Function(self.m, ir.FunctionType(I32, [I8PP, I8PP, I8PP, I8P]), self.sym)
+        entry.attributes.add("nounwind")
+        for a, n in zip(entry.args, ("inputs", "outputs", "params", "workspace")):
+            a.name = n
+        b = ir.IRBuilder(entry.append_basic_block("entry"))
+        arrays = {"input": entry.args[0], "output": entry.args[1], "param": entry.args[2]}
+        ptrs: dict = {}
+
+        def ptr(buf):
+            q = ptrs.get(id(buf))
+            if q is None:
+                pt = _ptr_type(buf.dtype)
+                if buf.kind in arrays:
+                    raw = b.load(b.gep(arrays[buf.kind], [ir.Constant(I32, buf.index)],
+                                       inbounds=True))
+                elif buf.kind == "temp":
+                    raw = b.gep(entry.args[3], [c64(buf.offset)], inbounds=True)
+                else:
+                    raw = self._const_ptr(buf)
+                q = b.bitcast(raw, pt)
+                ptrs[id(buf)] = q
+            return q
+
+        for k in p.kernels:
+            if isinstance(k, CheckKernel):
+                fn = self.check_kernel(k)
+                rc = b.call(fn, [ptr(k.buf)])
+                with b.if_then(b.icmp_signed("!=", rc, ir.Constant(I32, 0)), likely=False):
+                    b.ret(rc)
+            elif isinstance(k, LoopKernel):
+                fn, bufs, par = self.loop_kernel(k)
+                args = [ptr(x) for x in bufs]
+                if par is None:
+                    b.call(fn, args)
+                else:
+                    n = par.stop.const
+                    parallel.emit_parallel_ranges(
+                        self.m, b, c64(n),
+                        lambda wb, lo, hi, *rest, fn=fn: wb.call(fn, list(rest[-1]) + [lo, hi]),
+                        args, name=f"{self.sym}.{k.name}.par", work=c64(k.work),
+                        min_work=PAR_MIN_WORK)
+            elif isinstance(k, MatmulKernel):
+                fn, bufs = self.matmul_kernel(k)
+                b.call(fn, [ptr(x) for x in bufs])
+            else:
+                raise TypeError(k)
+        b.ret(ir.Constant(I32, 0))
+        if _avx512(self.cpu):
+            # LLVM defaults to 256-bit loop vectors on AVX-512 cores; 512 bits measured ~15%
+            # faster on fused transcendental loops.  Every defined function carries it, or the
+            # attribute is lost when kernels are inlined into parallel.py's outlined workers.
+            for fn in self.m.functions:
+                if fn.blocks:
+                    set.add(fn.attributes, '"prefer-vector-width"="512"')
+        return self.m
+
+
+def generate(program: Program, cpu: str = "native") -> ir.Module:
+    """The llvmlite module of a planned program (buffers.plan must have run)."""
+    return ModuleGen(program, cpu).generate()
+
+
+__all__ = ["generate", "ModuleGen", "walk_expr"]

@@ -1,0 +1,176 @@
+"""Matmul kernels in LLVM IR: batch loops around a call of the shared sgemm.
+
+    loops.MatmulKernel(batch vars, M, N, K, A, B, out, scratch, epilogue)
+          │ matmul_kernel: NAME.kN(A*, B*, C*, ws*, epilogue buffers*...) noalias
+          ▼
+    for b in batch:
+        no epilogue:  rlxc_sgemm_plain_TAG(M, N, K, A + a(b), rsa, csa, B + b(b), rsb, csb,
+                                           C + b*M*N, N, 0, ws, ws_floats)
+        epilogue:     ctx[s] = base_s + off_s(b) for every epilogue slot s
+                      rlxc_sgemm_cb_TAG(..., NAME.kN.epi, ctx)
+    NAME.kN.epi(ctx, row, col, float* v, n):   v[0:n] = epilogue(v, loads at (row, col))
+
+The sgemm itself is not emitted here: it is declared and comes from the shared
+object of sgemmlib.py, linked in by cpu.py.  The epilogue is emitted once, as
+vector code on <VL x float> (VL = the sgemm's vector width): EpiValue is the
+vector of C values, a load with column coefficient 1 is a masked vector load at
+ptr + row*rc + col (lanes < n), one with coefficient 0 a scalar load splatted.
+Each distinct (buffer, batch/constant offset) of the epilogue is one slot of
+the ctx array, filled at the call site for the current batch element.
+"""
+from __future__ import annotations
+
+import llvmlite.ir as ir
+
+from . import indexing as ix
+from . import sgemmlib
+from .llvmops import F32, I8, I32, I64, const, emit_op, vtype
+from .loops import Const, EpiValue, For, Load, MatmulKernel, Op
+
+F32P = F32.as_pointer()
+I8P = I8.as_pointer()
+
+
+def c64(v: int):
+    return ir.Constant(I64, int(v))
+
+
+def _declare(module, name, fnty):
+    fn = module.globals.get(name)
+    if fn is None:
+        fn = ir.Function(module, fnty, name)
+    return fn
+
+
+def matmul_kernel(g, k: MatmulKernel):
+    """The kernel function of a MatmulKernel; returns (function, buffers it takes)."""
+    from .llvmgen import VOID, _Body, _ptr_type
+    from .sgemm import sgemm_signature
+
+    slots = epilogue_slots(k)
+    bufs = [k.a.buf, k.b.buf, k.out, k.scratch]
+    argbufs = []
+    for x in bufs + [s[0] for s in slots]:
+        if all(x is not y for y in argbufs):
+            argbufs.append(x)
+    fn = g._fn(k.name, VOID, [_ptr_type(x.dtype) for x in argbufs])
+    ptrs = {id(x): a for x, a in zip(argbufs, fn.args)}
+    plain, cb = sgemmlib.symbols(g.cpu)
+    g.uses_sgemm = True
+    if k.epilogue is None:
+        sg = _declare(g.m, plain, sgemm_signature())
+        epi = None
+    else:
+        sg = _declare(g.m, cb, sgemm_signature([I8P, I8P]))
+        epi = _epilogue_fn(g, k, slots)
+    body = _Body(fn, ptrs)
+    b = ir.IRBuilder(fn.entry_basic_block)
+    ctx = b.alloca(ir.ArrayType(F32P, max(1, len(slots))), name="epi.ctx")
+    ws_floats = c64(k.scratch.numel)
+
+    def call(bb, vars_):
+        def at(buf, off):
+            return bb.gep(ptrs[id(buf)], [body.index(bb, off, vars_)], inbounds=True)
+        coff = ix.scale(ix.linearize(k.batch, [v.extent for v in k.batch]), k.m * k.n)
+        args = [c64(k.m), c64(k.n), c64(k.k), at(k.a.buf, k.a.off), c64(k.a.rs),
+                c64(k.a.cs), at(k.b.buf, k.b.off), c64(k.b.rs), c64(k.b.cs),
+                at(k.out, coff), c64(k.n), ir.Constant(I32, 0), ptrs[id(k.scratch)],
+                ws_floats]
+        if epi is not None:
+            for n, (buf, base) in enumerate(slots):
+                bb.store(at(buf, base), bb.gep(ctx, [ir.Constant(I32, 0), ir.Constant(I32, n)],
+                                               inbounds=True))
+            args += [bb.bitcast(epi, I8P), bb.bitcast(ctx, I8P)]
+        bb.call(sg, args)
+
+    def nest(bb, vs, vars_):
+        if not vs:
+            call(bb, vars_)
+            return
+        body.loop(bb, For(vs[0], ix.ZERO, ix.const(vs[0].extent), []), vars_,
+                  body_fn=lambda b2, v2: nest(b2, vs[1:], v2))
+    nest(b, [v for v in k.batch if v.extent != 1], {v: c64(0) for v in k.batch})
+    b.ret_void()
+    return fn, argbufs
+
+
+def _epilogue_fn(g, k: MatmulKernel, slots):
+    """void NAME.kN.epi(i8* ctx, i64 row, i64 col, float* v, i64 n): v[:n] = epilogue."""
+    from .sgemm import masked_load
+
+    lanes = sgemmlib.vector_width(g.cpu)
+    vt = ir.VectorType(F32, lanes)
+    fn = ir.Function(g.m, sgemmlib.EPI_FN, f"{g.sym}.{k.name}.epi")
+    fn.linkage = "internal"
+    fn.attributes.add("nounwind")
+    ctx, row, col, v, n = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    table = b.bitcast(ctx, F32P.as_pointer())
+    bases = [b.load(b.gep(table, [ir.Constant(I32, s)], inbounds=True))
+             for s in range(len(slots))]
+    vp = b.bitcast(v, vt.as_pointer())
+    vec = b.load(vp, align=4)
+    lane = ir.Constant(ir.VectorType(I64, lanes), list(range(lanes)))
+    nv = b.insert_element(ir.Constant(ir.VectorType(I64, lanes), ir.Undefined), n,
+                          ir.Constant(I32, 0))
+    nv = b.shuffle_vector(nv, ir.Constant(ir.VectorType(I64, lanes), ir.Undefined),
+                          ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
+    mask = b.icmp_signed("<", lane, nv)
+    slot_of = {(id(buf), base): s for s, (buf, base) in enumerate(slots)}
+    memo: dict = {}
+
+    def ev(e):
+        r = memo.get(id(e))
+        if r is not None:
+            return r
+        if isinstance(e, EpiValue):
+            r = vec
+        elif isinstance(e, Const):
+            r = const(vtype(e.dtype, lanes), e.value)
+        elif isinstance(e, Load):
+            co = e.off.coeffs()
+            base = ix.subst(e.off, {k.row: ix.ZERO, k.col: ix.ZERO})
+            rc, cc = co.get(k.row, 0), co.get(k.col, 0)
+            off = b.mul(row, c64(rc)) if rc else c64(0)
+            if cc:
+                off = b.add(off, col)
+            p = b.gep(bases[slot_of[(id(e.buf), base)]], [off], inbounds=True)
+            if cc == 1:
+                r = masked_load(b, p, lanes, mask)
+            else:
+                s = b.load(p)
+                r = b.shuffle_vector(b.insert_element(ir.Constant(vt, ir.Undefined), s,
+                                                      ir.Constant(I32, 0)),
+                                     ir.Constant(vt, ir.Undefined),
+                                     ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
+        elif isinstance(e, Op):
+            r = emit_op(b, e, [ev(a) for a in e.args])
+        else:
+            raise TypeError(e)
+        memo[id(e)] = r
+        return r
+
+    b.store(ev(k.epilogue), vp, align=4)
+    b.ret_void()
+    return fn
+
+
+def epilogue_slots(k: MatmulKernel) -> list:
+    """(buffer, base offset) of every distinct epilogue load, in first-use order."""
+    if k.epilogue is None:
+        return []
+    out, seen, order = [], set(), []
+
+    def dfs(e):
+        if isinstance(e, Op):
+            for a in e.args:
+                dfs(a)
+        elif isinstance(e, Load):
+            order.append(e)
+    dfs(k.epilogue)
+    for e in order:
+        base = ix.subst(e.off, {k.row: ix.ZERO, k.col: ix.ZERO})
+        if (id(e.buf), base) not in seen:
+            seen.add((id(e.buf), base))
+            out.append((e.buf, base))
+    return out

@@ -1,0 +1,135 @@
+"""Matmul schedules: strided sgemm operands and fused elementwise epilogues.
+
+    rlx.matmul(A, B)  (+ its single elementwise consumer R, e.g. relu(C + bias))
+          │ operand(): the view chain of each operand, as an affine offset of a buffer
+          │            -> (buffer, batch offset, row stride, column stride)
+          │ _epilogue(): R's expression with C's loads replaced by EpiValue, if every
+          │            other leaf is an f32 load whose column coefficient is 0 or 1
+          ▼
+    loops.MatmulKernel(batch vars, M, N, K, A, B, out = R's buffer or C's, epilogue)
+
+Epilogue rule.  A matmul result C that is not an output and is read only by
+one materialized elementwise value R at R's own index (plan paths == {(R, ())})
+is not stored: sgemm applies R's expression to each finished row-vector of C
+(bias rows: column coefficient 1, per-row values: coefficient 0, so they become
+masked vector loads or broadcasts) and writes R directly.  When the expression
+does not qualify (a gather, a transposed read, a pow/cast), C is materialized
+and R is one fused elementwise pass over it.  One matmul per epilogue root.
+"""
+from __future__ import annotations
+
+from rlxc.dialect.types import dtype_of, numel, shape_of
+
+from . import indexing as ix
+from .fusion import Gen, unsupported_dtype
+from .loops import Buffer, Const, EpiValue, Load, MatmulKernel, MatOperand, Op
+
+
+def _idx(vars_):
+    return tuple(ix.var(v) if v.extent != 1 else ix.ZERO for v in vars_)
+
+
+def epilogue_root(bl, c):
+    """The value whose epilogue matmul result `c` can become (see the header), or None."""
+    plan = bl.plan
+    if c in plan.outputs:
+        return None
+    paths = plan.paths.get(c, set())
+    if len(paths) != 1:
+        return None
+    root, path = next(iter(paths))
+    if root == "return" or path != () or root not in plan.materialized:
+        return None
+    op = root.owner
+    if getattr(op, "FAMILY", "") not in ("unary", "binary", "select") or \
+            shape_of(root.type) != shape_of(c.type) or dtype_of(root.type) != "f32":
+        return None
+    return root
+
+
+def matmul_kernel(bl, c, op, out, what, epilogue_root=None) -> bool:
+    """Append the MatmulKernel of `c` writing `out`; False if the epilogue does not qualify."""
+    from .sgemm import sgemm_workspace_floats
+
+    a, b = op.operands
+    for x in (a, b):
+        if dtype_of(x.type) != "f32":
+            raise unsupported_dtype("rlx.matmul", dtype_of(x.type))
+    cs = shape_of(c.type)
+    batch, (M, N) = cs[:-2], cs[-2:]
+    K = shape_of(a.type)[-1]
+    bvars = [ix.Var(f"b{d}", n) for d, n in enumerate(batch)]
+    bidx = _idx(bvars)
+    iv, jv, kv = ix.Var("i", M), ix.Var("j", N), ix.Var("k", K)
+    gen = Gen(bl.plan, bl.bufs)
+
+    def operand(x, rv, cv):
+        xs = shape_of(x.type)
+        xb = xs[:-2]
+        lead = len(batch) - len(xb)
+        idx = tuple(ix.ZERO if xb[d] == 1 else bidx[lead + d] for d in range(len(xb))) + \
+            (ix.var(rv) if xs[-2] != 1 else ix.ZERO, ix.var(cv) if xs[-1] != 1 else ix.ZERO)
+        e = gen.value(x, idx)
+        if not (isinstance(e, Load) and ix.is_plain(e.off)):
+            raise AssertionError(f"internal: matmul operand is not a strided view: {e}")
+        co = e.off.coeffs()
+        return MatOperand(e.buf, ix.subst(e.off, {rv: ix.ZERO, cv: ix.ZERO}),
+                          co.get(rv, 0), co.get(cv, 0))
+
+    epi = None
+    if epilogue_root is not None:
+        epi = _epilogue(bl, c, epilogue_root, bidx, iv, jv)
+        if epi is None:
+            return False
+    if numel(cs) == 0:
+        return True
+    scratch = bl._buf(f"ws{len(bl.buffers)}", "temp", "f32",
+                      sgemm_workspace_floats(M, N, K, bl.sgemm_threads, cpu=bl.cpu))
+    k = MatmulKernel(bl._kname("matmul"), what, [v for v in bvars], M, N, K,
+                     operand(a, iv, kv), operand(b, kv, jv), out, scratch, epi, iv, jv,
+                     work=numel(cs) * max(K, 1))
+    bl._add(k, gen)
+    return True
+
+
+def _epilogue(bl, c, root, bidx, iv, jv):
+    probe = Buffer("mm", "temp", "f32", numel(shape_of(c.type)))
+    bufs = dict(bl.bufs)
+    bufs[c] = probe
+    g = Gen(bl.plan, bufs)
+    full = tuple(bidx) + (ix.var(iv) if iv.extent != 1 else ix.ZERO,
+                          ix.var(jv) if jv.extent != 1 else ix.ZERO)
+    expr = g.compute(root, full)
+    ident = ix.linearize(full, shape_of(c.type))
+    if g.checks:
+        return None
+    memo: dict = {}
+
+    def conv(e):
+        r = memo.get(id(e))
+        if r is not None:
+            return r
+        if isinstance(e, Load):
+            if e.buf is probe:
+                if e.off != ident:
+                    raise ValueError
+                r = EpiValue()
+            else:
+                co = e.off.coeffs()
+                if e.buf.dtype != "f32" or not ix.is_plain(e.off) or co.get(jv, 0) not in (0, 1):
+                    raise ValueError
+                r = e
+        elif isinstance(e, Op):
+            if e.dtype not in ("f32", "i1") or e.op in ("pow", "cast"):
+                raise ValueError
+            r = Op(e.op, tuple(conv(x) for x in e.args), e.dtype, e.params)
+        elif isinstance(e, Const) and e.dtype in ("f32", "i1"):
+            r = e
+        else:
+            raise ValueError
+        memo[id(e)] = r
+        return r
+    try:
+        return conv(expr)
+    except ValueError:
+        return None

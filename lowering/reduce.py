@@ -1,0 +1,193 @@
+"""Reduction schedules: sum/mean/prod/max/min of a fused expression.
+
+    rlx.<reduce>(expr(x), axes)          (expr = the fused producers, inlined)
+          │ build_reduction: collapse dims, order loops kept-outer / reduced / kept-inner
+          ▼
+    scalar   [parallel] for o: acc = id
+                                for r...: acc op= expr          (innermost r contiguous)
+                                out[o] = finalize(acc)
+    blocked  acc64 = 0; for blk: acc = 0; for r in blk (<= BLOCK): acc += expr; acc64 += acc
+    split    parallel for c < C: partial[c] = <scalar over r0 in chunk c>   (no kept dims,
+             then     out = finalize(combine(partial[0..C)))                 >= SPLIT_MIN elems)
+    buffer   [parallel] for o: out[o, :] = id                    (kept dims after the last
+                                for r: for q: out[o, q] op= expr   reduced dim: the inner
+                                (mean) out[o, :] /= n               loop stays contiguous)
+
+`op` is add (sum, mean), mul (prod), max, min (NaN-propagating, llvm.maximum),
+or/and for i1.  Float adds and multiplies in the innermost loop carry
+reassoc/contract flags so LLVM vectorizes and interleaves them (vector partial
+sums); the chunk count of a split reduction is fixed at compile time, so the
+result does not depend on the thread count.  Mean divides the (f64 where
+blocked) sum by the element count once; integer means truncate toward zero
+like the interpreter's cast.
+"""
+from __future__ import annotations
+
+from rlxc.dialect.types import dtype_of, shape_of
+
+from . import indexing as ix
+from .fusion import Gen
+from .loops import Acc, AccDecl, AccRef, Buffer, Const, For, Load, LoopKernel, Op, Store, Update
+from .schedule import (BLOCK, CHUNK, MAX_CHUNKS, PAR_MIN_WORK, SPLIT_MIN, collapse, cost,
+                       identity, nest)
+
+COMBINE = {"sum": "add", "mean": "add", "prod": "mul", "max": "max", "min": "min"}
+BOOL_COMBINE = {"add": "or", "mul": "and", "max": "or", "min": "and"}
+
+
+def _prod(xs):
+    n = 1
+    for x in xs:
+        n *= x
+    return n
+
+
+def _finalize(kind, acc_expr, dt, n):
+    """Value stored for an accumulator (f64 accumulators are rounded to f32)."""
+    e = acc_expr
+    if kind == "mean" and dt != "i1":
+        if dt == "f32":
+            e = Op("div", (e, Const(float(n), e.dtype)), e.dtype)
+        else:
+            e = Op("cast", (Op("div", (Op("cast", (e,), "f64"), Const(float(n), "f64")),
+                                "f64"),), dt)
+    if e.dtype != dt:
+        e = Op("cast", (e,), dt)
+    return e
+
+
+class _Ctx:
+    def __init__(self, b, kind, dt, combine, expr, red, nred):
+        self.b, self.kind, self.dt, self.combine = b, kind, dt, combine
+        self.expr, self.red, self.nred = expr, red, nred
+        self.wide = dt == "f32" and combine == "add" and nred > BLOCK
+        self.f64 = dt == "f32" and combine == "mul"  # products: every step in f64
+        if self.f64:
+            self.expr = Op("cast", (expr,), "f64")
+        self._n = 0
+
+    def acc(self, dt):
+        self._n += 1
+        return Acc(f"acc{self._n}", dt)
+
+    def loops(self, top, first_range=None):
+        """Statements reducing expr over the reduced vars into accumulator `top`.
+
+        `first_range` = (start, stop, span) overrides the range of the first reduced var
+        (span: the most iterations it can have)."""
+        red = self.red
+        ranges = [(ix.ZERO, ix.const(v.extent)) for v in red]
+        span = None
+        if first_range is not None and red:
+            ranges[0] = first_range[:2]
+            span = first_range[2]
+        if not self.wide:
+            body = [Update(top, self.combine, self.expr)]
+            for v, (s, e) in reversed(list(zip(red, ranges))):
+                body = [For(v, s, e, body)]
+            return body
+        # f32 partials of <= BLOCK elements of the innermost reduced var, summed in f64
+        inner = red[-1]
+        s, e = ranges[-1]
+        a32 = self.acc("f32")
+        n_in = inner.extent if first_range is None or len(red) > 1 else None
+        if n_in is not None and n_in <= BLOCK:
+            body = [AccDecl(a32, identity(self.combine, "f32")),
+                    For(inner, s, e, [Update(a32, self.combine, self.expr)]),
+                    Update(top, self.combine, Op("cast", (AccRef(a32),), "f64"))]
+        else:
+            span = span if n_in is None else n_in
+            nb = -(-max(span, 1) // BLOCK)
+            blk = ix.Var(f"{inner.name}_blk", nb)
+            bs = ix.add(s, ix.scale(ix.var(blk), BLOCK))
+            be = ix.minimum(ix.add(bs, BLOCK), e)
+            body = [For(blk, ix.ZERO, ix.const(nb), [
+                AccDecl(a32, identity(self.combine, "f32")),
+                For(inner, bs, be, [Update(a32, self.combine, self.expr)]),
+                Update(top, self.combine, Op("cast", (AccRef(a32),), "f64"))])]
+        for v, (s, e) in reversed(list(zip(red[:-1], ranges[:-1]))):
+            body = [For(v, s, e, body)]
+        return body
+
+
+def build_reduction(b, v, op, what):
+    x = op.operands[0]
+    shp = shape_of(x.type)
+    out = b.bufs[v]
+    if out.numel == 0:
+        return
+    kind = op.name[4:]
+    axes = op.params()["axes"]
+    dt = dtype_of(x.type)
+    combine = COMBINE[kind]
+    if dt == "i1":
+        combine = BOOL_COMBINE[combine]
+    vars_ = [ix.Var(f"i{d}", n) for d, n in enumerate(shp)]
+    idx = tuple(ix.var(u) if u.extent != 1 else ix.ZERO for u in vars_)
+    gen = Gen(b.plan, b.bufs)
+    expr = gen.value(x, idx)
+    kept = [d for d in range(len(shp)) if d not in axes]
+    off = ix.linearize([idx[d] for d in kept], [shp[d] for d in kept])
+    nred = _prod(shp[a] for a in axes)
+    live = [(u, d in axes) for d, u in enumerate(vars_) if u.extent != 1]
+    lv, (expr,), (off,) = collapse([u for u, _ in live], [expr], [off],
+                                   [r for _, r in live])
+    labels = {}
+    for u, r in live:
+        labels[u.name] = r
+    isred = [labels[u.name] for u in lv]
+    red = [u for u, r in zip(lv, isred) if r]
+    last = max((i for i, r in enumerate(isred) if r), default=len(lv))  # none: all outer
+    outer = [u for i, (u, r) in enumerate(zip(lv, isred)) if not r and i < last]
+    inner = [u for i, (u, r) in enumerate(zip(lv, isred)) if not r and i > last]
+    work = _prod(shp) * (1 + cost(expr))
+    par = work >= PAR_MIN_WORK
+    cx = _Ctx(b, kind, dt, combine, expr, red, nred)
+    adt = "f64" if cx.wide or cx.f64 else dt
+
+    if inner:  # buffer mode: accumulate in the output
+        fin = []
+        if kind == "mean" and dt != "i1":
+            fin = nest(inner, [Store(out, off, _finalize(kind, Load(out, off), dt, nred))])
+        body = (nest(inner, [Store(out, off, identity(combine, dt))]) +
+                nest(red, nest(inner, [Store(out, off, expr, combine)])) + fin)
+        b._add(LoopKernel(b._kname("reduce"), what, nest(outer, body, par), work, [out]), gen)
+        return
+
+    if not outer and red and nred >= SPLIT_MIN and red[0].extent >= 2:
+        _split(b, cx, out, off, what, work, gen, adt)
+        return
+    top = cx.acc(adt)
+    body = [AccDecl(top, identity(combine, adt))] + cx.loops(top) + \
+        [Store(out, off, _finalize(kind, AccRef(top), dt, nred))]
+    b._add(LoopKernel(b._kname("reduce"), what, nest(outer, body, par), work, [out]), gen)
+
+
+def _split(b, cx, out, off, what, work, gen, adt):
+    r0 = cx.red[0]
+    n0 = r0.extent
+    chunks = max(2, min(n0, MAX_CHUNKS, -(-cx.nred // CHUNK)))
+    cs = -(-n0 // chunks)
+    if cx.wide and len(cx.red) == 1 and cs > BLOCK:
+        cs = -(-cs // BLOCK) * BLOCK
+    chunks = -(-n0 // cs)
+    part = b._buf(f"part{len(b.buffers)}", "temp", adt, chunks)
+    c = ix.Var("c", chunks)
+    start = ix.scale(ix.var(c), cs)
+    stop = ix.minimum(ix.add(start, cs), ix.const(n0))
+    top = cx.acc(adt)
+    body = [AccDecl(top, identity(cx.combine, adt))] + cx.loops(top, (start, stop, cs)) + \
+        [Store(part, ix.var(c), AccRef(top))]
+    loop = For(c, ix.ZERO, ix.const(chunks), body, parallel=True)
+    b._add(LoopKernel(b._kname("reduce_chunks"), what + f" ({chunks} chunks)", [loop], work,
+                      [part]), gen)
+    fin = cx.acc(adt)
+    c2 = ix.Var("c", chunks)
+    body = [AccDecl(fin, identity(cx.combine, adt)),
+            For(c2, ix.ZERO, ix.const(chunks), [Update(fin, cx.combine, Load(part, ix.var(c2)))]),
+            Store(out, off, _finalize(cx.kind, AccRef(fin), cx.dt, cx.nred))]
+    b._add(LoopKernel(b._kname("reduce_combine"), what + " (combine chunks)", body, chunks,
+                      [out]))
+
+
+__all__ = ["build_reduction", "Buffer"]
