@@ -196,6 +196,40 @@ class Func:
 
         return self._transformed(vmap_module, _names(batched), int(batch_size))
 
+    # -- training (rlxc/train.py, rlxc/trainer.py) ------------------------------
+    def train_step(self, opt, inputs, wrt=None, schedule=None, step: int = 0, device=None,
+                   max_grad_norm: float = 0.0, quant=None):
+        """One optimizer update: returns (new Func, loss before the update).
+
+        `wrt=None` trains every param; `opt` keeps its own state and count;
+        `step` only picks the lr of `schedule`; `max_grad_norm > 0` clips the
+        global L2 norm; `quant` (format name or callable) trains through a
+        straight-through quantizer with float32 master weights."""
+        from .train import train_step
+
+        return train_step(self, opt, inputs, wrt=wrt, schedule=schedule, step=step,
+                          device=device, max_grad_norm=max_grad_norm, quant=quant)
+
+    def trainer(self, opt, schedule=None, max_grad_norm: float = 0.0, quant=None, device=None,
+                wrt=None):
+        """A `Trainer`: the fused step compiled once, params and state kept resident."""
+        from .trainer import Trainer
+
+        return Trainer(self, opt, schedule=schedule, max_grad_norm=max_grad_norm, quant=quant,
+                       device=device, wrt=wrt)
+
+    def save_params(self, path, metadata=None) -> None:
+        """Write every (bound) param to a safetensors file."""
+        from .train import save_params
+
+        save_params(self, path, metadata)
+
+    def load_params(self, path, strict: bool = True) -> "Func":
+        """A new Func with params from `path`; strict: extra tensors are an error too."""
+        from .train import load_params
+
+        return load_params(self, path, strict)
+
     # -- running -------------------------------------------------------------
     def _bind(self, args, kwargs, what="run") -> list[np.ndarray]:
         if args:

@@ -1,0 +1,450 @@
+"""Training: one traced step function = forward + backward + clipping + update.
+
+Purpose
+-------
+`Func.train_step` and `Trainer` (rlxc/trainer.py) both run the same rlx
+function, built here once per (model IR, optimizer structure, wrt, clipping,
+quantization): it takes the data, the params, the optimizer slots and a small
+vector of per-step float32 scalars, and returns the loss before the update,
+the updated params and the updated slots.  Compiled natively it is one call
+per training step; through the interpreter it is the reference.
+
+Step graph
+----------
+    args:  <data inputs of f> | <params of f> (kind param) | opt_<slot>_<param>
+           for every trained param and slot | opt_scalars f32[k]
+           | fwd_<param> (only with a callable quantizer)
+      w_p  = fake_quant(p)  (quant = a format name: straight-through),
+             fwd_p           (quant = a callable run on the host), else p
+      loss, g_p... = inline(value_and_grad(f, wrt))(data, w_p / frozen params)
+      clip (max > 0):  ss = sum_p sum((f64)g_p * (f64)g_p);  n = sqrt(ss)
+             scale = (f32)(max / n)  if  max < n <= FLT_MAX  (so NaN/inf: 1;
+             FLT_MAX, not DBL_MAX, also works where f64 is evaluated as f32)
+             g_p = g_p * scale        (exact when scale = 1)
+      update: the formulas of rlxc/optim.py, op by op in the same order, with
+             the scalars read from opt_scalars (opt.step_scalars(t, lr), which
+             rounds the float64 values to float32 once)
+    outputs: loss, new p (wrt order)..., new slots (param-major, slot order)
+
+Quantization applies to the trained params (their float32 values are the
+master weights); frozen params enter the forward as they are.
+
+The optimizer's hyperparameters that change the *structure* of the formula
+(kind, slot set, weight decay on/off, Nesterov) are part of the cache key;
+everything numeric (lr from a schedule, betas, eps, bias corrections, the
+weight-decay value) travels in opt_scalars, so a schedule never recompiles.
+
+Norm precision: the clip norm is accumulated in float64 ("f64" casts in the
+graph) where the device computes f64 (`NORM_DTYPES`).  The native CPU backend
+computes f32 only, so there the sums of squares are f32 reductions: the
+backend sums blocks of 4096 elements in f32 and the blocks in f64, and the
+per-param totals are added in f32, so the relative error of the squared norm
+is below (4096 + number of params) * 2**-24 (about 2.5e-4 in the worst case,
+typically far less), and that of the norm and of the clip scale below half of
+it; the clipped direction is unchanged.  (The reference interpreter evaluates
+f64 tensors in f32 too, so on "interp" the f64 graph gives f32 sums today.)
+
+Also here: `save_params` / `load_params` (params as a safetensors file, names
+and declared shapes checked strictly by rlxc.checkpoint).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rlxc.runtime.errors import NameLookupError
+from rlxc.runtime.signature import coerce
+
+from .optim import Optimizer
+from .tensor import GraphScope, where
+
+__all__ = ["StepProgram", "step_program", "train_step", "update_rule", "save_params",
+           "load_params", "UPDATE_RULES", "clip_reference"]
+
+_FLT_MAX = float(np.finfo(np.float32).max)
+
+# dtype of the clip-norm accumulation per device (None: an AOT build for the CPU)
+NORM_DTYPES = {"interp": "f64", "cpu": "f32", "cuda": "f32", None: "f32"}
+
+
+# -- optimizer formulas as graph ops (one row per optimizer kind) --------------
+# Each rule mirrors `_update` of rlxc/optim.py: same operations, same order.
+# `s` maps scalar names to rank-0 f32 tensors; `hp` holds the Python
+# hyperparameters (used only for structure: wd on/off, nesterov, slots).
+
+def _sgd(p, g, st, s, hp):
+    d = g + s["wd"] * p if hp["weight_decay"] else g
+    out = {}
+    if "v" in st:
+        v = st["v"] * s["mu"]
+        v = v + d
+        out["v"] = v
+        upd = d + s["mu"] * v if hp["nesterov"] else v
+    else:
+        upd = d
+    return p - s["lr"] * upd, out
+
+
+def _adam(decoupled):
+    def rule(p, g, st, s, hp):
+        wd = hp["weight_decay"]
+        if wd and not decoupled:
+            g = g + s["wd"] * p
+        m = st["m"] * s["b1"]
+        m = m + s["omb1"] * g
+        v = st["v"] * s["b2"]
+        v = v + s["omb2"] * (g * g)
+        m_hat = m / s["bc1"]
+        v_hat = v / s["bc2"]
+        u = m_hat / (v_hat.sqrt() + s["eps"])
+        if wd and decoupled:
+            u = u + s["wd"] * p
+        return p - s["lr"] * u, {"m": m, "v": v}
+    return rule
+
+
+def _lion(p, g, st, s, hp):
+    m = st["m"]
+    u = (s["b1"] * m + s["omb1"] * g).sign()
+    if hp["weight_decay"]:
+        u = u + s["wd"] * p
+    new_p = p - s["lr"] * u
+    m = m * s["b2"]
+    m = m + s["omb2"] * g
+    return new_p, {"m": m}
+
+
+UPDATE_RULES = {"sgd": _sgd, "adam": _adam(False), "adamw": _adam(True), "lion": _lion}
+
+
+def update_rule(opt: Optimizer):
+    rule = UPDATE_RULES.get(opt.kind)
+    if rule is None:
+        raise NotImplementedError(f"train step: no graph rule for optimizer kind {opt.kind!r}; "
+                                  f"known: {sorted(UPDATE_RULES)}")
+    return rule
+
+
+def _structure(opt: Optimizer) -> tuple:
+    hp = opt.hyperparams()
+    return (opt.kind, tuple(opt.slots()), bool(hp.get("weight_decay", 0.0)),
+            bool(hp.get("nesterov", 0.0)))
+
+
+# -- clipping reference (NumPy), the contract the graph follows ---------------
+
+def clip_reference(grads: dict, max_norm: float) -> tuple[dict, float]:
+    """Clip like the step graph: float64 norm, float32 scale, one multiply."""
+    if not max_norm > 0:
+        return grads, float("nan")
+    ss = 0.0
+    for g in grads.values():
+        g64 = np.asarray(g, np.float64)
+        ss += float(np.sum(g64 * g64))
+    norm = float(np.sqrt(ss))
+    if max_norm < norm <= _FLT_MAX:
+        scale = np.float32(max_norm / norm)
+        grads = {k: (np.asarray(g, np.float32) * scale).astype(np.float32)
+                 for k, g in grads.items()}
+    return grads, norm
+
+
+# -- the step program ----------------------------------------------------------
+
+@dataclass
+class StepProgram:
+    """The traced step function and where each group of its args/outputs sits."""
+
+    func: object                 # the step Func (nothing bound)
+    data: list                   # data input names of the model, signature order
+    params: list                 # every param of the model, signature order
+    wrt: list                    # trained params (a subset of `params`, model order)
+    slots: list                  # slot names of the optimizer, in order
+    slot_args: list              # (param, slot) for each slot arg, param-major
+    scalar_names: list           # names in opt_scalars
+    quant: object                # None, (exp_bits, man_bits, max_normal), or "callable"
+    structure: tuple
+    max_grad_norm: float
+    executors: dict = field(default_factory=dict)
+    data_specs: list | None = None  # filled on first use by coerce_data
+
+    def arg_layout(self):
+        """(data, params, slots, scalars, fwd) index ranges in the signature."""
+        a = len(self.data)
+        b = a + len(self.params)
+        c = b + len(self.slot_args)
+        d = c + 1
+        e = d + (len(self.wrt) if self.quant == "callable" else 0)
+        return (0, a), (a, b), (b, c), (c, d), (d, e)
+
+    def scalar_vector(self, opt: Optimizer, t: int, lr: float, out=None) -> np.ndarray:
+        vals = opt.step_scalars(t, lr)
+        if list(vals) != self.scalar_names:
+            raise ValueError(f"train step: optimizer scalars changed: {list(vals)} vs "
+                             f"{self.scalar_names}")
+        out = np.empty(len(vals), np.float32) if out is None else out
+        out[:] = list(vals.values())
+        return out
+
+    def executor(self, device: str):
+        ex = self.executors.get(device)
+        if ex is None:
+            ex = self.func._executor(device)
+            self.executors[device] = ex
+        return ex
+
+
+def _safe(name: str) -> str:
+    s = re.sub(r"\W", "_", name)
+    return s if s and not s[0].isdigit() else "_" + s
+
+
+def _unique(base: str, used: set) -> str:
+    n = base
+    while n in used:
+        n += "_"
+    used.add(n)
+    return n
+
+
+def _quant_key(quant):
+    if quant is None:
+        return None
+    if isinstance(quant, str):
+        from .lowp import parse_format, quantize_named
+
+        quantize_named(quant)  # raises a clear error for an unknown name
+        return ("fmt", parse_format(quant))
+    if callable(quant):
+        return "callable"
+    raise TypeError(f"quant must be a format name or a callable (name, array) -> array, "
+                    f"got {type(quant).__name__}")
+
+
+def resolve_wrt(f, wrt) -> list[str]:
+    names = f.param_names()
+    if wrt is None:
+        wrt = names
+    elif isinstance(wrt, str):
+        wrt = [wrt]
+    wrt = list(wrt)
+    bad = [w for w in wrt if w not in names]
+    if bad:
+        raise NameLookupError(f"train step: {bad[0]!r} is not a param of {f.name}; "
+                              f"params: {names}")
+    if not wrt:
+        raise ValueError(f"train step: no params to train in {f.name}")
+    for w in wrt:
+        dt = next(a.dtype for a in f.signature() if a.name == w)
+        if dt != "f32":
+            raise TypeError(f"train step: param {w!r} is {dt}; optimizers update f32 params")
+    return [n for n in names if n in set(wrt)]
+
+
+_CACHE: dict = {}
+_CACHE_MAX = 64
+
+
+def step_program(f, opt: Optimizer, wrt=None, max_grad_norm: float = 0.0, quant=None,
+                 norm_dtype: str | None = None, device: str | None = None) -> StepProgram:
+    """The (cached) step program of `f` with this optimizer structure and options.
+
+    `norm_dtype` (default: `NORM_DTYPES[device]`) is the clip-norm accumulation type."""
+    if norm_dtype is None:
+        norm_dtype = NORM_DTYPES.get(device, "f32")
+    wrt = resolve_wrt(f, wrt)
+    max_grad_norm = float(max_grad_norm)
+    qkey = _quant_key(quant)
+    key = (f.ir_hash(), _structure(opt), tuple(wrt), max(max_grad_norm, 0.0), qkey, norm_dtype,
+           tuple(opt.step_scalars(1, opt.lr)))
+    prog = _CACHE.get(key)
+    if prog is None:
+        prog = _build(f, opt, wrt, max_grad_norm, qkey, norm_dtype)
+        if len(_CACHE) >= _CACHE_MAX:
+            _CACHE.pop(next(iter(_CACHE)))
+        _CACHE[key] = prog
+    return prog
+
+
+def _build(f, opt, wrt, max_grad_norm, qkey, norm_dtype) -> StepProgram:
+    from .func import Func
+
+    vg = f.value_and_grad(wrt)
+    rule = update_rule(opt)
+    hp = opt.hyperparams()
+    slots = opt.slots()
+    scalar_names = list(opt.step_scalars(1, opt.lr).keys())
+    sig = f.signature()
+    used = {a.name for a in sig}
+    slot_args = [(p, s) for p in wrt for s in slots]
+    slot_arg_names = [_unique(_safe(f"opt_{s}_{p}"), used) for p, s in slot_args]
+    scal_name = _unique("opt_scalars", used)
+    fwd_names = [_unique(_safe(f"fwd_{p}"), used) for p in wrt] if qkey == "callable" else []
+
+    def build(sc: GraphScope):
+        data = {a.name: sc.input(a.name, a.shape, a.dtype) for a in sig if a.kind == "input"}
+        params = {a.name: sc.param(a.name, a.shape, a.dtype) for a in sig if a.kind == "param"}
+        st = {}
+        for (p, s), n in zip(slot_args, slot_arg_names):
+            st.setdefault(p, {})[s] = sc.input(n, params[p].shape, "f32")
+        vec = sc.input(scal_name, (len(scalar_names),), "f32")
+        fwd = {p: sc.input(n, params[p].shape, "f32") for p, n in zip(wrt, fwd_names)}
+        scal = {n: vec[i] for i, n in enumerate(scalar_names)}
+
+        call_args = dict(data)
+        for name, t in params.items():
+            if name in fwd:
+                t = fwd[name]
+            elif qkey is not None and name in wrt:
+                t = t.fake_quant(qkey[1])
+            call_args[name] = t
+        loss, *grads = sc.call(vg, call_args)
+        if len(grads) != len(wrt):
+            raise ValueError(f"train step: value_and_grad of {f.name} returned "
+                             f"{len(grads)} grads for {len(wrt)} params")
+        if max_grad_norm > 0:
+            grads = _clip(sc, grads, max_grad_norm, norm_dtype)
+        new_p, new_s = [], []
+        for name, g in zip(wrt, grads):
+            p2, s2 = rule(params[name], g, st.get(name, {}), scal, hp)
+            new_p.append(p2)
+            new_s.extend(s2[s] for s in slots)
+        return [loss, *new_p, *new_s]
+
+    from rlxc.dialect.passes import cleanup
+
+    step = Func(f"{f.name}_train_step", build)
+    step = step._derive(module=cleanup(step.module))  # drops unused scalar slices
+    return StepProgram(step, [a.name for a in sig if a.kind == "input"],
+                       [a.name for a in sig if a.kind == "param"], list(wrt), slots, slot_args,
+                       scalar_names, None if qkey is None else
+                       ("callable" if qkey == "callable" else qkey[1]),
+                       _structure(opt), max_grad_norm)
+
+
+def _clip(sc: GraphScope, grads, max_norm: float, nd: str):
+    total = None
+    for g in grads:
+        g2 = g.cast(nd)
+        ss = (g2 * g2).sum()
+        total = ss if total is None else total + ss
+    norm = total.sqrt()
+    mx = sc.scalar(max_norm, nd)
+    ratio = (mx / norm).cast("f32")
+    one = sc.scalar(1.0, "f32")
+    # NaN compares false and inf fails `<= FLT_MAX`, so neither scales
+    scale = where(norm.le(sc.scalar(_FLT_MAX, nd)), where(norm.gt(mx), ratio, one), one)
+    return [g * scale for g in grads]
+
+
+# -- Func.train_step -----------------------------------------------------------
+
+def _bound_params(f) -> dict:
+    bound = f.params()
+    missing = [n for n in f.param_names() if n not in bound]
+    if missing:
+        raise NameLookupError(f"train step: params {missing} of {f.name} are not bound "
+                              "(bind with with_param / init_randn / init_params)")
+    return bound
+
+
+def coerce_data(prog: StepProgram, f, inputs) -> list:
+    """The data inputs in signature order, as the contiguous arrays the step expects."""
+    specs = prog.data_specs
+    if specs is None:
+        from rlxc.runtime.signature import NP_DTYPES
+
+        specs = prog.data_specs = [(a.name, tuple(a.shape), a.dtype, np.dtype(NP_DTYPES[a.dtype]))
+                                   for a in f.signature() if a.kind == "input"]
+    if not isinstance(inputs, dict):
+        raise TypeError(f"train step: inputs must be a dict name -> array, got "
+                        f"{type(inputs).__name__}")
+    if len(inputs) != len(specs) or any(k not in inputs for k in prog.data):
+        unknown = [k for k in inputs if k not in prog.data]
+        if unknown:
+            raise NameLookupError(f"train step: unknown input {unknown[0]!r}; inputs of "
+                                  f"{f.name}: {prog.data}")
+        missing = [k for k in prog.data if k not in inputs]
+        raise NameLookupError(f"train step: missing input {missing[0]!r}; inputs of "
+                              f"{f.name}: {prog.data}")
+    out = []
+    for name, shape, dt, npdt in specs:
+        a = inputs[name]
+        if not (type(a) is np.ndarray and a.dtype == npdt and a.shape == shape
+                and a.flags.c_contiguous):
+            a = coerce("input", name, a, shape, dt)
+        out.append(a)
+    return out
+
+
+def _loss_value(x):
+    a = np.asarray(x)
+    return float(a.reshape(())) if a.size == 1 else a.copy()
+
+
+def train_step(f, opt: Optimizer, inputs, wrt=None, schedule=None, step: int = 0,
+               device=None, max_grad_norm: float = 0.0, quant=None):
+    """One update of `f`'s params; returns (new Func, loss before the update).
+
+    The optimizer's state (opt.state, opt.t) is read and advanced, exactly as
+    `opt.step` would; `step` only selects the learning rate of `schedule`."""
+    from .func import default_device
+
+    device = device or default_device()
+    prog = step_program(f, opt, wrt, max_grad_norm, quant, device=device)
+    lr = schedule.lr_at(step) if schedule is not None else opt.lr
+    t = opt.t + 1
+    scal = prog.scalar_vector(opt, t, lr)
+    bound = _bound_params(f)
+    args = coerce_data(prog, f, inputs)
+    args += [bound[n] for n in prog.params]
+    for p, s in prog.slot_args:
+        buf = opt.state.get(p, {}).get(s)
+        shape = bound[p].shape
+        if buf is None:
+            buf = np.zeros(shape, np.float32)
+        elif buf.shape != shape:
+            raise ValueError(f"train step: optimizer state {s!r} of {p!r} has shape "
+                             f"{buf.shape}, the param has {shape}")
+        args.append(np.ascontiguousarray(buf, np.float32))
+    args.append(scal)
+    if prog.quant == "callable":
+        from .lowp import quantize_named
+
+        qf = quantize_named(quant)
+        args += [qf(n, bound[n]) for n in prog.wrt]
+    outs = prog.executor(device).run(args)
+    nw = len(prog.wrt)
+    new_params = {}
+    for n, a in zip(prog.wrt, outs[1:1 + nw]):
+        a = np.array(a, np.float32, copy=True)
+        a.flags.writeable = False
+        new_params[n] = a
+    slots = outs[1 + nw:]
+    for (p, s), a in zip(prog.slot_args, slots):
+        opt.state.setdefault(p, {})[s] = np.array(a, np.float32, copy=True)
+    opt._t = t  # the counter Optimizer.step advances
+    return f._derive(params=new_params), _loss_value(outs[0])
+
+
+# -- params as a safetensors file ------------------------------------------------
+
+def save_params(f, path, metadata=None) -> None:
+    """Write every param of `f` (all must be bound) to `path`."""
+    from .checkpoint import save_tensors
+
+    bound = _bound_params(f)
+    meta = {"rlxc.kind": "params", "rlxc.func": f.name}
+    meta.update(metadata or {})
+    save_tensors(path, {n: np.asarray(bound[n]) for n in f.param_names()}, meta)
+
+
+def load_params(f, path, strict: bool = True):
+    """A new Func with params read from `path` (names and declared shapes checked)."""
+    from .checkpoint import load_tensors
+
+    expected = {n: f.param_shape_of(n) for n in f.param_names()}
+    arrays = load_tensors(path, expected, strict=strict)
+    return f.with_params(arrays)
