@@ -1,0 +1,468 @@
+"""`rlxc compile SRC -o OUTDIR`: a model as a native library, header, JSON and package.
+
+    SRC (path/model.py:factory -> Func, or model.mlir)
+      │ --transform EXPR ...      (grad, value_and_grad, vmap, jvp, hvp, *_all; in order)
+      │ --params FILE.safetensors (baked into the library)
+      │ --train --optimizer K --lr X   (adds NAME_train_step from rlxc/train.py's step)
+      ├─► --emit rlx|loops|llvm|asm|ptx   print that stage to stdout, build nothing
+      ▼
+    lowering/aot.py: OUTDIR/libNAME.so NAME.h NAME.json NAME/__init__.py
+
+Transform expressions are parsed by a tiny recursive-descent parser (no
+eval): `NAME` or `NAME(arg, key=value, ...)` where a value is an identifier
+(dots allowed), a quoted string, an integer or a `[...]` list of those.
+Unknown files, factories, transforms, keywords, names and options are usage
+errors (exit 2) that list the valid choices; errors in the model itself exit
+1 with a one-line message (the traceback with -v).
+"""
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import keyword
+import os
+import re
+import sys
+import traceback
+from dataclasses import dataclass
+
+import click
+
+from .main import main
+
+EMIT_STAGES = ("rlx", "loops", "llvm", "asm", "ptx")
+OPTIMIZERS = ("sgd", "adam", "adamw", "lion")
+# LLVM x86 CPU names accepted by --cpu (besides "native").
+CPU_NAMES = (
+    "x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4", "generic", "nehalem", "westmere",
+    "sandybridge", "ivybridge", "haswell", "broadwell", "skylake", "skylake-avx512",
+    "cascadelake", "cooperlake", "cannonlake", "icelake-client", "icelake-server", "tigerlake",
+    "rocketlake", "alderlake", "raptorlake", "meteorlake", "arrowlake", "lunarlake",
+    "sapphirerapids", "emeraldrapids", "graniterapids", "sierraforest", "grandridge",
+    "znver1", "znver2", "znver3", "znver4", "znver5",
+)
+
+
+# -- transform expressions ------------------------------------------------------------
+class TransformError(ValueError):
+    """A transform expression that does not parse or names something unknown."""
+
+
+@dataclass(frozen=True)
+class TParam:
+    name: str
+    kind: str  # "names" | "int"
+    aliases: tuple = ()
+
+
+# name -> (parameters in positional order, Func method name)
+TRANSFORMS: dict[str, tuple[tuple[TParam, ...], str]] = {
+    "grad": ((TParam("wrt", "names"),), "grad"),
+    "value_and_grad": ((TParam("wrt", "names"),), "value_and_grad"),
+    "grad_all": ((), "grad_all"),
+    "value_and_grad_all": ((), "value_and_grad_all"),
+    "vmap": ((TParam("batched", "names", ("in_axes", "inputs")),
+              TParam("batch_size", "int", ("size", "n"))), "vmap"),
+    "jvp": ((TParam("tangent_for", "names", ("wrt",)),), "jvp"),
+    "hvp": ((TParam("wrt", "names"),), "hvp"),
+}
+
+_TOKEN = re.compile(r"""\s*(?:(?P<num>-?\d+)|(?P<id>[A-Za-z_][\w.]*)|(?P<str>'[^']*'|"[^"]*")
+                    |(?P<punct>[()\[\],=]))""", re.VERBOSE)
+
+
+def _tokens(text: str) -> list[tuple[str, str]]:
+    out, pos = [], 0
+    text = text.rstrip()
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if not m or m.end() == pos:
+            raise TransformError(f"cannot parse transform {text!r} at column {pos + 1}: "
+                                 f"unexpected {text[pos:pos + 10]!r}")
+        kind = m.lastgroup
+        val = m.group(kind)
+        out.append((kind, val[1:-1] if kind == "str" else val))
+        pos = m.end()
+    return out
+
+
+class _Parser:
+    def __init__(self, text: str):
+        self.text = text
+        self.toks = _tokens(text)
+        self.i = 0
+
+    def peek(self):
+        return self.toks[self.i] if self.i < len(self.toks) else ("end", "")
+
+    def take(self, kind=None, val=None):
+        k, v = self.peek()
+        if (kind and k != kind) or (val is not None and v != val):
+            want = val or kind
+            raise TransformError(f"cannot parse transform {self.text!r}: expected {want!r}, "
+                                 f"got {v or 'end of text'!r}")
+        self.i += 1
+        return v
+
+    def value(self):
+        k, v = self.peek()
+        if (k, v) == ("punct", "["):
+            self.take()
+            items = []
+            if self.peek() != ("punct", "]"):
+                items.append(self.value())
+                while self.peek() == ("punct", ","):
+                    self.take()
+                    items.append(self.value())
+            self.take("punct", "]")
+            return items
+        if k == "num":
+            self.take()
+            return int(v)
+        if k in ("id", "str"):
+            self.take()
+            return v
+        raise TransformError(f"cannot parse transform {self.text!r}: expected a value, "
+                             f"got {v or 'end of text'!r}")
+
+    def parse(self):
+        name = self.take("id")
+        args, kwargs = [], {}
+        if self.peek() == ("punct", "("):
+            self.take()
+            if self.peek() != ("punct", ")"):
+                while True:
+                    k, v = self.peek()
+                    nxt = self.toks[self.i + 1] if self.i + 1 < len(self.toks) else None
+                    if k == "id" and nxt == ("punct", "="):
+                        self.take()
+                        self.take()
+                        if v in kwargs:
+                            raise TransformError(f"transform {self.text!r}: {v!r} given twice")
+                        kwargs[v] = self.value()
+                    else:
+                        if kwargs:
+                            raise TransformError(f"transform {self.text!r}: positional "
+                                                 "argument after a keyword argument")
+                        args.append(self.value())
+                    if self.peek() == ("punct", ","):
+                        self.take()
+                        continue
+                    break
+            self.take("punct", ")")
+        if self.peek()[0] != "end":
+            raise TransformError(f"cannot parse transform {self.text!r}: trailing "
+                                 f"{self.peek()[1]!r}")
+        return name, args, kwargs
+
+
+def parse_transform(text: str) -> tuple[str, dict]:
+    """`"vmap(x, 8)"` -> ("vmap", {"batched": ["x"], "batch_size": 8}); checked, no eval."""
+    name, args, kwargs = _Parser(text).parse()
+    if name not in TRANSFORMS:
+        raise TransformError(f"unknown transform {name!r}; valid transforms: "
+                             f"{', '.join(TRANSFORMS)}")
+    params, _ = TRANSFORMS[name]
+    if len(args) > len(params):
+        raise TransformError(f"transform {name!r} takes {len(params)} argument(s) "
+                             f"({', '.join(p.name for p in params) or 'none'}), got {len(args)}")
+    bound = {p.name: a for p, a in zip(params, args)}
+    for k, v in kwargs.items():
+        p = next((p for p in params if k == p.name or k in p.aliases), None)
+        if p is None:
+            raise TransformError(f"transform {name!r}: unknown keyword {k!r}; valid keywords: "
+                                 f"{', '.join(p.name for p in params) or 'none'}")
+        if p.name in bound:
+            raise TransformError(f"transform {name!r}: {p.name!r} given twice")
+        bound[p.name] = v
+    out = {}
+    for p in params:
+        if p.name not in bound:
+            raise TransformError(f"transform {name!r}: missing {p.name!r} (e.g. "
+                                 f"{_example(name)})")
+        v = bound[p.name]
+        if p.kind == "int":
+            if not isinstance(v, int) or v <= 0:
+                raise TransformError(f"transform {name!r}: {p.name} must be a positive integer, "
+                                     f"got {v!r}")
+        else:
+            v = [v] if isinstance(v, str) else v
+            if not isinstance(v, list) or not v or not all(isinstance(x, str) for x in v):
+                raise TransformError(f"transform {name!r}: {p.name} must be a name or a "
+                                     f"non-empty list of names, got {bound[p.name]!r}")
+        out[p.name] = v
+    return name, out
+
+
+def _example(name: str) -> str:
+    return {"grad": "grad(wrt=[w])", "value_and_grad": "value_and_grad(wrt=[w])",
+            "vmap": "vmap(x, 8)", "jvp": "jvp(tangent_for=[x])", "hvp": "hvp(wrt=[x])"
+            }.get(name, name)
+
+
+def apply_transform(func, text: str):
+    """Apply one transform expression to a Func (unknown names: TransformError)."""
+    name, kw = parse_transform(text)
+    params, method = TRANSFORMS[name]
+    sig = func.signature()
+    valid = {"wrt": [a.name for a in sig], "tangent_for": [a.name for a in sig],
+             "batched": [a.name for a in sig if a.kind == "input"]}
+    for p in params:
+        if p.kind == "names":
+            bad = [x for x in kw[p.name] if x not in valid[p.name]]
+            if bad:
+                raise TransformError(f"transform {text!r}: unknown name {bad[0]!r} for "
+                                     f"{p.name}; valid: {', '.join(valid[p.name])}")
+    if name in ("grad_all", "value_and_grad_all") and not func.param_names():
+        raise TransformError(f"transform {text!r}: {func.name} has no params")
+    return getattr(func, method)(*[kw[p.name] for p in params])
+
+
+# -- loading SRC -------------------------------------------------------------------------
+def _candidates(directory: str) -> list[str]:
+    try:
+        return sorted(f for f in os.listdir(directory or ".") if f.endswith((".py", ".mlir")))
+    except OSError:
+        return []
+
+
+def _factories(mod) -> list[str]:
+    return sorted(n for n, v in vars(mod).items()
+                  if inspect.isfunction(v) and v.__module__ == mod.__name__
+                  and not n.startswith("_"))
+
+
+def load_source(src: str, verbose: bool = False):
+    """The Func named by SRC (`path/model.py:factory` or `file.mlir`)."""
+    from rlxc.func import Func
+
+    path, sep, factory = src.rpartition(":")
+    if not sep or not path.endswith(".py"):
+        path, factory = src, None
+    if not path.endswith((".py", ".mlir")):
+        raise click.BadParameter(f"{src!r} is neither path/model.py:factory nor a .mlir file",
+                                 param_hint="SRC")
+    if not os.path.isfile(path):
+        d = os.path.dirname(path) or "."
+        c = _candidates(d)
+        raise click.BadParameter(f"file {path!r} not found; .py/.mlir files in {d!r}: "
+                                 f"{', '.join(c) if c else '(none)'}", param_hint="SRC")
+    if path.endswith(".mlir"):
+        with open(path) as f:
+            text = f.read()
+        try:
+            return Func.from_mlir(text)
+        except Exception as e:
+            raise click.ClickException(f"{path}: not a valid rlx module: "
+                                       f"{str(e).strip().splitlines()[-1] if str(e) else e!r}")
+    modname = "rlxc_model_" + re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
+    spec = importlib.util.spec_from_file_location(modname, path)
+    mod = importlib.util.module_from_spec(spec)
+    d = os.path.dirname(os.path.abspath(path))
+    sys.path.insert(0, d)
+    try:
+        spec.loader.exec_module(mod)
+    except Exception as e:
+        _user_error(f"importing {path} failed", e, verbose)
+    finally:
+        if sys.path and sys.path[0] == d:
+            sys.path.pop(0)
+    names = _factories(mod)
+    if factory is None:
+        raise click.BadParameter(f"{path!r}: name the factory as {path}:FACTORY; functions in "
+                                 f"it: {', '.join(names) or '(none)'}", param_hint="SRC")
+    fn = getattr(mod, factory, None)
+    if not callable(fn):
+        raise click.BadParameter(f"{path!r} has no factory {factory!r}; functions in it: "
+                                 f"{', '.join(names) or '(none)'}", param_hint="SRC")
+    try:
+        f = fn()
+    except Exception as e:
+        _user_error(f"{path}:{factory}() failed", e, verbose)
+    if not isinstance(f, Func):
+        raise click.ClickException(f"{path}:{factory}() returned {type(f).__name__}, not an "
+                                   "rlxc.Func")
+    return f
+
+
+def _user_error(what: str, e: BaseException, verbose: bool):
+    if verbose:
+        traceback.print_exc()
+    raise click.ClickException(f"{what}: {type(e).__name__}: {e}")
+
+
+def _load_params(f, path: str) -> dict:
+    from rlxc.checkpoint import CheckpointError, load_tensors
+
+    if not os.path.isfile(path):
+        d = os.path.dirname(path) or "."
+        try:
+            c = sorted(x for x in os.listdir(d) if x.endswith(".safetensors"))
+        except OSError:
+            c = []
+        raise click.BadParameter(f"file {path!r} not found; .safetensors files in {d!r}: "
+                                 f"{', '.join(c) or '(none)'}", param_hint="'--params'")
+    try:
+        tensors = load_tensors(path)
+    except CheckpointError as e:
+        raise click.ClickException(str(e))
+    names = f.param_names()
+    unknown = [k for k in tensors if k not in names]
+    if unknown:
+        raise click.BadParameter(f"{path}: {unknown[0]!r} is not a param of {f.name}; valid "
+                                 f"params: {', '.join(names) or '(none)'}",
+                                 param_hint="'--params'")
+    for k, v in tensors.items():
+        want = f.param_shape_of(k)
+        if tuple(v.shape) != want:
+            raise click.ClickException(f"{path}: param {k!r} has shape {tuple(v.shape)}, "
+                                       f"{f.name} declares {want}")
+    return tensors
+
+
+def _optimizer(kind: str, lr: float, weight_decay, momentum):
+    from rlxc import optim
+
+    kw = {}
+    if weight_decay is not None:
+        kw["weight_decay"] = weight_decay
+    if momentum is not None:
+        if kind != "sgd":
+            raise click.BadParameter("--momentum applies to --optimizer sgd only",
+                                     param_hint="'--momentum'")
+        kw["momentum"] = momentum
+    cls = {"sgd": optim.SGD, "adam": optim.Adam, "adamw": optim.AdamW, "lion": optim.Lion}[kind]
+    try:
+        return cls(lr, **kw)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="'--optimizer'")
+
+
+# -- stages ---------------------------------------------------------------------------------
+def emit_stage(stage: str, func, name: str, target: str, cpu: str) -> str:
+    """The text of one pipeline stage of `func` (compiled under the symbol `name`)."""
+    if stage == "rlx":
+        return func.mlir()
+    if stage == "ptx":
+        from rlxc.lowering import gpu_kernels
+
+        return gpu_kernels.emit_ptx(func.module)
+    from rlxc.lowering import cpu as backend
+
+    fn = {"loops": backend.emit_loops, "llvm": backend.emit_llvm, "asm": backend.emit_asm}[stage]
+    if stage == "loops":
+        return fn(func.module, name)
+    return fn(func.module, name, cpu=cpu)
+
+
+class _Command(click.Command):
+    """A click command whose unknown-option error lists every valid option."""
+
+    def parse_args(self, ctx, args):
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as e:
+            opts = sorted({o for p in self.get_params(ctx) for o in p.opts if o.startswith("-")})
+            raise click.UsageError(f"no such option: {e.option_name}; valid options: "
+                                   f"{', '.join(opts)}", ctx) from None
+
+
+@main.command("compile", cls=_Command)
+@click.argument("src")
+@click.option("-o", "--output", "outdir", type=click.Path(file_okay=False),
+              help="Output directory for libNAME.so, NAME.h, NAME.json and NAME/.")
+@click.option("--name", help="Artifact name (a C identifier); default: the Func's name.")
+@click.option("--target", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--cpu", "cpu", default="native", show_default=True,
+              help="LLVM CPU name: native, x86-64-v3, skylake-avx512, znver4, ...")
+@click.option("--transform", "transforms", multiple=True, metavar="EXPR",
+              help="grad(wrt=[w]), value_and_grad(wrt=[w]), grad_all, value_and_grad_all, "
+                   "vmap(x, 8), jvp(tangent_for=[x]), hvp(wrt=[x]); repeatable, in order.")
+@click.option("--params", "params_file", metavar="FILE.safetensors",
+              help="Bake these param values into the library.")
+@click.option("--emit", type=click.Choice(EMIT_STAGES),
+              help="Print this stage to stdout instead of building.")
+@click.option("--train", is_flag=True, help="Also export NAME_train_step (first output = loss).")
+@click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adamw", show_default=True)
+@click.option("--lr", type=float, default=1e-3, show_default=True,
+              help="Default learning rate of the train step.")
+@click.option("--weight-decay", type=float, default=None, help="Optimizer weight decay.")
+@click.option("--momentum", type=float, default=None, help="SGD momentum.")
+@click.option("--max-grad-norm", type=float, default=0.0, show_default=True,
+              help="Clip gradients to this global norm in the train step (0: off).")
+@click.option("-v", "--verbose", is_flag=True, help="Print per-stage timings (stderr).")
+def compile_cmd(src, outdir, name, target, cpu, transforms, params_file, emit, train, optimizer,
+                lr, weight_decay, momentum, max_grad_norm, verbose):
+    """Compile SRC (path/model.py:factory or model.mlir) into OUTDIR.
+
+    Writes libNAME.so, NAME.h (C ABI), NAME.json (metadata, sha256) and the
+    Python package NAME/ (`import NAME; NAME.run(x=...)`)."""
+    from rlxc.runtime.errors import NameLookupError, RlxError
+
+    if emit is None and not outdir:
+        raise click.UsageError("missing -o OUTDIR (or pass --emit STAGE to print a stage)")
+    if cpu not in ("native",) + CPU_NAMES:
+        raise click.BadParameter(f"unknown CPU {cpu!r}; valid: native, {', '.join(CPU_NAMES)}",
+                                 param_hint="'--cpu'")
+    if emit == "ptx" and target != "cuda":
+        raise click.UsageError("--emit ptx needs --target cuda")
+    if train and target == "cuda":
+        raise click.UsageError("--train exports a C train step: use --target cpu")
+    if emit in ("loops", "llvm", "asm") and target == "cuda":
+        raise click.UsageError(f"--emit {emit} is a CPU stage; with --target cuda use "
+                               "--emit rlx or --emit ptx")
+    if name is not None and (not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name)
+                             or keyword.iskeyword(name)):
+        raise click.BadParameter(f"{name!r} is not a C identifier usable as a Python package "
+                                 "name", param_hint="'--name'")
+
+    from rlxc.lowering import aot
+
+    progress = aot.Progress(name or os.path.basename(src), verbose).start()
+    ok = False
+    try:
+        with progress.stage("load source"):
+            f = load_source(src, verbose)
+        name = name or f.name
+        progress.label = name
+        for t in transforms:
+            with progress.stage(f"transform {t}"):
+                try:
+                    f = apply_transform(f, t)
+                except TransformError as e:
+                    raise click.BadParameter(str(e), param_hint="'--transform'") from None
+                except NameLookupError as e:
+                    raise click.BadParameter(str(e), param_hint="'--transform'") from None
+        baked = dict(f.params())
+        if params_file:
+            with progress.stage("load params"):
+                baked.update(_load_params(f, params_file))
+        spec = aot.spec_from_func(f, name, baked, cpu=cpu, target=target,
+                                  transforms=transforms, source=src)
+        if train:
+            with progress.stage("train step (value_and_grad + update)"):
+                opt = _optimizer(optimizer, lr, weight_decay, momentum)
+                spec.train = aot.train_spec(f, opt, max_grad_norm)
+        if emit:
+            with progress.stage(f"emit {emit}"):
+                text = emit_stage(emit, f, name, target, cpu)
+                if spec.train is not None:
+                    step = spec.train.program.func
+                    text += ("\n" if not text.endswith("\n") else "") + \
+                        emit_stage(emit, step, f"{name}_train_step_kernel", target, cpu)
+            ok = True
+            click.echo(text, nl=not text.endswith("\n"))
+            return
+        meta = aot.build_artifact(spec, outdir, progress)
+        ok = True
+    except click.ClickException:
+        raise
+    except (RlxError, ValueError, TypeError, NotImplementedError, RuntimeError, OSError) as e:
+        if verbose:
+            traceback.print_exc()
+        raise click.ClickException(f"{type(e).__name__}: {e}") from None
+    finally:
+        progress.finish(ok)
+    files = [meta["library"], meta["header"], f"{name}.json", f"{name}/__init__.py"]
+    files = [f for f in files if f]
+    click.echo(f"wrote {outdir}: " + " ".join(files))
