@@ -1,0 +1,458 @@
+"""GPU code generation: one kernel per fusion group, PTX/cubin, launch plan, artifact.
+
+    rlx module ──gpu_plan.plan_module──► GpuPlan (kernels, buffers)
+          │ per Kernel, by kind (all kernels of a module in one llvmlite module):
+          │   elementwise  grid-stride loop; 4 elements (16-byte loads/stores) per
+          │                thread when the tree allows it (gpu_expr.vectorizable)
+          │   reduce       row = one output element, K = reduced extent:
+          │                  "thread": a thread per row, sequential over K
+          │                           (K <= 16, or innermost axis kept and K < 64)
+          │                  "warp":   a warp per row, lanes stride K, shfl.bfly tree
+          │                  "block":  a block per row (K > 2048): shuffles, then one
+          │                           partial per warp in shared memory, shuffles
+          │                  "cols":   innermost axis kept, K >= 64: 32 adjacent rows
+          │                           per block (coalesced), 8 threads per row
+          │                           striding K, partials summed in shared memory
+          │                then the fused epilogue (root tree with the row's result)
+          │   matmul       gpu_matmul: tiled shared-memory SGEMM + fused epilogue
+          │   scatter      memset 0, then a thread per update: atomic add
+          ▼
+    llvmlite module ──nvptx.emit_ptx──► PTX ──nvptx.assemble (ptxas)──► cubin + resources
+          ▼
+    CudaArtifact: PTX, cubin or None, launch plan (steps: memset / launch with grid,
+    block, buffer ids), buffers (region, offset, size), constants, signature;
+    to_bytes()/from_bytes() = the runtime's container (runtime/cuda.py).
+
+Every kernel takes the pointers of the buffers it touches (output first) and
+nothing else: shapes are static, so sizes, strides and grid-stride trip counts
+are constants.  With target="host" the same generators build an emulation
+(gpu_simt.py) that tests run on the CPU against the interpreter.
+"""
+from __future__ import annotations
+
+import json
+
+import llvmlite.ir as ir
+
+from rlxc.dialect.types import dtype_of, numel, shape_of
+
+from . import gpu_expr as E
+from . import gpu_scalar as S
+from . import gpu_matmul, nvptx
+from .gpu_plan import GpuPlan, Kernel, plan_module
+from .gpu_simt import Simt, c32
+
+__all__ = ["compile_cuda", "emit_ptx", "build_kernels", "CudaArtifact", "MAX_BLOCKS"]
+
+MAX_BLOCKS = 4096      # grid-stride loops: at most this many blocks
+THREADS = 256
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class Launch(dict):
+    """{"kernel", "grid", "block", "smem", "args": [buffer ids], "memset": [buffer ids]}."""
+
+
+def _kernel_args(plan: GpuPlan, k: Kernel) -> list[int]:
+    ids = [plan.buffer_of[k.root].id]
+    for v in k.reads:
+        i = plan.buffer_of[v].id
+        if i not in ids:
+            ids.append(i)
+    return ids
+
+
+def _setup(mod, plan, k, target, block, grid, values, min_blocks_per_sm=0):
+    ids = _kernel_args(plan, k)
+    sm = Simt(mod, k.name, len(ids), block, grid, target, min_blocks_per_sm)
+    ctx = E.ExprCtx(sm, plan, dict(zip(ids, sm.buffers)), E.index_type(plan, values))
+    return sm, ctx, ids
+
+
+def _launch(k, sm, ids, memset=()) -> Launch:
+    return Launch(kernel=k.name, grid=list(sm.grid), block=[sm.block, 1, 1], smem=0,
+                  args=ids, memset=list(memset))
+
+
+def _gtid(sm, ctx):
+    b = sm.b
+    g = b.add(b.mul(sm.ctaid(0), c32(sm.block)), sm.tid())
+    return b.zext(g, ctx.itype) if ctx.itype.width > 32 else g
+
+
+# ------------------------------------------------------------------ elementwise
+
+def gen_elementwise(mod, plan, k, target):
+    root = k.root
+    shp = shape_of(root.type)
+    lanes = 4 if E.vectorizable(plan, root) else 1
+    nv = numel(shp) // lanes
+    block = min(THREADS, max(32, _cdiv(nv, 32) * 32))
+    grid = min(_cdiv(nv, block), MAX_BLOCKS)
+    sm, ctx, ids = _setup(mod, plan, k, target, block, (grid,), [root] + k.reads)
+    c = ctx.const
+    with sm.loop(_gtid(sm, ctx), c(nv), c(block * grid), ctx.itype) as i:
+        lin = sm.b.mul(i, c(lanes)) if lanes > 1 else i
+        idx = E.Index(ctx, shp, linear=lin, lanes=lanes)
+        ctx.memo = {}
+        E.store(ctx, root, idx, E.value(ctx, root, idx, root=True))
+    sm.finish()
+    return [_launch(k, sm, ids)]
+
+
+# ------------------------------------------------------------------ reductions
+
+def _reduce_geometry(op):
+    x = op.operands[0]
+    s = shape_of(x.type)
+    axes = tuple(op.params()["axes"])
+    kept = [i for i in range(len(s)) if i not in axes]
+    return x, s, axes, kept, numel([s[i] for i in kept]), numel([s[a] for a in axes])
+
+
+def reduce_strategy(op) -> str:
+    x, s, axes, kept, m, kk = _reduce_geometry(op)
+    dt = dtype_of(x.type)
+    if dt not in ("f32", "i32") or kk <= 16:
+        return "thread"
+    if (len(s) - 1) not in axes:
+        return "cols" if kk >= 64 else "thread"
+    return "warp" if kk <= 2048 else "block"
+
+
+def _input_index(ctx, op, m, kidx):
+    """Index into the reduction's input for output row m and reduced position kidx."""
+    x, s, axes, kept, M, K = _reduce_geometry(op)
+    b, c = ctx.b, ctx.const
+    r = len(s)
+    if axes == tuple(range(r - len(axes), r)):          # reduced axes are a suffix
+        return E.Index(ctx, s, linear=b.add(b.mul(m, c(K)), kidx) if M > 1 else kidx)
+    if axes == tuple(range(len(axes))):                 # a prefix
+        return E.Index(ctx, s, linear=b.add(b.mul(kidx, c(M)), m) if K > 1 else m)
+    km = E.Index(ctx, [s[i] for i in kept], linear=m)
+    kr = E.Index(ctx, [s[a] for a in axes], linear=kidx)
+    dims = [km.dim(kept.index(i)) if i in kept else kr.dim(axes.index(i)) for i in range(r)]
+    return E.Index(ctx, s, dims=dims)
+
+
+def _finish_row(ctx, k, op, m, acc):
+    """Apply mean's division and the fused epilogue; store the root at output row m."""
+    x, s, axes, kept, M, K = _reduce_geometry(op)
+    dt = dtype_of(op.results[0].type)
+    b = ctx.b
+    if op.name == "rlx.mean":
+        acc = b.fdiv(acc, ir.Constant(S.REG_TYPE[dt], float(K))) if dt in ("f32", "f64") \
+            else b.sdiv(acc, ir.Constant(S.REG_TYPE[dt], K))
+    ctx.memo = {}
+    ctx.hooks = {op.results[0]: lambda idx: [acc]}
+    root = k.root
+    idx = E.Index(ctx, shape_of(root.type), linear=m)
+    E.store(ctx, root, idx, E.value(ctx, root, idx, root=True))
+
+
+def _accumulate(sm, ctx, op, acc_reg, m, start, step):
+    """acc_reg <op>= x[m, k] for k in range(start, K, step) (a per-thread loop)."""
+    x, s, axes, kept, M, K = _reduce_geometry(op)
+    dt = dtype_of(x.type)
+    with sm.loop(start, ctx.const(K), ctx.const(step), ctx.itype, "k") as kk:
+        ctx.memo = {}
+        (v,) = E.value(ctx, x, _input_index(ctx, op, m, kk))
+        sm.set(acc_reg, S.combine(sm.b, op.name, dt, sm.get(acc_reg), v))
+
+
+def _warp_reduce(sm, op, dt, acc, tmp, width=32):
+    for off in (16, 8, 4, 2, 1):
+        if off >= width:
+            continue
+        sm.shfl_xor(acc, off, tmp)
+        sm.set(acc, S.combine(sm.b, op.name, dt, sm.get(acc), sm.get(tmp)))
+
+
+def gen_reduce(mod, plan, k, target):
+    op = k.heavy
+    x, s, axes, kept, M, K = _reduce_geometry(op)
+    dt = dtype_of(x.type)
+    strategy = reduce_strategy(op)
+    values = [k.root, x] + k.reads
+    ident = S.nan_identity(op.name, dt)
+    rty = S.REG_TYPE[dt]
+    if strategy == "thread":
+        block = min(THREADS, max(32, _cdiv(M, 32) * 32))
+        grid = min(_cdiv(M, block), MAX_BLOCKS)
+        sm, ctx, ids = _setup(mod, plan, k, target, block, (grid,), values)
+        acc = sm.reg(rty, "acc")
+        with sm.loop(_gtid(sm, ctx), ctx.const(M), ctx.const(block * grid), ctx.itype,
+                     "m") as m:
+            sm.set(acc, ident)
+            _accumulate(sm, ctx, op, acc, m, ctx.const(0), 1)
+            _finish_row(ctx, k, op, m, sm.get(acc))
+        sm.finish()
+        return [_launch(k, sm, ids)]
+
+    if strategy == "cols":
+        return _gen_reduce_cols(mod, plan, k, target, values, ident, rty)
+    if strategy == "warp":
+        block, rows_per_block = THREADS, THREADS // 32
+        grid = min(_cdiv(M, rows_per_block), MAX_BLOCKS)
+        rounds = _cdiv(M, grid * rows_per_block)
+    else:
+        block, rows_per_block = 1024 if K >= 65536 else THREADS, 1
+        grid = min(M, MAX_BLOCKS)
+        rounds = _cdiv(M, grid)
+    sm, ctx, ids = _setup(mod, plan, k, target, block, (grid,), values)
+    b, it = sm.b, ctx.itype
+    acc, tmp = sm.reg(rty, "acc"), sm.reg(rty, "tmp")
+    nwarps = block // 32
+    part = sm.shared(rty, 32, "part") if strategy == "block" else None
+
+    def row_of(rnd):
+        # warp: (round*grid + block)*8 + warp;  block: round*grid + block
+        r = sm.b.add(sm.b.mul(rnd, c32(grid)), sm.ctaid(0))
+        if strategy == "warp":
+            r = sm.b.add(sm.b.mul(r, c32(rows_per_block)), sm.b.lshr(sm.tid(), c32(5)))
+        return sm.b.zext(r, it) if it.width > 32 else r
+
+    with sm.uniform_loop(rounds, "round") as rnd:
+        b = sm.b
+        m = row_of(rnd)
+        sm.set(acc, ident)
+        lane = b.and_(sm.tid(), c32(31 if strategy == "warp" else block - 1))
+        lane = b.zext(lane, it) if it.width > 32 else lane
+        with sm.if_then(b.icmp_unsigned("<", m, ctx.const(M))):
+            _accumulate(sm, ctx, op, acc, m, lane, 32 if strategy == "warp" else block)
+        _warp_reduce(sm, op, dt, acc, tmp)
+        if strategy == "block":
+            b = sm.b
+            tid = sm.tid()
+            with sm.if_then(b.icmp_unsigned("==", b.and_(tid, c32(31)), c32(0))):
+                p = b.gep(part, [b.lshr(tid, c32(5))], source_etype=rty)
+                b.store(sm.get(acc), p)
+            sm.barrier()
+            b = sm.b
+            tid = sm.tid()
+            lanei = b.and_(tid, c32(31))
+            has = b.icmp_unsigned("<", lanei, c32(nwarps))
+            safe = b.select(has, lanei, c32(0))
+            pv = b.load(b.gep(part, [safe], source_etype=rty), typ=rty)
+            sm.set(acc, b.select(has, pv, ident))
+            _warp_reduce(sm, op, dt, acc, tmp, width=max(nwarps, 2))
+        b = sm.b
+        m = row_of(rnd)
+        first = b.icmp_unsigned("==", b.and_(sm.tid(), c32(31 if strategy == "warp" else
+                                                             block - 1)), c32(0))
+        with sm.if_then(b.and_(first, b.icmp_unsigned("<", m, ctx.const(M)))):
+            _finish_row(ctx, k, op, m, sm.get(acc))
+        if strategy == "block":
+            sm.barrier()     # the next round rewrites `part`
+    sm.finish()
+    return [_launch(k, sm, ids)]
+
+
+def _gen_reduce_cols(mod, plan, k, target, values, ident, rty):
+    """Kept innermost axis: 32 adjacent outputs per block (coalesced), each reduced by
+    8 threads striding K; the 8 partials meet in shared memory."""
+    op = k.heavy
+    x, s, axes, kept, M, K = _reduce_geometry(op)
+    dt = dtype_of(x.type)
+    cols, ks = 32, THREADS // 32
+    grid = min(_cdiv(M, cols), MAX_BLOCKS)
+    rounds = _cdiv(M, grid * cols)
+    sm, ctx, ids = _setup(mod, plan, k, target, THREADS, (grid,), values)
+    it = ctx.itype
+    acc = sm.reg(rty, "acc")
+    part = sm.shared(rty, THREADS, "part")
+
+    def col_of(rnd):
+        b = sm.b
+        m = b.add(b.mul(b.add(b.mul(rnd, c32(grid)), sm.ctaid(0)), c32(cols)),
+                  b.and_(sm.tid(), c32(cols - 1)))
+        return b.zext(m, it) if it.width > 32 else m
+
+    with sm.uniform_loop(rounds, "round") as rnd:
+        b = sm.b
+        m = col_of(rnd)
+        sm.set(acc, ident)
+        r = b.lshr(sm.tid(), c32(5))
+        with sm.if_then(b.icmp_unsigned("<", m, ctx.const(M))):
+            _accumulate(sm, ctx, op, acc, m, b.zext(r, it) if it.width > 32 else r, ks)
+        b.store(sm.get(acc), b.gep(part, [sm.tid()], source_etype=rty))
+        sm.barrier()
+        b = sm.b
+        m = col_of(rnd)
+        first = b.icmp_unsigned("<", sm.tid(), c32(cols))
+        with sm.if_then(b.and_(first, b.icmp_unsigned("<", m, ctx.const(M)))):
+            v = b.load(b.gep(part, [sm.tid()], source_etype=rty), typ=rty)
+            for j in range(1, ks):
+                p = b.gep(part, [b.add(sm.tid(), c32(j * cols))], source_etype=rty)
+                v = S.combine(b, op.name, dt, v, b.load(p, typ=rty))
+            _finish_row(ctx, k, op, m, v)
+        sm.barrier()
+    sm.finish()
+    return [_launch(k, sm, ids)]
+
+
+# ------------------------------------------------------------------ scatter_add
+
+def gen_scatter(mod, plan, k, target):
+    op = k.heavy
+    ids_v, upd = op.operands
+    p = op.params()
+    axis, dim = p["axis"], p["dim"]
+    us, is_ = shape_of(upd.type), shape_of(ids_v.type)
+    n = len(is_)
+    out = k.root
+    os_ = shape_of(out.type)
+    dt = dtype_of(upd.type)
+    U = numel(us)
+    block = min(THREADS, max(32, _cdiv(U, 32) * 32))
+    grid = max(1, min(_cdiv(U, block), MAX_BLOCKS))
+    sm, ctx, bids = _setup(mod, plan, k, target, block, (grid,), [out, upd, ids_v] + k.reads)
+    c = ctx.const
+    with sm.loop(_gtid(sm, ctx), c(U), c(block * grid), ctx.itype) as i:
+        b = sm.b
+        ctx.memo = {}
+        ui = E.Index(ctx, us, linear=i)
+        (val,) = E.value(ctx, upd, ui)
+        (iv,) = E.value(ctx, ids_v, E.Index(ctx, is_, dims=[ui.dim(axis + j) for j in range(n)]))
+        iv = S.convert(b, iv, dtype_of(ids_v.type), "i64" if ctx.itype.width > 32 else "i32")
+        inb = b.icmp_unsigned("<", iv, c(dim))       # out-of-range updates are dropped
+        dims = [ui.dim(j) for j in range(axis)] + [iv] + \
+               [ui.dim(axis + n + j) for j in range(len(us) - axis - n)]
+        oi = E.Index(ctx, os_, dims=dims)
+        with sm.if_then(inb):
+            ptr = E.element_ptr(ctx, out, oi.linear())
+            kind = "fadd" if dt in ("f32", "f64") else "add"
+            sm.b.atomic_rmw(kind, ptr, val, "monotonic")
+    sm.finish()
+    return [_launch(k, sm, bids, memset=[plan.buffer_of[out].id])]
+
+
+GENERATORS = {
+    "elementwise": gen_elementwise,
+    "reduce": gen_reduce,
+    "matmul": lambda mod, plan, k, target: gpu_matmul.gen_matmul(mod, plan, k, target,
+                                                                 _setup, _launch),
+    "scatter": gen_scatter,
+}
+
+
+def build_kernels(module, target: str = "gpu"):
+    """(llvmlite module, GpuPlan, launches) for an rlx module (or Func)."""
+    plan = plan_module(module)
+    if target == "gpu":
+        mod = nvptx.new_module(plan.func.sym_name.data)
+    else:
+        mod = ir.Module(plan.func.sym_name.data)
+    steps = []
+    for k in plan.kernels:
+        if numel(shape_of(k.root.type)) == 0:
+            continue
+        for launch in GENERATORS[k.kind](mod, plan, k, target):
+            for bid in launch.pop("memset"):
+                steps.append({"op": "memset", "buffer": bid})
+            steps.append({"op": "launch", **launch})
+    return mod, plan, steps
+
+
+# ------------------------------------------------------------------ artifact
+
+class CudaArtifact:
+    """A compiled GPU program: PTX (+ cubin), launch plan, buffer plan, signature.
+
+    `meta` is JSON-able; `blobs` holds "ptx", "cubin" (when ptxas ran) and
+    "consts".  `to_bytes()` is the container runtime.cuda.load_artifact reads."""
+
+    def __init__(self, meta: dict, blobs: dict):
+        self.meta, self.blobs = meta, blobs
+
+    @property
+    def ptx(self) -> str:
+        return self.blobs["ptx"].decode()
+
+    @property
+    def cubin(self) -> bytes | None:
+        return self.blobs.get("cubin")
+
+    @property
+    def kernels(self) -> dict:
+        return self.meta["kernels"]
+
+    def to_json(self) -> str:
+        return json.dumps(self.meta, indent=1)
+
+    def to_bytes(self) -> bytes:
+        from rlxc.runtime.cuda import dump_artifact
+
+        return dump_artifact(self.meta, self.blobs)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "CudaArtifact":
+        from rlxc.runtime.cuda import load_artifact
+
+        return cls(*load_artifact(data))
+
+    def program(self, device: int = 0, **kw):
+        """Load on the GPU: a runtime.cuda.CudaProgram."""
+        from rlxc.runtime.cuda import CudaProgram
+
+        return CudaProgram(self.meta, self.blobs, device=device, **kw)
+
+
+def plan_meta(plan: GpuPlan, steps: list, name: str, arch: str) -> tuple[dict, bytes]:
+    """The JSON side of the artifact and the packed constant bytes."""
+    consts = bytearray()
+    const_list = []
+    for bf in plan.buffers:
+        if bf.region == "const":
+            const_list.append({"buffer": bf.id, "blob_offset": len(consts),
+                               "nbytes": len(bf.data)})
+            consts += bf.data
+    args = [{"name": a.name, "kind": a.kind, "shape": list(a.shape), "dtype": a.dtype,
+             "buffer": plan.buffer_of[v].id} for a, v in zip(plan.args, plan.arg_values)]
+    outs = [{"shape": list(shape_of(v.type)), "dtype": dtype_of(v.type),
+             "buffer": plan.buffer_of[v].id} for v in plan.outputs]
+    meta = {
+        "format": "rlxc-cuda-1", "name": name, "arch": arch,
+        "args": args, "outputs": outs,
+        "buffers": [{"id": b.id, "region": b.region, "offset": b.offset, "nbytes": b.nbytes}
+                    for b in plan.buffers],
+        "regions": dict(plan.regions),
+        "consts": const_list,
+        "steps": steps,
+    }
+    return meta, bytes(consts)
+
+
+def compile_cuda(module, name: str | None = None, arch: str = nvptx.DEFAULT_ARCH,
+                 ptxas: bool | str = True, ptx_version: int | None = None) -> CudaArtifact:
+    """Compile an rlx module (or Func) for NVIDIA GPUs.
+
+    ptxas=True assembles a cubin with the ptxas find_ptxas() finds (PTX only when
+    none); False skips it; a path names the ptxas to use."""
+    mod, plan, steps = build_kernels(module, "gpu")
+    name = name or plan.func.sym_name.data
+    ptx = nvptx.emit_ptx(mod, arch, ptx_version=ptx_version)
+    cubin, info = None, {}
+    if ptxas:
+        cubin, info = nvptx.assemble(ptx, arch, ptxas if isinstance(ptxas, str) else None)
+    meta, consts = plan_meta(plan, steps, name, arch)
+    kernels = {}
+    for st in steps:
+        if st["op"] == "launch":
+            kernels[st["kernel"]] = info.get(st["kernel"], {})
+    meta["kernels"] = kernels
+    meta["ptx_version"] = next((ln.split()[1] for ln in ptx.splitlines()
+                                if ln.startswith(".version")), "")
+    blobs = {"ptx": ptx.encode(), "consts": consts}
+    if cubin is not None:
+        blobs["cubin"] = cubin
+    return CudaArtifact(meta, blobs)
+
+
+def emit_ptx(module, arch: str = nvptx.DEFAULT_ARCH) -> str:
+    """All kernels' PTX for an rlx module (`rlxc compile --emit ptx --target cuda`)."""
+    mod, plan, steps = build_kernels(module, "gpu")
+    return nvptx.emit_ptx(mod, arch)
