@@ -122,9 +122,6 @@ def _options(options: dict) -> tuple:
 
 
 def _check_device(device: str) -> None:
-    if device == "cuda":
-        raise RuntimeError("cuda backend not available: the GPU runtime is not part of this "
-                           "build yet; run on 'cpu' (native) or 'interp'")
     if device != "cpu":
         raise ValueError(f"unknown native device {device!r}; valid: ['cpu', 'cuda']")
 
@@ -232,8 +229,32 @@ def _compile_entry(d, key, func, cpu, opt, threads) -> CpuLibrary:
     return CpuLibrary(so, meta)
 
 
+_cuda_programs: dict = {}
+
+
+def cuda_program(func, arch: str | None = None):
+    """The loaded GPU program for `func` (compiled once per IR hash and arch).
+
+    Raises runtime.cuda.CudaUnavailable (a clear RlxError) when no GPU/driver is present,
+    before anything is compiled."""
+    from rlxc.runtime import cuda as rt
+
+    ctx = rt.context(0)
+    arch = arch or ctx.arch
+    key = (func.ir_hash(), arch)
+    prog = _cuda_programs.get(key)
+    if prog is None:
+        from rlxc.lowering.gpu_kernels import compile_cuda
+
+        STATS["compiles"] += 1
+        prog = _cuda_programs[key] = compile_cuda(func.module, func.name, arch=arch).program()
+    return prog
+
+
 def executor(func, device: str = "cpu", **options) -> CpuExecutor:
     """An object with `.run(arrays) -> outputs` (arrays: every argument in signature order)."""
+    if device == "cuda":
+        return cuda_program(func, options.get("arch"))
     lib = library(func, device, **options)
     ex = _executors.get(id(lib))
     if ex is None or ex.lib is not lib:
@@ -243,7 +264,24 @@ def executor(func, device: str = "cpu", **options) -> CpuExecutor:
 
 def jit(func, device: str = "cpu", **options) -> "Jitted":
     """Compile (or fetch) `func` once and return a Jitted bound to its params."""
+    if device == "cuda":
+        return CudaJitted(func, cuda_program(func, options.get("arch")))
     return Jitted(func, library(func, device, **options))
+
+
+class CudaJitted:
+    """A GPU program with the Func's params bound (they stay resident on the device)."""
+
+    def __init__(self, func, program):
+        self.func, self.program = func, program
+
+    def run(self, *args, **inputs) -> list:
+        return self.program.run(self.func._bind(args, inputs, f"{self.func.name}.run"))
+
+    __call__ = run
+
+    def with_param(self, name: str, data) -> "CudaJitted":
+        return CudaJitted(self.func.with_param(name, data), self.program)
 
 
 class Jitted:
@@ -311,5 +349,5 @@ class Jitted:
         return f"Jitted({self.func.name!r}, {self.lib.path})"
 
 
-__all__ = ["executor", "jit", "library", "Jitted", "STATS", "cache_dir", "clear_memory_cache",
+__all__ = ["executor", "jit", "cuda_program", "CudaJitted", "library", "Jitted", "STATS", "cache_dir", "clear_memory_cache",
            "compiler_fingerprint"]

@@ -429,7 +429,13 @@ def test_f64_transcendentals_are_a_clear_error(op):
         f.run(x=np.ones(3))
 
 
-def test_cuda_device_is_a_clear_error():
+def test_cuda_without_a_gpu_is_a_clear_error():
+    from rlxc.runtime import cuda
+
+    if cuda.available():
+        pytest.skip("a GPU is present: this checks the no-GPU error")
     f = Func("c", lambda s: s.input("x", (3,)) + 1.0)
-    with pytest.raises(RuntimeError, match="cuda backend not available"):
+    with pytest.raises(cuda.CudaUnavailable, match="CUDA is not available"):
         f.run_on("cuda", x=np.ones(3, np.float32))
+    with pytest.raises(cuda.CudaUnavailable):
+        f.jit_on("cuda")
