@@ -21,7 +21,7 @@ from __future__ import annotations
 from rlxc.dialect.types import dtype_of, numel, shape_of
 
 from . import indexing as ix
-from .fusion import Gen, unsupported_dtype
+from .fusion import Gen, is_splat_const, unsupported_dtype
 from .loops import Buffer, Const, EpiValue, Load, MatmulKernel, MatOperand, Op
 
 
@@ -69,7 +69,12 @@ def matmul_kernel(bl, c, op, out, what, epilogue_root=None) -> bool:
         lead = len(batch) - len(xb)
         idx = tuple(ix.ZERO if xb[d] == 1 else bidx[lead + d] for d in range(len(xb))) + \
             (ix.var(rv) if xs[-2] != 1 else ix.ZERO, ix.var(cv) if xs[-1] != 1 else ix.ZERO)
-        e = gen.value(x, idx)
+        if x in bl.bufs and is_splat_const(x):
+            # a splat operand is materialized by a fill kernel: read its buffer, since
+            # Gen would otherwise inline it as a constant
+            e = Load(bl.bufs[x], ix.linearize(idx, xs))
+        else:
+            e = gen.value(x, idx)
         if not (isinstance(e, Load) and ix.is_plain(e.off)):
             raise AssertionError(f"internal: matmul operand is not a strided view: {e}")
         co = e.off.coeffs()
