@@ -29,10 +29,10 @@ builtin.module {
     %0 = rlx.constant dense<[2.000000e+00, 4.000000e+00, 6.000000e+00]> : tensor<3xf32>
     %1 = rlx.constant dense<1.200000e+01> : tensor<f32>
     %2 = rlx.add %x, %0 : tensor<3xf32>
-    %3 = rlx.constant dense<1.64872122> : tensor<64x128xf32>
+    %3 = rlx.constant dense<"0x4C09D33F"> : tensor<64x128xf32>
     %4 = rlx.constant dense<true> : tensor<64x128xi1>
     %5 = rlx.constant dense<[1.000000e+00, 2.000000e+00]> : tensor<2xf32>
-    %6 = rlx.constant dense<0.000000e+00> : tensor<4095xf32>
+    %6 = rlx.constant dense<"0x00000000"> : tensor<4095xf32>
     %7 = rlx.concat %5, %6, %5 axis = 0 : (tensor<2xf32>, tensor<4095xf32>, tensor<2xf32>) -> tensor<4099xf32>
     %8 = rlx.slice %7 starts = [0] limits = [4097] strides = [1] : tensor<4099xf32> -> tensor<4097xf32>
     %9 = rlx.constant dense<[1.000000e+00, 3.000000e+00, 2.000000e+00]> : tensor<3xf32>
