@@ -14,50 +14,55 @@ either), llvm.fabs and llvm.copysign.  No llvm.floor/rint either (libcalls on ba
 rounding to an integer is the add/sub of 1.5*2^23 trick.  There are no branches, only
 selects, so special cases cost a compare and a select.
 
-Accuracy is measured in float32 ulps of the exact result (a subnormal result's ulp is
-2^-149); SUPPORTED holds the bounds the tests enforce (measured maxima in parentheses,
-host FMA and non-FMA code both).  Algorithms:
+Accuracy is in float32 ulps of the exact result (a subnormal result's ulp is 2^-149), over
+every finite float32 input unless a range is given.  SUPPORTED holds the bounds that
+tests/test_mathlib.py enforces; in parentheses the maximum measured over all 2^32 inputs with
+host code (FMA) / over every 8th float32 with baseline x86-64 code (no FMA).  Algorithms:
 
-  exp       Cody-Waite: n = round(x/ln2) via the 1.5*2^23 trick, r = x - n*ln2 in two parts
-            (ln2_hi has 9 bits so n*ln2_hi is exact), e^r = 1 + r + r^2*Q(r) (Cephes degree 5),
-            2^n applied as two exponent-bit multiplies (2^(n/2) * 2^(n-n/2)) so overflow gives
-            inf and underflow rounds once into the subnormals.  x is clamped to [-110, 89] with
-            ordered compares (NaN passes through).                                 <= 1 ulp (0.9)
-  expm1     the same reduction; 2^n*(e^r-1) + (2^n-1), e^r-1 = r + r^2*Q(r); exp path for x > 18.
-                                                                                <= 2 ulp (1.4)
-  log       x = 2^e*m, m in [sqrt(1/2), sqrt(2)) by integer arithmetic on the bits (subnormals
-            pre-scaled by 2^23), log(m) = f - f^2/2 + f^3*P(f) (Cephes degree 8), f = m-1 exact,
-            e*ln2 added in two parts.                                            <= 1 ulp (0.9)
-  log1p     log(u) + (x - (u-1))/u with u = 1+x (the classic rounding correction).
-                                                                                <= 2 ulp (1.2)
-  sin, cos  j = round(x*2/pi); r = x - j*pi/2 with pi/2 in five parts, the first four 10 bits
-            wide so j*P_k is exact and the chain cancels exactly near multiples of pi/2;
-            sin/cos(r) by Cephes odd/even polynomials on [-pi/4, pi/4]; the quadrant j&3 picks
-            the polynomial and the sign.  Bound for |x| <= SIN_COS_EXACT_RANGE (25735, j < 2^14);
-            beyond it the error grows with |x| (the argument loses bits) and beyond ~6e6 the
-            result is meaningless, but it is always in [-1, 1], and inf gives NaN.   <= 2 ulp (1.5)
-  tanh      |x| < 0.625: x + x^3*P(x^2) (Cephes); else 1 - 2/(e^(2|x|)+1); sign by copysign.
-                                                                                <= 3 ulp (1.9)
-  sigmoid   e = e^-|x| (as mantissa p and exponent n); x >= 0: 1/(1+e); x < 0: ldexp(p/(1+e), n),
-            so results stay accurate down into the subnormals.                   <= 3 ulp (2.0)
-  silu      x*sigmoid(x) with the same split: x < 0: ldexp(x*p/(1+e), n).          <= 3 ulp (2.0)
-  erf       |x| < 0.5: x + x*Q(x^2) (degree-4 minimax); else 1 - erfc(|x|) (below).
-                                                                                <= 2 ulp (1.2)
-  erfc      z >= 0.5: erfc(z) = e^(-z^2) * R(z): R = P1(z-1.25) (degree 10) on [0.5, 2), R =
-            P2(1/z^2)/z (degree 8) on [2, 10.5] (coefficients picked by select; both minimax
-            fits of erfcx in relative error).  z^2 = zh^2 + zl*(z+zh) with zh = z cut to 12 bits
-            (zh^2 exact) and fed to exp as a hi/lo pair, so e^(-z^2) carries no error from
-            rounding z^2.  x < -0.5: 2 - erfc(-x); |x| < 0.5: 1 - erf(x).          <= 4 ulp (2.9)
-  gelu      0.5*x*(1+erf(x/sqrt2)).  x < 0 uses 0.5*x*erfc(|x|/sqrt2) with (x/sqrt2)^2 = x^2/2
-            formed exactly from the split of x, so the tail is accurate to the last subnormal.
-                                                                                <= 4 ulp (3.3)
-  gelu_tanh 0.5*x*(1+tanh(u)), u = sqrt(2/pi)*(x+0.044715x^3), evaluated as x*sigmoid(2u) (no
-            cancellation for x < 0).  The bound holds for x >= -2.5 (GELU_TANH_EXACT_FROM); below,
-            the rounding of the cubic 2u (relative ~2^-23) is amplified by e^(2u): the error
-            is at most 4 + 2*|2u| ulp (<= 230 ulp where the result underflows at x ~ -10).
-                                                                                <= 8 ulp (7.1)
-  softplus  max(x, 0) + log1p(e^-|x|) (no overflow, softplus(-large) = e^x, (+large) = x).
-                                                                                <= 2 ulp (1.4)
+  exp       Cody-Waite: n = round(x/ln2) by the 1.5*2^23 trick, r = x - n*ln2 in two parts
+            (ln2_hi has 9 bits, so n*ln2_hi is exact), e^r = 1 + r + r^2*Q(r) (Cephes, degree
+            5), and 2^n applied as two exponent-field multiplies, 2^(n/2) * 2^(n-n/2), so
+            overflow gives inf and underflow rounds once into the subnormals.  x is clamped to
+            [-110, 89] with ordered compares (NaN passes through).          1.5 ulp (1.01 / 0.98)
+  expm1     the same reduction; 2^n*(e^r-1) + (2^n-1) with e^r-1 = r + r^2*Q(r); e^x for
+            x > 18.                                                           2 ulp (1.44 / 1.56)
+  log       x = 2^e*m, m in [sqrt(1/2), sqrt(2)), by integer arithmetic on the bits (subnormals
+            are scaled by 2^23 first); log(m) = f - f^2/2 + f^3*P(f), f = m-1 exact (Cephes,
+            degree 8); e*ln2 added in two parts.                              1 ulp (0.83 / 0.80)
+  log1p     log(u) + (x - (u-1))/u, u = 1+x (the rounding of u, corrected).  2 ulp (1.44 / 1.34)
+  sin, cos  j = round(x*2/pi); r = x - j*pi/2 with pi/2 in five parts (68 bits), the first four
+            10 bits wide so every j*P_k is exact for |j| < 2^14; the chain is exact up to two
+            Knuth two-sums, so r is off by at most ~0.5 ulp even next to a multiple of pi/2
+            (|r| >= 2^-27.8 for float32 |x| < 2^15).  sin r, cos r: Cephes polynomials on
+            [-pi/4, pi/4]; j mod 4 picks the polynomial and the sign.  The bound holds for
+            |x| <= SIN_COS_EXACT_RANGE = 25735 (2^14*pi/2).  Beyond it j*P_1 is no longer exact
+            (exact only through an FMA): measured absolute error <= 1e-6 for |x| <= 1e5 without
+            FMA (<= 3e-7 up to 4e6 with FMA); past ~4e6 (2^22) the result is meaningless but
+            still in [-1, 1]; +-inf gives NaN.                      2 ulp (1.56 / 1.55)
+  tanh      |x| < 0.625: x + x^3*P(x^2) (Cephes); else 1 - 2/(e^(2|x|)+1); copysign.
+                                                                              2 ulp (1.33 / 1.32)
+  sigmoid   e^-|x| = (1+em)*2^n; x >= 0: 1/(1+e); x < 0: ldexp((1+em)/(1+e), n), so the result
+            keeps full precision down into the subnormals.                    3 ulp (2.40 / 2.40)
+  silu      x*sigmoid(x) with the same split: x < 0: ldexp((x + x*em)/(1+e), n).
+                                                                              3 ulp (2.77 / 2.80)
+  erf       |x| < 0.8: x + x*Q(x^2) (degree 5, minimax); else 1 - erfc(|x|).  1.5 ulp (0.95 / 0.94)
+  erfc      z >= 0.5: erfc(z) = e^(-z^2) * R(z), R = P1(z-1.25) (degree 10) on [0.5, 2] and
+            R = P2(1/z^2)/z (degree 8) on (2, 10.5] (coefficients chosen by select; both
+            minimax fits of erfcx(z) = e^(z^2)*erfc(z) in relative error).  z^2 = zh^2 +
+            zl*(z+zh) with zh = z cut to 12 bits (zh^2 exact) goes to exp as a hi/lo pair, so
+            e^(-z^2) has no error from rounding z^2.  x < -0.5: 2 - erfc(-x); |x| < 0.5:
+            1 - erf(x).                                                     3.5 ulp (2.87 / 2.88)
+  gelu      0.5*x*(1+erf(x/sqrt2)); for x/sqrt2 <= -0.5 it is 0.5*x*erfc(|x|/sqrt2), with
+            (x/sqrt2)^2 = x^2/2 formed exactly from the split of x and the /z of P2 folded into
+            the constant 0.5*x/|z| = -1/sqrt2: accurate to the last subnormal of the tail.
+                                                                              4 ulp (3.02 / 3.24)
+  gelu_tanh 0.5*x*(1+tanh(u)), u = sqrt(2/pi)*(x+0.044715x^3), as x*sigmoid(2u) (no
+            cancellation for x < 0).  The bound holds for x >= GELU_TANH_EXACT_FROM = -1.
+            Below, the rounding of the cubic w = 2u (relative ~2^-23) is amplified by e^w: the
+            error is at most 4 + 3*|w| ulp (measured 4 + 2.64*|w|; ~200 ulp of a 1e-37 result
+            at x = -10, where it underflows).                              3.5 ulp (2.80 / 2.83)
+  softplus  max(x, 0) + log1p(e^-|x|): no overflow, softplus(-large) = e^x with subnormals,
+            softplus(large) = x.                                            2.5 ulp (1.99 / 1.96)
 
 IEEE behaviour: a NaN input gives NaN for every op (clamps use ordered compares, so NaN is
 never turned into a number); exp(+-inf) = inf/0, log(0) = -inf, log(<0) = NaN, log(inf) = inf,
@@ -73,16 +78,16 @@ __all__ = ["emit", "get_function", "SUPPORTED", "SIN_COS_EXACT_RANGE", "GELU_TAN
 F32 = ir.FloatType()
 I32 = ir.IntType(32)
 
-# Max error in float32 ulps of the exact result (subnormal ulp = 2^-149), enforced by
-# tests/test_mathlib.py.  sin/cos: for |x| <= SIN_COS_EXACT_RANGE; gelu_tanh: for
-# x >= GELU_TANH_EXACT_FROM (see the header for the other ranges).
+# Max error in float32 ulps of the exact result (subnormal ulp = 2^-149) over all finite
+# inputs, enforced by tests/test_mathlib.py; sin/cos: for |x| <= SIN_COS_EXACT_RANGE,
+# gelu_tanh: for x >= GELU_TANH_EXACT_FROM (the header gives the error elsewhere).
 SUPPORTED: dict[str, float] = {
-    "exp": 1.0, "expm1": 2.0, "log": 1.0, "log1p": 2.0,
-    "sin": 2.0, "cos": 2.0, "tanh": 3.0, "sigmoid": 3.0, "silu": 3.0,
-    "erf": 2.0, "erfc": 4.0, "gelu": 4.0, "gelu_tanh": 4.0, "softplus": 2.0,
+    "exp": 1.5, "expm1": 2.0, "log": 1.0, "log1p": 2.0,
+    "sin": 2.0, "cos": 2.0, "tanh": 2.0, "sigmoid": 3.0, "silu": 3.0,
+    "erf": 1.5, "erfc": 3.5, "gelu": 4.0, "gelu_tanh": 3.5, "softplus": 2.5,
 }
-SIN_COS_EXACT_RANGE = 25735.0   # 2^14 * pi/2: j*P_k stays exact
-GELU_TANH_EXACT_FROM = -1.0
+SIN_COS_EXACT_RANGE = 25735.0   # 2^14 * pi/2: every j*P_k of the reduction is exact
+GELU_TANH_EXACT_FROM = -1.0     # below: <= 4 + 3*|2u| ulp, 2u = 2*sqrt(2/pi)*(x + 0.044715x^3)
 
 
 # ---------------------------------------------------------------------------- builder helpers
@@ -267,10 +272,11 @@ def _softplus(o, x):
 def _scaled_logistic(o, w, f):
     """f * sigmoid(w) = f / (1 + e^-w).  For w < 0 it is f*e^w/(1+e^w) = ldexp(f*p/(1+e), n)
     with e^w = p*2^n, so nothing is lost when the result is tiny or subnormal."""
-    p, n = _exp_parts(o, o.sub(o.f(0.0), o.abs(w)))
-    e = o.ldexp(p, n)
+    r, n = _exp_reduce(o, o.sub(o.f(0.0), o.abs(w)))
+    em = _expm1_poly(o, r)                           # e^-|w| = (1 + em) * 2^n
+    e = o.ldexp(o.add(em, o.f(1.0)), n)
     neg = o.lt(w, o.f(0.0))
-    m = o.div(o.sel(neg, o.mul(f, p), f), o.add(o.f(1.0), e))
+    m = o.div(o.sel(neg, o.fma(f, em, f), f), o.add(o.f(1.0), e))
     return o.ldexp(m, o.b.select(neg, n, o.i(0)))
 
 
@@ -308,9 +314,9 @@ def _tanh(o, x):
 
 
 # ---------------------------------------------------------------------------- erf family
-# erf(z) = z + z*Q(z^2), |z| < 0.5 (minimax, relative)
-_ERF_Q = (0.12837916612625122, -0.37612608075141907, 0.11282823234796524,
-          -0.02675720304250717, 0.004718021955341101)
+# erf(z) = z + z*Q(z^2), |z| < 0.8 (minimax, relative)
+_ERF_Q = (0.12837916612625122, -0.3761260211467743, 0.11283113062381744,
+          -0.026820816099643707, 0.0050851451233029366, -0.0006535319262184203)
 # erfcx(z) = e^(z^2)*erfc(z) = P1(z - 1.25) on [0.5, 2]  (minimax, relative)
 _ERFCX_P1 = (0.36782291531562805, -0.20882189273834229, 0.10679556429386139,
              -0.05021785944700241, 0.022011438384652138, -0.00908578559756279,
@@ -320,7 +326,8 @@ _ERFCX_P1 = (0.36782291531562805, -0.20882189273834229, 0.10679556429386139,
 _ERFCX_P2 = (0.5641895532608032, -0.2820865511894226, 0.4225422441959381,
              -1.0359749794006348, 3.2344577312469482, -10.11299991607666,
              25.187152862548828, -40.27606201171875, 29.628524780273438)
-_ERF_SMALL = 0.5
+_ERF_SMALL = 0.8          # erf, and 1 + erf(z) for z > 0: no cancellation below this
+_ERFC_SMALL = 0.5         # 1 - erf(z) cancels: erfc takes the e^(-z^2) branch from here
 _ERFC_MAX = 10.5                            # erfc(10.06) < 2^-150
 
 
@@ -329,20 +336,22 @@ def _erf_small(o, z):
 
 
 def _erfc_big(o, z, z2h, z2l):
-    """erfc(z) = m * 2^n / (z if big else 1) for z in [0.5, 10.5], given z^2 = z2h + z2l
-    with z2h exact; returns (m, n, big).  The caller divides: gelu divides x by z exactly."""
+    """erfc(z) = R*(1 + em) * 2^n / (z if big else 1) for z in [0.5, 10.5], given
+    z^2 = z2h + z2l with z2h exact; returns (R, em, n, big).  The caller applies the factor
+    (1 + em) = e^r with a single rounding, fma(em, h, h), after its own scaling h of R."""
     big = o.gt(z, o.f(2.0))
     v = o.sel(big, o.div(o.f(1.0), o.mul(z, z)), o.sub(z, o.f(1.25)))
     p2 = _ERFCX_P2 + (0.0,) * (len(_ERFCX_P1) - len(_ERFCX_P2))
     coeffs = [o.sel(big, o.f(c), o.f(a)) for a, c in zip(_ERFCX_P1, p2)]
-    p, n = _exp_parts(o, o.sub(o.f(0.0), z2h), o.sub(o.f(0.0), z2l))
-    return o.mul(p, o.horner(v, coeffs)), n, big
+    r, n = _exp_reduce(o, o.sub(o.f(0.0), z2h), o.sub(o.f(0.0), z2l))
+    return o.horner(v, coeffs), _expm1_poly(o, r), n, big
 
 
 def _erfc_pos(o, z, z2h, z2l):
-    """erfc(z) as m * 2^n for z in [0.5, 10.5]."""
-    m, n, big = _erfc_big(o, z, z2h, z2l)
-    return o.div(m, o.sel(big, z, o.f(1.0))), n
+    """erfc(z) for z in [0.5, 10.5]."""
+    rr, em, n, big = _erfc_big(o, z, z2h, z2l)
+    h = o.div(rr, o.sel(big, z, o.f(1.0)))
+    return o.ldexp(o.fma(em, h, h), n)
 
 
 def _square_hilo(o, x, scale=1.0):
@@ -357,8 +366,7 @@ def _square_hilo(o, x, scale=1.0):
 def _erf(o, x):
     a = o.abs(x)
     ac = o.sel(o.gt(a, o.f(4.0)), o.f(4.0), a)        # erf(4) rounds to 1
-    m, n = _erfc_pos(o, ac, *_square_hilo(o, ac))
-    big = o.sub(o.f(1.0), o.ldexp(m, n))
+    big = o.sub(o.f(1.0), _erfc_pos(o, ac, *_square_hilo(o, ac)))
     res = o.sel(o.lt(a, o.f(_ERF_SMALL)), _erf_small(o, a), big)
     return o.copysign(res, x)
 
@@ -366,11 +374,10 @@ def _erf(o, x):
 def _erfc(o, x):
     a = o.abs(x)
     ac = o.sel(o.gt(a, o.f(_ERFC_MAX)), o.f(_ERFC_MAX), a)
-    m, n = _erfc_pos(o, ac, *_square_hilo(o, ac))
-    e = o.ldexp(m, n)
+    e = _erfc_pos(o, ac, *_square_hilo(o, ac))
     big = o.sel(o.lt(x, o.f(0.0)), o.sub(o.f(2.0), e), e)
     small = o.sub(o.f(1.0), _erf_small(o, x))
-    return o.sel(o.lt(a, o.f(_ERF_SMALL)), small, big)
+    return o.sel(o.lt(a, o.f(_ERFC_SMALL)), small, big)
 
 
 _INV_SQRT2 = 0.7071067811865476
@@ -380,13 +387,16 @@ def _gelu(o, x):
     xc = o.clamp(x, -15.0, 15.0)                      # gelu(<-15) = -0, gelu(>15) = x
     z = o.mul(xc, o.f(_INV_SQRT2))
     az = o.abs(z)
-    m, n, big = _erfc_big(o, az, *_square_hilo(o, xc, 0.5))  # (x/sqrt2)^2 = x^2/2 exactly
+    rr, em, n, big = _erfc_big(o, az, *_square_hilo(o, xc, 0.5))  # (x/sqrt2)^2 = x^2/2
     half_x = o.mul(x, o.f(0.5))
-    # x < 0: 0.5*x*erfc(|z|) = m*2^n * (0.5*x, or 0.5*x/|z| = -1/sqrt2 where erfc has the /z)
-    neg = o.ldexp(o.mul(m, o.sel(big, o.f(-_INV_SQRT2), o.mul(xc, o.f(0.5)))), n)
-    pos = o.mul(half_x, o.sub(o.f(2.0), o.ldexp(o.div(m, o.sel(big, az, o.f(1.0))), n)))
+    # x < 0: 0.5*x*erfc(|z|) = R*e^r*2^n * (0.5*x, or 0.5*x/|z| = -1/sqrt2 where erfc has /z)
+    h = o.mul(rr, o.sel(big, o.f(-_INV_SQRT2), o.mul(xc, o.f(0.5))))
+    neg = o.ldexp(o.fma(em, h, h), n)
+    hp = o.div(rr, o.sel(big, az, o.f(1.0)))
+    pos = o.mul(half_x, o.sub(o.f(2.0), o.ldexp(o.fma(em, hp, hp), n)))
     small = o.mul(half_x, o.add(o.f(1.0), _erf_small(o, z)))
-    return o.sel(o.lt(az, o.f(_ERF_SMALL)), small, o.sel(o.lt(x, o.f(0.0)), neg, pos))
+    in_small = o.b.and_(o.gt(z, o.f(-_ERFC_SMALL)), o.lt(z, o.f(_ERF_SMALL)))
+    return o.sel(in_small, small, o.sel(o.lt(x, o.f(0.0)), neg, pos))
 
 
 # ---------------------------------------------------------------------------- sin / cos

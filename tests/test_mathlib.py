@@ -119,14 +119,23 @@ if _IS_X86:
     TARGETS["x86-64"] = ("x86-64", "")     # SSE2 only: no FMA, no roundps
 
 
+_CACHE: dict[str, Compiled] = {}
+
+
+def compile_for(target: str) -> Compiled:
+    if target not in _CACHE:
+        _CACHE[target] = Compiled(*TARGETS[target])
+    return _CACHE[target]
+
+
 @pytest.fixture(scope="module", params=list(TARGETS))
 def compiled(request) -> Compiled:
-    return Compiled(*TARGETS[request.param])
+    return compile_for(request.param)
 
 
 @pytest.fixture(scope="module")
 def host() -> Compiled:
-    return Compiled(*TARGETS["host"])
+    return compile_for("host")
 
 
 # ------------------------------------------------------------------------ float64 references
@@ -180,12 +189,19 @@ def ulp_error(y: np.ndarray, ref: np.ndarray) -> np.ndarray:
 
 
 def inputs(op: str, rng: np.random.Generator) -> np.ndarray:
+    """Dense sweep of the op's range, random bit patterns (every binade, subnormals, huge),
+    log-uniform magnitudes of both signs, random subnormals, [-2, 2]; finite values only."""
     lo, hi = SWEEP[op]
-    dense = np.linspace(lo, hi, 200_003, dtype=np.float64).astype(np.float32)
-    bits = rng.integers(0, 2 ** 32, 100_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    dense = np.linspace(lo, hi, 600_001, dtype=np.float64).astype(np.float32)
+    bits = rng.integers(0, 2 ** 32, 300_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
     mags = np.exp(rng.uniform(math.log(1e-30), math.log(100.0), 50_000)).astype(np.float32)
-    small = rng.uniform(-2.0, 2.0, 20_000).astype(np.float32)
-    x = np.concatenate([dense, bits, mags, -mags, small])
+    sub = rng.integers(1, 2 ** 23, 10_000, dtype=np.uint32).view(np.float32)
+    small = rng.uniform(-2.0, 2.0, 50_000).astype(np.float32)
+    parts = [dense, bits, mags, -mags, sub, -sub, small]
+    if op in ("sin", "cos"):
+        r = mathlib.SIN_COS_EXACT_RANGE
+        parts.append(rng.uniform(-r, r, 400_000).astype(np.float32))
+    x = np.concatenate(parts)
     return x[np.isfinite(x)]
 
 
@@ -306,7 +322,7 @@ def test_scalar_loop_vectorizes_without_libm(host, op):
 
 @pytest.mark.skipif(not _IS_X86, reason="x86-64 only")
 def test_baseline_x86_has_no_libcalls():
-    c = Compiled("x86-64", "")
+    c = compile_for("x86-64")
     asm = c.tm.emit_assembly(c.mod)
     calls = re.findall(r"\bcall[lq]?\s+([^\s]+)", asm)
     assert not calls, f"libcalls on baseline x86-64: {sorted(set(calls))}"
