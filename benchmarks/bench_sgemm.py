@@ -9,7 +9,9 @@ blocks of a few calls, with a pause between blocks so that the other
 library's spinning worker threads (OpenBLAS spins ~0.1 s after a call,
 libgomp a little) have gone to sleep; so machine noise hits both alike.
 Prints median and best time as GFLOP/s over >= 20 timed calls after
-warm-up, and the ratio rlxc/NumPy.
+warm-up, and the ratio rlxc/NumPy; for one thread also the median by the
+calling thread's CPU time, which other processes on a shared machine
+disturb much less than wall time.
 
 Options: --n 1024 (or --mnk M,N,K), --threads 1,2, --runs 20, --cpu native,
 --set kc=384 --set mc=280 (SgemmConfig overrides, for tuning), --ta/--tb
@@ -136,15 +138,18 @@ def worker(args) -> dict:
         ref = An.astype(np.float64) @ Bn.astype(np.float64)
         err = float(np.abs(C - ref).max() / np.abs(ref).max())
         times = {"rlxc": [], "numpy": []}
+        cpu_times = {"rlxc": [], "numpy": []}
         block = 5
         while len(times["rlxc"]) < args.runs:
             for name, fn in (("rlxc", run_rlxc), ("numpy", run_np)):
                 time.sleep(args.pause)
                 fn()  # one untimed call after the pause wakes the thread team
                 for _ in range(block):
+                    c0 = time.thread_time()
                     t0 = time.perf_counter()
                     fn()
                     times[name].append(time.perf_counter() - t0)
+                    cpu_times[name].append(time.thread_time() - c0)
         if limiter is not None:
             limiter.restore_original_limits()
     flop = 2.0 * M * N * K * reps
@@ -153,6 +158,8 @@ def worker(args) -> dict:
     for name, ts in times.items():
         res[name] = {"median_gflops": flop / statistics.median(ts) / 1e9,
                      "best_gflops": flop / min(ts) / 1e9, "runs": len(ts)}
+        if t == 1:  # CPU time of the calling thread: what it cost, even on a busy machine
+            res[name]["cpu_median_gflops"] = flop / statistics.median(cpu_times[name]) / 1e9
     return res
 
 
@@ -208,6 +215,16 @@ def main(argv=None):
               f" {n['median_gflops']:>12.1f} {n['best_gflops']:>7.1f} |"
               f" {a['median_gflops'] / n['median_gflops']:>9.3f}"
               f" {a['best_gflops'] / n['best_gflops']:>6.3f}")
+    for r in rows:
+        a, n = r["rlxc"], r["numpy"]
+        if "cpu_median_gflops" in a:
+            print(f"{r['threads']} thread, by thread CPU time (robust to other load): rlxc "
+                  f"{a['cpu_median_gflops']:.1f}  numpy {n['cpu_median_gflops']:.1f}  ratio "
+                  f"{a['cpu_median_gflops'] / n['cpu_median_gflops']:.3f}")
+    load = os.getloadavg()[0]
+    if load > 0.5:
+        print(f"note: 1-min load average {load:.1f} on {os.cpu_count()} cores while measuring "
+              "(other work running; wall times are noisy)")
 
 
 if __name__ == "__main__":

@@ -245,8 +245,11 @@ _GELU_C = float(np.sqrt(2 / np.pi))
 
 
 def _relu_grad(g, x, y):
+    # y > 0 exactly where x > 0 (NaN and -0 included); testing the output lets the
+    # forward's pre-activation die at the relu, so the lowering fuses bias + relu
+    # into the matmul that produces it instead of keeping x for the backward
     b = g.b
-    return b.select(x.gt(b.zeros_like(x)), g, b.zeros_like(g))
+    return b.select(y.gt(b.zeros_like(y)), g, b.zeros_like(g))
 
 
 def _gelu_grad(g, x, y):

@@ -48,6 +48,7 @@ class CompiledArtifact:
     errors: dict               # {code: [exception name, message]}
     cpu: str
     timings: dict = field(default_factory=dict)
+    parallel: bool = True      # some kernel may split over threads (else one thread always)
 
     @property
     def inputs(self) -> list:
@@ -63,7 +64,8 @@ class CompiledArtifact:
                 "workspace_symbol": self.workspace_symbol,
                 "workspace_size": self.workspace_size, "args": self.args,
                 "outputs": self.outputs,
-                "errors": {str(k): list(v) for k, v in self.errors.items()}, "cpu": self.cpu}
+                "errors": {str(k): list(v) for k, v in self.errors.items()}, "cpu": self.cpu,
+                "parallel": self.parallel}
 
 
 def default_threads() -> int:
@@ -149,9 +151,11 @@ def compile_cpu(func_module, name: str | None = None, cpu: str = "native", opt: 
     t0 = time.perf_counter()
     obj = emit_object(ref, cpu, opt)
     t["codegen"] = time.perf_counter() - t0
-    if any(isinstance(k, MatmulKernel) for k in prog.kernels):
+    variants = sorted({"plain" if k.epilogue is None else "cb" for k in prog.kernels
+                       if isinstance(k, MatmulKernel)})
+    if variants:  # the shared sgemm entry points it calls (sgemmlib.py)
         t0 = time.perf_counter()
-        obj = relocatable_link([obj, sgemm_object(cpu)])  # the shared sgemm (sgemmlib.py)
+        obj = relocatable_link([obj] + [sgemm_object(cpu, v) for v in variants])
         t["sgemm object + ld -r"] = time.perf_counter() - t0
     path = None
     if link:
@@ -165,4 +169,23 @@ def compile_cpu(func_module, name: str | None = None, cpu: str = "native", opt: 
     outs = [{"shape": list(s), "dtype": d} for s, d in prog.outputs]
     return CompiledArtifact(name, f"rlx_{name}", f"rlx_{name}_workspace_size",
                             prog.workspace_size, obj, path, args, outs,
-                            {int(k): list(v) for k, v in prog.errors.items()}, cpu, t)
+                            {int(k): list(v) for k, v in prog.errors.items()}, cpu, t,
+                            has_parallel_kernels(prog, cpu))
+
+
+def has_parallel_kernels(prog, cpu: str = "native") -> bool:
+    """Can any kernel of `prog` run on more than one thread?  (A loop nest marked
+    parallel with enough work, or an sgemm given workspace for a team.)  The runtime
+    does not tune the thread count of a program that never forks."""
+    from .loops import For, LoopKernel, MatmulKernel
+    from .schedule import PAR_MIN_WORK
+    from .sgemm import sgemm_workspace_floats
+
+    for k in prog.kernels:
+        if isinstance(k, LoopKernel) and k.body and isinstance(k.body[0], For) and \
+                k.body[0].parallel and k.work >= PAR_MIN_WORK:
+            return True
+        if isinstance(k, MatmulKernel) and \
+                k.scratch.numel > sgemm_workspace_floats(k.m, k.n, k.k, 1, cpu=cpu):
+            return True
+    return False

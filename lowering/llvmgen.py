@@ -23,11 +23,21 @@ accesses on the innermost loop and vectorizes it; accumulators are allocas that
 SROA turns into phis.  Accumulator updates of float sums/products carry the
 `reassoc` flag so the vectorizer may keep vector partial sums (the reduction
 order changes; see reduce.py for the blocked f64 accumulation that bounds the
-error); everything else is plain IEEE arithmetic.  Elementwise ops come from
+error); a sum of products also carries `contract` on the multiply and the add
+(one FMA per term, as in sgemm); everything else is plain IEEE arithmetic.  Elementwise ops come from
 llvmops.py (transcendentals from mathlib, no libm calls).  An sgemm epilogue is
 the same expression tree emitted on <VL x float> vectors inside sgemm's store
 hook; one sgemm function is emitted per distinct epilogue structure.  On
 AVX-512 targets every function gets "prefer-vector-width"="512".
+
+Streaming stores.  The innermost loop of a map that writes a large output
+row by row (For.stream, chosen by schedule.streamable) is not left to the
+vectorizer: it is emitted as scalar iterations up to the first 64-byte
+aligned element, then explicit <VL x float> iterations (leaves contiguous
+along the loop become vector loads, invariant ones a splat, ops the same
+width-generic llvmops rules) whose stores carry !nontemporal and align 64
+(MOVNTPS: no read-for-ownership of lines that are only written), then the
+scalar rest; the kernel ends with an sfence.
 """
 from __future__ import annotations
 
@@ -53,11 +63,13 @@ def c64(v: int):
 class _Body:
     """Emits statements and expressions of one kernel function."""
 
-    def __init__(self, fn: ir.Function, ptrs: dict):
+    def __init__(self, fn: ir.Function, ptrs: dict, lanes: int = 16):
         self.fn = fn
         self.ptrs = ptrs  # id(buffer) -> pointer value
         self.accs: dict = {}
         self.entry = fn.entry_basic_block
+        self.lanes = lanes      # vector width of streaming stores
+        self.streamed = False   # a streaming loop was emitted (the kernel ends in sfence)
 
     # -------------------------------------------------------- indices
     def index(self, b, a, vars_):
@@ -128,25 +140,105 @@ class _Body:
     # -------------------------------------------------------- statements
     def stmts(self, b, stmts, vars_, lohi=None):
         for s in stmts:
-            if isinstance(s, For):
+            if isinstance(s, For) and s.stream:
+                self.stream_loop(b, s, vars_, lohi if s.parallel else None)
+            elif isinstance(s, For):
                 self.loop(b, s, vars_, lohi if s.parallel else None)
             elif isinstance(s, AccDecl):
                 slot = self.accs[id(s.acc)]
                 b.store(self.expr(b, s.init, vars_, {}), slot)
             elif isinstance(s, Update):
                 slot = self.accs[id(s.acc)]
-                v = self.expr(b, s.value, vars_, {})
+                v, fl = self.acc_value(b, s.op, s.value, vars_)
                 old = b.load(slot)
-                b.store(combine(b, s.op, old, v, s.acc.dtype, flags=("reassoc",)), slot)
+                b.store(combine(b, s.op, old, v, s.acc.dtype, flags=fl), slot)
             elif isinstance(s, Store):
                 off = self.index(b, s.off, vars_)
-                v = self.expr(b, s.value, vars_, {})
                 if s.combine:
+                    v, fl = self.acc_value(b, s.combine, s.value, vars_)
                     v = combine(b, s.combine, self.load(b, s.buf, off), v, s.buf.dtype,
-                                flags=("reassoc",))
+                                flags=fl)
+                else:
+                    v = self.expr(b, s.value, vars_, {})
                 self.store(b, s.buf, off, v)
             else:
                 raise TypeError(s)
+
+    def acc_value(self, b, op, e, vars_):
+        """The value an accumulation `acc = op(acc, e)` adds, and the flags of that op.
+
+        A float sum of a product (a dot product: matrix-vector reductions, bias
+        gradients of a scaled input) is contracted: the multiply and the accumulating
+        add carry `contract`, so they become one FMA, rounded once (as sgemm's are)."""
+        if op == "add" and isinstance(e, Op) and e.op == "mul" and e.dtype in ("f32", "f64"):
+            memo: dict = {}
+            x, y = (self.expr(b, a, vars_, memo) for a in e.args)
+            return b.fmul(x, y, flags=["contract"]), ("reassoc", "contract")
+        return self.expr(b, e, vars_, {}), ("reassoc",)
+
+    # -------------------------------------------------------- streaming stores
+    def stream_loop(self, b, s: For, vars_, lohi=None):
+        """`for v in [start, stop): out[off(v)] = e(v)` (schedule.streamable) as: scalar
+        iterations up to the first 64-byte aligned element, then `<lanes x float>`
+        iterations storing with !nontemporal (MOVNTPS: the row goes to memory without
+        being read into the cache first), then the scalar rest."""
+        st = s.body[0]
+        v, lanes = s.var, self.lanes
+        if lohi is not None:
+            start, stop = lohi
+        else:
+            start, stop = self.index(b, s.start, vars_), self.index(b, s.stop, vars_)
+        first = dict(vars_)
+        first[v] = start
+        at = b.gep(self.ptrs[id(st.buf)], [self.index(b, st.off, first)], inbounds=True)
+        peel = b.lshr(b.and_(b.sub(c64(0), b.ptrtoint(at, I64)), c64(63)), c64(2))
+        n = b.sub(stop, start)
+        peel = b.select(b.icmp_signed("<", peel, n), peel, n)
+        vstart = b.add(start, peel)
+        vend = b.add(vstart, b.mul(b.sdiv(b.sub(n, peel), c64(lanes)), c64(lanes)))
+        self.loop(b, s, vars_, lohi=(start, vstart))
+        fn = self.fn
+        head = fn.append_basic_block(f"{v.name}.vhead")
+        body = fn.append_basic_block(f"{v.name}.vbody")
+        done = fn.append_basic_block(f"{v.name}.vdone")
+        pre = b.block
+        b.branch(head)
+        b.position_at_end(head)
+        iv = b.phi(I64, name=v.name + ".v")
+        iv.add_incoming(vstart, pre)
+        b.cbranch(b.icmp_signed("<", iv, vend), body, done)
+        b.position_at_end(body)
+        inner = dict(vars_)
+        inner[v] = iv
+        val = self.vexpr(b, st.value, inner, v, {})
+        p = b.gep(self.ptrs[id(st.buf)], [self.index(b, st.off, inner)], inbounds=True)
+        store = b.store(val, b.bitcast(p, val.type.as_pointer()), align=64)
+        store.set_metadata("nontemporal", b.module.add_metadata([ir.Constant(I32, 1)]))
+        iv.add_incoming(b.add(iv, c64(lanes), flags=["nsw"]), b.block)
+        b.branch(head)
+        b.position_at_end(done)
+        self.loop(b, s, vars_, lohi=(vend, stop))
+        self.streamed = True
+
+    def vexpr(self, b, e, vars_, v, memo):
+        """`e` on `lanes` consecutive values of loop variable `v` (starting at vars_[v])."""
+        r = memo.get(id(e))
+        if r is not None:
+            return r
+        lanes = self.lanes
+        if isinstance(e, Const):
+            r = const(vtype(e.dtype, lanes), e.value)
+        elif isinstance(e, Load) and ix.of(e.off).coeffs().get(v, 0) == 1:
+            p = b.gep(self.ptrs[id(e.buf)], [self.index(b, e.off, vars_)], inbounds=True)
+            r = b.load(b.bitcast(p, ir.VectorType(F32, lanes).as_pointer()), align=4)
+        elif isinstance(e, (Load, InRange)):  # invariant along v: one scalar, splatted
+            r = _splat(b, self.expr(b, e, vars_, {}), lanes)
+        elif isinstance(e, Op):
+            r = emit_op(b, e, [self.vexpr(b, a, vars_, v, memo) for a in e.args])
+        else:
+            raise TypeError(e)
+        memo[id(e)] = r
+        return r
 
     def loop(self, b, s: For, vars_, lohi=None, body_fn=None):
         """Emit `s`; `body_fn(builder, vars)` replaces s.body when given."""
@@ -174,6 +266,19 @@ class _Body:
         iv.add_incoming(b.add(iv, c64(1), flags=["nsw"]), b.block)
         b.branch(head)
         b.position_at_end(done)
+
+
+def _splat(b, x, lanes: int):
+    vt = ir.VectorType(x.type, lanes)
+    v = b.insert_element(ir.Constant(vt, ir.Undefined), x, ir.Constant(I32, 0))
+    return b.shuffle_vector(v, ir.Constant(vt, ir.Undefined),
+                            ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
+
+
+def _sfence(b):
+    fn = b.module.globals.get("llvm.x86.sse.sfence") or ir.Function(
+        b.module, ir.FunctionType(VOID, []), "llvm.x86.sse.sfence")
+    b.call(fn, [])
 
 
 def _avx512(cpu: str) -> bool:
@@ -219,12 +324,15 @@ class ModuleGen:
             else None
         fn = self._fn(k.name, VOID, [_ptr_type(x.dtype) for x in bufs] + ([I64, I64] if par
                                                                           else []))
-        body = _Body(fn, {id(x): a for x, a in zip(bufs, fn.args)})
+        body = _Body(fn, {id(x): a for x, a in zip(bufs, fn.args)},
+                     16 if _avx512(self.cpu) else 8)
         b = ir.IRBuilder(fn.entry_basic_block)
         for s in walk(k.body):  # accumulators live in entry-block allocas (SROA -> phis)
             if isinstance(s, AccDecl) and id(s.acc) not in body.accs:
                 body.accs[id(s.acc)] = b.alloca(vtype(s.acc.dtype), name=s.acc.name)
         body.stmts(b, k.body, {}, (fn.args[-2], fn.args[-1]) if par else None)
+        if body.streamed:  # order the weakly ordered non-temporal stores before returning
+            _sfence(b)
         b.ret_void()
         return fn, bufs, par
 

@@ -15,7 +15,9 @@
 A buffer is a flat typed array; every access is `buf[Affine]` (indexing.py),
 so broadcasts, transposes, slices and reshapes are index maps, not copies.
 Statements: `For` (i64 induction over [start, stop), optionally the kernel's
-one parallel loop, which must be its first statement), `Acc` (declare a scalar
+one parallel loop, which must be its first statement, or a `stream` loop: the
+innermost loop of a map writing a large output, emitted as aligned vector
+non-temporal stores, see llvmgen.py), `Acc` (declare a scalar
 accumulator), `Update` (acc = acc <op> value), `Store` (buf[off] = value, or
 `buf[off] = buf[off] <op> value`).  Expressions are trees of `Const`,
 `Load`, `Op` (an rlx elementwise op name, or one of the helper ops listed in
@@ -134,6 +136,7 @@ class For:
     stop: ix.Affine
     body: list
     parallel: bool = False
+    stream: bool = False  # innermost loop of a large output map: vector non-temporal stores
 
 
 @dataclass(eq=False)
@@ -339,7 +342,8 @@ def _fmt_stmts(stmts, depth, lines):
     for s in stmts:
         if isinstance(s, For):
             kw = "parallel for" if s.parallel else "for"
-            lines.append(f"{pad}{kw} {s.var} in [{s.start}, {s.stop}):")
+            tail = "  // streaming stores" if s.stream else ""
+            lines.append(f"{pad}{kw} {s.var} in [{s.start}, {s.stop}):{tail}")
             _fmt_stmts(s.body, depth + 1, lines)
         elif isinstance(s, AccDecl):
             lines.append(f"{pad}{s.acc.name}: {s.acc.dtype} = {format_expr(s.init)}")

@@ -23,6 +23,7 @@ from rlxc.dialect.types import dtype_of, numel, shape_of
 from . import indexing as ix
 from .fusion import Gen, is_splat_const, unsupported_dtype
 from .loops import Buffer, Const, EpiValue, Load, MatmulKernel, MatOperand, Op
+from .schedule import SGEMM_PAR_MIN
 
 
 def _idx(vars_):
@@ -88,8 +89,10 @@ def matmul_kernel(bl, c, op, out, what, epilogue_root=None) -> bool:
             return False
     if numel(cs) == 0:
         return True
+    # the workspace caps sgemm's team: small products get one thread's worth
+    threads = bl.sgemm_threads if M * N * max(K, 1) >= SGEMM_PAR_MIN else 1
     scratch = bl._buf(f"ws{len(bl.buffers)}", "temp", "f32",
-                      sgemm_workspace_floats(M, N, K, bl.sgemm_threads, cpu=bl.cpu))
+                      sgemm_workspace_floats(M, N, K, threads, cpu=bl.cpu))
     k = MatmulKernel(bl._kname("matmul"), what, [v for v in bvars], M, N, K,
                      operand(a, iv, kv), operand(b, kv, jv), out, scratch, epi, iv, jv,
                      work=numel(cs) * max(K, 1))

@@ -33,7 +33,8 @@ Thread count.  Every module that uses this file gets a global
 ``i32 rlxc_num_threads`` (0 = all cores, i.e. libgomp's default team size,
 which honours OMP_NUM_THREADS) and exported ``void rlxc_set_num_threads(i32)``
 / ``i32 rlxc_get_num_threads()``; they are ``weak`` so several objects can be
-linked into one library.  The runtime calls ``rlxc_set_num_threads`` with
+linked into one library, and target.py gives the global hidden visibility so
+two libraries in one process never share it.  Negative values store 0.  The runtime calls ``rlxc_set_num_threads`` with
 RLXC_NUM_THREADS.  Small problems never wake threads: the caller passes an
 estimate of the work (any i64 unit, e.g. multiply-adds) and a threshold, and
 the loop runs inline when the work is below it.  The team is also capped by

@@ -12,6 +12,9 @@
     buffer   [parallel] for o: out[o, :] = id                    (kept dims after the last
                                 for r: for q: out[o, q] op= expr   reduced dim: the inner
                                 (mean) out[o, :] /= n               loop stays contiguous)
+             one long kept-inner dim q is cut into QBLOCK-column blocks, the block loop
+             outermost (parallel when nothing else is):  for o, qb: out[o, qb] = id;
+                                for r: for q in qb: out[o, q] op= expr   (a register block)
 
 `op` is add (sum, mean), mul (prod), max, min (NaN-propagating, llvm.maximum),
 or/and for i1.  Float adds and multiplies in the innermost loop carry
@@ -32,6 +35,7 @@ from .schedule import (BLOCK, CHUNK, MAX_CHUNKS, PAR_MIN_WORK, SPLIT_MIN, collap
                        identity, nest)
 
 COMBINE = {"sum": "add", "mean": "add", "prod": "mul", "max": "max", "min": "min"}
+QBLOCK = 128  # output columns a buffer-mode reduction keeps in registers (8 AVX-512 vectors)
 BOOL_COMBINE = {"add": "or", "mul": "and", "max": "or", "min": "and"}
 
 
@@ -146,12 +150,14 @@ def build_reduction(b, v, op, what):
     adt = "f64" if cx.wide or cx.f64 else dt
 
     if inner:  # buffer mode: accumulate in the output
+        inest, blk = _column_blocks(inner)
         fin = []
         if kind == "mean" and dt != "i1":
-            fin = nest(inner, [Store(out, off, _finalize(kind, Load(out, off), dt, nred))])
-        body = (nest(inner, [Store(out, off, identity(combine, dt))]) +
-                nest(red, nest(inner, [Store(out, off, expr, combine)])) + fin)
-        b._add(LoopKernel(b._kname("reduce"), what, nest(outer, body, par), work, [out]), gen)
+            fin = inest([Store(out, off, _finalize(kind, Load(out, off), dt, nred))])
+        body = (inest([Store(out, off, identity(combine, dt))]) +
+                nest(red, inest([Store(out, off, expr, combine)])) + fin)
+        b._add(LoopKernel(b._kname("reduce"), what, nest(outer + blk, body, par), work, [out]),
+               gen)
         return
 
     if not outer and red and nred >= SPLIT_MIN and red[0].extent >= 2:
@@ -161,6 +167,26 @@ def build_reduction(b, v, op, what):
     body = [AccDecl(top, identity(combine, adt))] + cx.loops(top) + \
         [Store(out, off, _finalize(kind, AccRef(top), dt, nred))]
     b._add(LoopKernel(b._kname("reduce"), what, nest(outer, body, par), work, [out]), gen)
+
+
+def _column_blocks(inner):
+    """(nest function for the kept-inner loops, extra outer loop vars) of buffer mode.
+
+    One long kept-inner dim q (a matrix-vector product x @ W, a bias gradient) is
+    cut into blocks of QBLOCK columns with the block loop outside the reduction:
+    `for qb: for r...: for q in block: out[q] op= e`.  The block of `out` stays
+    in vector registers across the whole reduction instead of being loaded and
+    stored once per reduced element, and the block loop can run in parallel when
+    no other kept dim is outside."""
+    q = inner[0] if len(inner) == 1 else None
+    if q is None or q.extent < 2 * QBLOCK:
+        return (lambda stmts: nest(inner, stmts)), []
+    size = next((c for c in (QBLOCK, QBLOCK // 2) if q.extent % c == 0), QBLOCK)
+    qb = ix.Var(f"{q.name}_blk", -(-q.extent // size))
+    lo = ix.scale(ix.var(qb), size)
+    hi = ix.add(lo, size) if q.extent % size == 0 else ix.minimum(ix.add(lo, size),
+                                                                    ix.const(q.extent))
+    return (lambda stmts: [For(q, lo, hi, stmts)]), [qb]
 
 
 def _split(b, cx, out, off, what, work, gen, adt):

@@ -37,8 +37,18 @@ from .fusion import ELEMENTWISE_FAMILIES, Gen, Plan, const_bytes, is_splat_const
 from .loops import (Buffer, CheckKernel, Const, For, InRange, Load, LoopKernel, Op, Program,
                     Store, walk_expr)
 
-PAR_MIN_WORK = 1 << 17   # cost units (~1 vector op per element, ~0.1 ns) below which a
-                         # loop nest is not split over threads (a wake-up costs ~5-20 us)
+PAR_MIN_WORK = 1 << 19   # cost units (~1 vector op per element, ~0.1 ns) below which a
+                         # loop nest is not split over threads: ~50 us of one thread's
+                         # work.  A fork/join costs ~5 us when the team is spinning, but
+                         # 50 us to whole scheduler slices when the cores are shared
+                         # with other processes (measured on a loaded 2-core VM), so
+                         # only loops that gain far more than that are split.
+SGEMM_PAR_MIN = 1 << 22  # multiply-adds per sgemm call below which it runs on one thread
+                         # (its workspace is sized for one; ~30 us of work at 1 thread)
+STREAM_MIN_BYTES = 1 << 24  # f32 outputs at least this large that a map writes row by row
+                         # go out with non-temporal stores (measured: 343 MB in 15 ms
+                         # instead of 40-58 ms on one core); smaller ones stay in cache
+STREAM_MIN_ROW = 64      # ... when the contiguous innermost loop has at least this many
 BLOCK = 4096             # f32 partial-sum block of float sums/products
 SPLIT_MIN = 1 << 16      # full reductions with at least this many elements run in chunks
 CHUNK = 16384            # target elements per chunk of a split reduction
@@ -113,6 +123,43 @@ def collapse(vars_, exprs, affs, labels=None):
                 exprs, affs = ne, na
         i -= 1
     return vars_, exprs, affs
+
+
+def _coeff(a, v) -> int:
+    return ix.of(a).coeffs().get(v, 0)
+
+
+def _linear_in(a, v) -> bool:
+    """`a` depends on `v` only through a plain `k * v` term (no div/mod/clamp/indirection)."""
+    return all(isinstance(atom, ix.Var) or v not in ix.variables(ix.of(atom))
+               for atom, _ in ix.of(a).terms)
+
+
+def streamable(out, live, expr, off) -> bool:
+    """Can the innermost loop of this map store `out` with vector non-temporal stores?
+
+    It must write a large f32 output contiguously (offset coefficient 1) over at least
+    STREAM_MIN_ROW iterations, and every leaf must be a plain load that is either
+    contiguous f32 along that loop (coefficient 1) or invariant in it."""
+    if out.kind != "output" or out.dtype != "f32" or out.nbytes < STREAM_MIN_BYTES or not live:
+        return False
+    v = live[-1]
+    if v.extent < STREAM_MIN_ROW or _coeff(off, v) != 1 or not _linear_in(off, v):
+        return False
+    for x in walk_expr(expr):
+        if isinstance(x, Load):
+            c = _coeff(x.off, v)
+            if not _linear_in(x.off, v) or c not in (0, 1) or (c == 1 and x.buf.dtype != "f32"):
+                return False
+        elif isinstance(x, InRange):
+            if v in ix.variables(ix.of(x.idx)):
+                return False
+        elif isinstance(x, Op):
+            if x.op in ("fake_quant",):
+                return False
+        elif not isinstance(x, Const):
+            return False
+    return True
 
 
 def nest(vars_, body, parallel=False):
@@ -219,6 +266,11 @@ class Builder:
         work = numel(shape) * (1 + cost(expr))
         body = nest(live, [Store(out, off, expr, combine)],
                     parallel=parallel_ok and work >= PAR_MIN_WORK)
+        if combine is None and streamable(out, live, expr, off):
+            inner = body[0]
+            while inner.body and isinstance(inner.body[0], For):
+                inner = inner.body[0]
+            inner.stream = True
         self._add(LoopKernel(self._kname(tag), what, body, work, [out]), gen)
 
     def build(self) -> Program:
@@ -331,7 +383,9 @@ class Builder:
 
 
 def build_program(module, name: str, sgemm_threads: int = 1, cpu: str = "native") -> Program:
-    return Builder(module, name, sgemm_threads, cpu).build()
+    from .smallmm import rewrite_small_matmuls
+
+    return Builder(rewrite_small_matmuls(module), name, sgemm_threads, cpu).build()
 
 
 __all__ = ["build_program", "Builder", "collapse", "nest", "identity", "cost", "map_expr"]

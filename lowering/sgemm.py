@@ -5,13 +5,18 @@
       ▼
     NAME          picks the workspace, splits C over an OpenMP team (parallel.py):
                   by rows when M has at least as many MR-blocks as N has
-                  NR-blocks (the team shares packed B), else by columns
-     └ NAME.seq   GotoBLAS/BLIS loop nest on one thread's C rows/columns:
+                  NR-blocks, else by columns
+     └ NAME.seq   one thread's C rows/columns:
+         M <= MR, unit-stride B → NAME.skinnyM (M × W tiles over all of K, B read
+                                  in place) or, for M == 1, NAME.gemv (streams
+                                  gemv_rows rows of B at a time into C's row)
+         otherwise the GotoBLAS/BLIS loop nest:
          for jc in N by NC:                         (B block: L3)
            for pc in K by KC:                       (at least once, so K=0 works)
              pack_b  B[pc:pc+kc, jc:jc+nc] → Bp   KC×NR micro-panels, zero padded
-                     (row split: each thread packs 1/nt of the panels into a
-                      shared, double-buffered Bp; one team barrier per block)
+                     (row split with share_b: each thread packs 1/nt of the
+                      panels into a shared, double-buffered Bp; one team
+                      barrier per block; without: each thread packs all)
              for ic in M by MC:                     (A block: L2)
                pack_a  A[ic:ic+mc, pc:pc+kc] → Ap MR×KC micro-panels, zero padded
                for jr in nc by NR:                  (B micro-panel: L1)
@@ -35,12 +40,14 @@ workspace (``sgemm_workspace_floats`` says how many floats: one A part and
 one B part per thread), so the hot path never allocates.  The thread count
 is capped by how many slices fit; with a NULL or too small workspace the
 kernel mallocs one slice and runs on one thread (a slow path, not meant for
-the runtime).  The row split uses the B parts of slots 0 and 1 as its
-shared double buffer.
+the runtime).  The row split with share_b uses the B parts of slots 0 and 1
+as its shared double buffer.
 
-Edges: packing pads partial micro-panels with zeros, so the microkernel
-always computes a full MR×NR tile; edge tiles store only rows < m_rem with
-masked vector loads/stores for columns < n_rem.
+Edges: packing pads partial micro-panels with zeros.  The last column
+panel runs the narrowest microkernel variant that covers it (MR × 16, 32,
+48 or 64 on AVX-512), so N = 80 or N = 10 does not pay for 128 or 64
+columns; edge tiles store only rows < m_rem with masked vector loads/stores
+for columns < n_rem.  Row edges (m_rem < MR) compute the full MR rows.
 
 Epilogue hook (fused bias/activation): ``epilogue(builder, row, col, vec,
 lanes, mask, args) -> vec`` is called while emitting the final store of each
@@ -99,6 +106,27 @@ class SgemmConfig:
     prefetch_b: int = 0   # prefetch distance in k steps for packed B (0 = off)
     prefetch_c: bool = True
     min_work: int = 1 << 18  # M*N*K below this runs on one thread
+    # Row split: True = the team packs each B block once into a shared buffer
+    # (one barrier per K block); False = every thread packs all of B itself.
+    # Sharing saves a few percent on an idle machine, but on a busy one a
+    # descheduled thread stalls the whole team at every barrier.
+    share_b: bool = False
+    skinny: bool = True       # M <= mr with unit-stride B: unpacked skinny kernels
+    skinny_prefetch: int = 8  # B rows ahead prefetched by the skinny kernels (0 = off)
+    gemv_rows: int = 8        # M == 1: B rows streamed together (0 = use the skinny tile)
+
+    def __post_init__(self):
+        bad = []
+        if self.nr % self.vl:
+            bad.append(f"nr={self.nr} is not a multiple of vl={self.vl}")
+        if self.mc % self.mr:
+            bad.append(f"mc={self.mc} is not a multiple of mr={self.mr}")
+        if self.nc % self.nr:
+            bad.append(f"nc={self.nc} is not a multiple of nr={self.nr}")
+        if min(self.mr, self.kc, self.unroll) < 1:
+            bad.append("mr, kc and unroll must be >= 1")
+        if bad:
+            raise ValueError("SgemmConfig: " + "; ".join(bad))
 
     @property
     def nv(self) -> int:
@@ -178,6 +206,11 @@ def _smax(b, x, y):
 
 def _gep(b, p, i):
     return b.gep(p, [i], inbounds=True)
+
+
+def _gep_any(b, p, i):
+    """GEP without inbounds: prefetch addresses may point past the operand."""
+    return b.gep(p, [i])
 
 
 def _for(b: ir.IRBuilder, lo, hi, step: int | ir.Value, body, name="i"):
@@ -414,9 +447,15 @@ def _emit_pack_b(module, name, cfg: SgemmConfig) -> ir.Function:
 # --------------------------------------------------------------------------
 # microkernel
 
-def _emit_micro(module, name, cfg: SgemmConfig, epilogue, epi_types) -> ir.Function:
-    """micro(kc, Ap, Bp, C, ldc, m_rem, n_rem, beta i1, last i1, row0, col0, epi...)"""
-    MR, NR, VL, NV, U = cfg.mr, cfg.nr, cfg.vl, cfg.nv, cfg.unroll
+def _emit_micro(module, name, cfg: SgemmConfig, epilogue, epi_types, nv: int | None = None
+                ) -> ir.Function:
+    """micro(kc, Ap, Bp, C, ldc, m_rem, n_rem, beta i1, last i1, row0, col0, epi...)
+
+    Computes an MR × (nv*VL) tile (nv <= NR/VL vectors; the packed B panel
+    keeps its NR stride), for n_rem <= nv*VL: the narrower variants serve the
+    last column panel when N is not a multiple of NR."""
+    MR, NR, VL, U = cfg.mr, cfg.nr, cfg.vl, cfg.unroll
+    NV = nv or cfg.nv
     vt = ir.VectorType(F32, VL)
     fty = ir.FunctionType(VOID, [I64, F32P, F32P, F32P, I64, I64, I64, I1, I1, I64, I64,
                                  *epi_types])
@@ -436,9 +475,8 @@ def _emit_micro(module, name, cfg: SgemmConfig, epilogue, epi_types) -> ir.Funct
         for r in range(MR):
             rr = b.select(b.icmp_signed("<", _c64(r), m_rem), _c64(r), _c64(0))
             crow = _gep(b, C, b.mul(rr, ldc))
-            _prefetch(b, crow, 1)
-            if NR > 16:
-                _prefetch(b, _gep(b, crow, _c64(NR - 1)), 1)
+            for off in range(0, NV * VL, 16):  # one prefetch per 64-byte line
+                _prefetch(b, _gep_any(b, crow, _c64(off)), 1)
 
     def step(b, pa, pb, acc, k_off):
         """One rank-1 update at k = k_off (relative to pa/pb)."""
@@ -470,9 +508,9 @@ def _emit_micro(module, name, cfg: SgemmConfig, epilogue, epi_types) -> ir.Funct
         b.position_at_end(body)
         cur = acc
         if cfg.prefetch_a:
-            _prefetch(b, _gep(b, pa, _c64(cfg.prefetch_a * MR)), 0)
+            _prefetch(b, _gep_any(b, pa, _c64(cfg.prefetch_a * MR)), 0)
         if cfg.prefetch_b:
-            _prefetch(b, _gep(b, pb, _c64(cfg.prefetch_b * NR)), 0)
+            _prefetch(b, _gep_any(b, pb, _c64(cfg.prefetch_b * NR)), 0)
         for u in range(per_iter):
             cur = step(b, pa, pb, cur, u)
         latch = b.block
@@ -536,7 +574,8 @@ def _emit_micro(module, name, cfg: SgemmConfig, epilogue, epi_types) -> ir.Funct
                         with o2:
                             store_tile(b, masked, False, False)
 
-    full = b.and_(b.icmp_signed("==", m_rem, _c64(MR)), b.icmp_signed("==", n_rem, _c64(NR)))
+    full = b.and_(b.icmp_signed("==", m_rem, _c64(MR)),
+                  b.icmp_signed("==", n_rem, _c64(NV * VL)))
     with b.if_else(full, likely=True) as (t, o):
         with t:
             store_variants(b, False)
@@ -547,9 +586,158 @@ def _emit_micro(module, name, cfg: SgemmConfig, epilogue, epi_types) -> ir.Funct
 
 
 # --------------------------------------------------------------------------
+# skinny kernel: M <= MR with unit-stride B rows (batch-1 inference, GEMV)
+
+def _skinny_width(cfg: SgemmConfig, mr: int) -> int:
+    """Vectors per row of the skinny tile: as wide as the accumulator budget allows."""
+    budget, widest = (24, 8) if cfg.vl >= 16 else (12, 4)
+    return max(1, min(widest, budget // mr))
+
+
+def _emit_gemv_rows(module, name, cfg: SgemmConfig, epilogue, epi_types) -> ir.Function:
+    """skinny for one row (GEMV, c = a @ B): stream B row by row.
+
+    With a single row there is no reuse to win in registers, only bandwidth:
+    B is read as ``gemv_rows`` contiguous rows at a time and the row of C
+    (in L1/L2) accumulates them, c[j] += a[k]*B[k,j] + a[k+1]*B[k+1,j] + ...,
+    so the hardware streamers see long sequential runs.  C is zeroed first
+    unless accumulating, and the epilogue runs in a last pass over C."""
+    VL, KB = cfg.vl, cfg.gemv_rows
+    vt = ir.VectorType(F32, VL)
+    fty = ir.FunctionType(VOID, [I64, I64, F32P, I64, I64, F32P, I64, F32P, I64, I1, I64, I64,
+                                 *epi_types])
+    fn = ir.Function(module, fty, name)
+    fn.linkage = "internal"
+    fn.attributes.add("noinline")
+    _set_noalias(fn, [2, 5, 7])
+    N, K, A, rsa, csa, B, rsb, C, ldc, beta, row0, col0 = fn.args[:12]
+    epi_args = list(fn.args[12:])
+    fma = _intrinsic(module, f"llvm.fma.v{VL}f32", vt, [vt, vt, vt])
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    n_full = b.mul(b.sdiv(N, _c64(VL)), _c64(VL))
+    tail = b.icmp_signed("<", n_full, N)
+
+    def over_row(b, per_vec):
+        """per_vec(b, j, mask) for every VL-vector of the row (masked tail)."""
+        _for(b, _c64(0), n_full, VL, lambda b, j: per_vec(b, j, None), "gv.j")
+        with b.if_then(tail):
+            per_vec(b, n_full, _lane_mask(b, 0, b.sub(N, n_full), VL))
+
+    with b.if_then(b.not_(beta)):
+        over_row(b, lambda b, j, m: _masked_store(b, ir.Constant(vt, None), _gep(b, C, j), m))
+
+    def rows(b, k0, nrows):
+        brows = [_gep(b, B, b.mul(b.add(k0, _c64(i)), rsb)) for i in range(nrows)]
+        avs = [_splat(b, b.load(_gep(b, A, b.mul(b.add(k0, _c64(i)), csa))), VL)
+               for i in range(nrows)]
+
+        def vec(b, j, m):
+            p = _gep(b, C, j)
+            c = masked_load(b, p, VL, m)
+            for i in range(nrows):
+                c = b.call(fma, [avs[i], masked_load(b, _gep(b, brows[i], j), VL, m), c])
+            _masked_store(b, c, p, m)
+        over_row(b, vec)
+
+    k_full = b.mul(b.sdiv(K, _c64(KB)), _c64(KB))
+    _for(b, _c64(0), k_full, KB, lambda b, k0: rows(b, k0, KB), "gv.k")
+    _for(b, k_full, K, 1, lambda b, k0: rows(b, k0, 1), "gv.kr")
+    if epilogue is not None:
+        def epi(b, j, m):
+            p = _gep(b, C, j)
+            x = epilogue(b, row0, b.add(col0, j), masked_load(b, p, VL, m), VL, m, epi_args)
+            _masked_store(b, x, p, m)
+        over_row(b, epi)
+    b.ret_void()
+    return fn
+
+
+def _emit_skinny(module, name, cfg: SgemmConfig, mr: int, epilogue, epi_types) -> ir.Function:
+    """skinny(N, K, A, rsa, csa, B, rsb, C, ldc, beta i1, row0, col0, epi...)
+
+    C[0:mr, 0:N] (=|+=) A[0:mr, :] @ B with B rows read in place (csb == 1),
+    nothing packed: with so few rows every element of B is used mr times
+    only, so packing B would cost as much as the product and the problem is
+    bound by streaming B.  Tiles of mr × W (W = skinny width) accumulate over
+    all of K in registers; A elements are broadcast straight from A's
+    strides; B rows W ahead are prefetched (each row of the tile sits on a
+    different page, which the hardware streamers do not follow); the last
+    partial tile uses masked loads and stores."""
+    VL = cfg.vl
+    NV = _skinny_width(cfg, mr)
+    W = NV * VL
+    vt = ir.VectorType(F32, VL)
+    fty = ir.FunctionType(VOID, [I64, I64, F32P, I64, I64, F32P, I64, F32P, I64, I1, I64, I64,
+                                 *epi_types])
+    fn = ir.Function(module, fty, name)
+    fn.linkage = "internal"
+    fn.attributes.add("noinline")
+    _set_noalias(fn, [2, 5, 7])
+    N, K, A, rsa, csa, B, rsb, C, ldc, beta, row0, col0 = fn.args[:12]
+    epi_args = list(fn.args[12:])
+    fma = _intrinsic(module, f"llvm.fma.v{VL}f32", vt, [vt, vt, vt])
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    arows = [_gep(b, A, b.mul(_c64(r), rsa)) for r in range(mr)]
+
+    def tile(b, j0, masks):
+        b0 = _gep(b, B, j0)
+        pre = b.block
+        head = fn.append_basic_block("sk.head")
+        body = fn.append_basic_block("sk.body")
+        done = fn.append_basic_block("sk.done")
+        b.branch(head)
+        b.position_at_end(head)
+        k = b.phi(I64, name="k")
+        brow = b.phi(F32P, name="brow")
+        acc = [[b.phi(vt) for _ in range(NV)] for _ in range(mr)]
+        k.add_incoming(_c64(0), pre)
+        brow.add_incoming(b0, pre)
+        for r in range(mr):
+            for v in range(NV):
+                acc[r][v].add_incoming(ir.Constant(vt, None), pre)
+        b.cbranch(b.icmp_signed("<", k, K), body, done)
+        b.position_at_end(body)
+        if masks is None and cfg.skinny_prefetch:
+            ahead = _gep_any(b, brow, b.mul(rsb, _c64(cfg.skinny_prefetch)))
+            for off in range(0, W, 16):
+                _prefetch(b, _gep_any(b, ahead, _c64(off)), 0)
+        bv = [masked_load(b, _gep(b, brow, _c64(v * VL)), VL, None if masks is None else masks[v])
+              for v in range(NV)]
+        kcs = b.mul(k, csa)
+        for r in range(mr):
+            a = _splat(b, b.load(_gep(b, arows[r], kcs)), VL)
+            for v in range(NV):
+                acc[r][v].add_incoming(b.call(fma, [a, bv[v], acc[r][v]]), body)
+        k.add_incoming(b.add(k, _c64(1)), body)
+        brow.add_incoming(_gep(b, brow, rsb), body)
+        b.branch(head)
+        b.position_at_end(done)
+        for r in range(mr):
+            crow = _gep(b, C, b.add(b.mul(_c64(r), ldc), j0))
+            for v in range(NV):
+                m = None if masks is None else masks[v]
+                p = _gep(b, crow, _c64(v * VL))
+                x = acc[r][v]
+                x = b.select(beta, b.fadd(x, masked_load(b, p, VL, m)), x)
+                if epilogue is not None:
+                    x = epilogue(b, b.add(row0, _c64(r)), b.add(col0, b.add(j0, _c64(v * VL))),
+                                 x, VL, m, epi_args)
+                _masked_store(b, x, p, m)
+
+    n_full = b.mul(b.sdiv(N, _c64(W)), _c64(W))
+    _for(b, _c64(0), n_full, W, lambda b, j0: tile(b, j0, None), "skj")
+    with b.if_then(b.icmp_signed("<", n_full, N)):
+        n_rem = b.sub(N, n_full)
+        tile(b, n_full, [_lane_mask(b, v * VL, n_rem, VL) for v in range(NV)])
+    b.ret_void()
+    return fn
+
+
+# --------------------------------------------------------------------------
 # macro kernel + sequential driver
 
-def _emit_seq(module, name, cfg: SgemmConfig, micro, pack_a, pack_b, epi_types) -> ir.Function:
+def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
+              skinnies=()) -> ir.Function:
     """seq(M, N, K, A, rsa, csa, B, rsb, csb, C, ldc, beta i1, Ap, Bp0, Bp1, row0, col0,
     tid i32, nt i32, coop i1, epi...).
 
@@ -560,7 +748,7 @@ def _emit_seq(module, name, cfg: SgemmConfig, micro, pack_a, pack_b, epi_types) 
     the block visible.  The buffer alternates between Bp0 and Bp1 so one
     barrier per block suffices: a thread that packs block p+1 has passed
     barrier p, so nobody still reads the buffer of block p-1 it overwrites."""
-    MR, NR, KC, MC, NC = cfg.mr, cfg.nr, cfg.kc, cfg.mc, cfg.nc
+    MR, NR, KC, MC, NC, VL = cfg.mr, cfg.nr, cfg.kc, cfg.mc, cfg.nc, cfg.vl
     fty = ir.FunctionType(VOID, [I64, I64, I64, F32P, I64, I64, F32P, I64, I64, F32P, I64,
                                  I1, F32P, F32P, F32P, I64, I64, I32, I32, I1, *epi_types])
     fn = ir.Function(module, fty, name)
@@ -570,12 +758,48 @@ def _emit_seq(module, name, cfg: SgemmConfig, micro, pack_a, pack_b, epi_types) 
      coop) = fn.args[:20]
     epi_args = list(fn.args[20:])
     b = ir.IRBuilder(fn.append_basic_block("entry"))
+    if skinnies:
+        # at most MR rows and unit-stride B rows: the unpacked skinny kernels
+        use = b.and_(b.and_(b.icmp_signed("<=", M, _c64(len(skinnies))),
+                            b.icmp_signed(">=", M, _c64(1))),
+                     b.and_(b.icmp_signed("==", csb, _c64(1)), b.not_(coop)))
+        with b.if_then(use, likely=False):
+            rest = fn.append_basic_block("skinny.done")
+            sw = b.switch(M, rest)
+            for i, sk in enumerate(skinnies):
+                blk = fn.append_basic_block(f"skinny{i + 1}")
+                sw.add_case(ir.Constant(I64, i + 1), blk)
+                b.position_at_end(blk)
+                b.call(sk, [N, K, A, rsa, csa, B, rsb, C, ldc, acc, row0, col0, *epi_args])
+                b.ret_void()
+            b.position_at_end(rest)
+            b.unreachable()
     k_end = _smax(b, K, _c64(1))  # K = 0 still runs one (empty) K block
     n_kblocks = b.sdiv(b.add(k_end, _c64(KC - 1)), _c64(KC))
     tid64, nt64 = b.sext(tid, I64), b.sext(nt, I64)
     # my share of the panels when cooperating: [share_lo, share_hi) of np panels
     share_lo_num = b.select(coop, tid64, _c64(0))
     share_den = b.select(coop, nt64, _c64(1))
+
+    def _dispatch(b, n_rem, margs):
+        if len(micros) == 1:
+            b.call(micros[0], margs)
+            return
+        # last column panel: the narrowest tile covering n_rem
+        nvu = b.sdiv(b.add(n_rem, _c64(VL - 1)), _c64(VL))
+        done = fn.append_basic_block("micro.done")
+        dflt = fn.append_basic_block("micro.full")
+        sw = b.switch(nvu, dflt)
+        for i, mk in enumerate(micros[:-1]):
+            blk = fn.append_basic_block(f"micro.nv{i + 1}")
+            sw.add_case(ir.Constant(I64, i + 1), blk)
+            b.position_at_end(blk)
+            b.call(mk, margs)
+            b.branch(done)
+        b.position_at_end(dflt)
+        b.call(micros[-1], margs)
+        b.branch(done)
+        b.position_at_end(done)
 
     def jc_body(b, jc):
         nc = _smin(b, _c64(NC), b.sub(N, jc))
@@ -611,9 +835,10 @@ def _emit_seq(module, name, cfg: SgemmConfig, micro, pack_a, pack_b, epi_types) 
                         m_rem = _smin(b, _c64(MR), b.sub(mc, i_r))
                         ap = _gep(b, Ap, b.mul(i_r, kc))
                         cp = _gep(b, cblk, b.add(b.mul(i_r, ldc), jr))
-                        b.call(micro, [kc, ap, bp, cp, ldc, m_rem, n_rem, beta, last,
-                                       b.add(row0, b.add(ic, i_r)),
-                                       b.add(col0, b.add(jc, jr)), *epi_args])
+                        margs = [kc, ap, bp, cp, ldc, m_rem, n_rem, beta, last,
+                                 b.add(row0, b.add(ic, i_r)), b.add(col0, b.add(jc, jr)),
+                                 *epi_args]
+                        _dispatch(b, n_rem, margs)
                     _for(b, _c64(0), mc, MR, ir_body, "ir")
                 _for(b, _c64(0), nc, NR, jr_body, "jr")
             _for(b, _c64(0), M, MC, ic_body, "ic")
@@ -657,8 +882,15 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
     epi_types = list(epilogue_arg_types)
     pack_a = _emit_pack_a(module, name + ".pack_a", cfg)
     pack_b = _emit_pack_b(module, name + ".pack_b", cfg)
-    micro = _emit_micro(module, name + ".micro", cfg, epilogue, epi_types)
-    seq = _emit_seq(module, name + ".seq", cfg, micro, pack_a, pack_b, epi_types)
+    micros = [_emit_micro(module, f"{name}.micro{nv}", cfg, epilogue, epi_types, nv)
+              for nv in range(1, cfg.nv + 1)]
+    skinnies = []
+    if cfg.skinny:
+        skinnies = [_emit_gemv_rows(module, f"{name}.gemv", cfg, epilogue, epi_types)
+                    if mr == 1 and cfg.gemv_rows else
+                    _emit_skinny(module, f"{name}.skinny{mr}", cfg, mr, epilogue, epi_types)
+                    for mr in range(1, cfg.mr + 1)]
+    seq = _emit_seq(module, name + ".seq", cfg, micros, pack_a, pack_b, epi_types, skinnies)
 
     fn = ir.Function(module, sgemm_signature(epi_types), name)
     _set_noalias(fn, [3, 6, 9])
@@ -727,7 +959,7 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
             M_ = args[0]
             m0 = _smin(b, b.mul(lo, _c64(cfg.mr)), M_)
             m1 = _smin(b, b.mul(hi, _c64(cfg.mr)), M_)
-            run(b, m0, m1, _c64(0), args[1], tid, nt, True, args)
+            run(b, m0, m1, _c64(0), args[1], tid, nt, cfg.share_b, args)
 
         def body_n(b, lo, hi, tid, nt, args):
             N_ = args[1]

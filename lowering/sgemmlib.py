@@ -1,11 +1,12 @@
 """The shared sgemm object: compiled once per CPU, cached, linked into every module.
 
-    sgemm.emit_sgemm x 2  ->  rlxc_sgemm_plain_TAG  (C = A@B)
-                              rlxc_sgemm_cb_TAG     (C = epi(A@B), epi a callback)
-          │ O3 + codegen once per (cpu, sgemm config, sources)   ~0.3-1 s
+    sgemm.emit_sgemm, one object per variant:
+        "plain"  rlxc_sgemm_plain_TAG  (C = A@B)                          ~0.35 s
+        "cb"     rlxc_sgemm_cb_TAG     (C = epi(A@B), epi a callback)     ~0.55 s
+          │ O3 + codegen once per (cpu, sgemm config, sources, variant)
           ▼
-    sgemm object bytes: memory cache, then $RLXC_CACHE_DIR/objects/sgemm-KEY.o
-          │ relocatable_link([module object, sgemm object])   (cc -nostdlib -r)
+    object bytes: memory cache, then runtime_dir()/sgemm-KEY-VARIANT.o
+          │ relocatable_link([module object, the variants its matmuls call])  (cc -r)
           ▼
     one self-contained object per compiled function (what cpu.py links / aot.py embeds)
 
@@ -21,7 +22,9 @@ Callback epilogue.  `rlxc_sgemm_cb_TAG` takes two extra arguments, a function
 each finished row-vector of C (VL floats at (row, col), the first n valid) it
 stores the vector to a stack slot, calls epi, which rewrites the n values in
 place, and stores the result to C.  The call costs a few ns per VL outputs.
-The disk entry is checked against its sha256 sidecar before use.
+The disk entry is checked against its sha256 sidecar before use.  It lives
+in runtime_dir() ($RLXC_RUNTIME_DIR, default ~/.cache/rlxc-runtime), not in
+the function cache: it is toolchain, not a compiled user function.
 """
 from __future__ import annotations
 
@@ -105,26 +108,32 @@ def _callback_hook(b, row, col, vec, lanes, mask, args):
     return b.load(slot, align=4)
 
 
-def _build(cpu: str) -> bytes:
+VARIANTS = ("plain", "cb")
+
+
+def _build(cpu: str, variant: str) -> bytes:
     from .sgemm import emit_sgemm
     from .target import compile_ir, emit_object, ir_module
 
-    plain, cb = symbols(cpu)
+    name = symbols(cpu)[VARIANTS.index(variant)]
+    hook, extra = (None, ()) if variant == "plain" else (_callback_hook, (I8P, I8P))
     _slots.clear()
-    m = ir_module("rlxc_sgemm")
-    for name, hook, extra in ((plain, None, ()), (cb, _callback_hook, (I8P, I8P))):
-        fn = emit_sgemm(m, name, cpu=cpu, epilogue=hook, epilogue_arg_types=extra)
-        fn.linkage = "weak_odr"
-    text = str(m)
-    for name in (plain, cb):
-        text = text.replace(f'define weak_odr void @"{name}"',
-                            f'define weak_odr hidden void @"{name}"')
+    m = ir_module(f"rlxc_sgemm_{variant}")
+    fn = emit_sgemm(m, name, cpu=cpu, epilogue=hook, epilogue_arg_types=extra)
+    fn.linkage = "weak_odr"
+    text = str(m).replace(f'define weak_odr void @"{name}"',
+                          f'define weak_odr hidden void @"{name}"')
     return emit_object(compile_ir(text, cpu, 3), cpu, 3)
 
 
-def _cache_dir() -> str:
-    return os.path.join(os.environ.get("RLXC_CACHE_DIR") or
-                        os.path.join(os.path.expanduser("~"), ".cache", "rlxc"), "objects")
+def runtime_dir() -> str:
+    """Where built runtime objects live: $RLXC_RUNTIME_DIR, else ~/.cache/rlxc-runtime.
+
+    Not under RLXC_CACHE_DIR: the sgemm depends only on the CPU and the compiler's
+    sources, never on a user function, so it is part of the installed toolchain
+    (like libgomp), built once per machine, not once per function cache."""
+    return os.environ.get("RLXC_RUNTIME_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "rlxc-runtime")
 
 
 def _read(path: str) -> bytes | None:
@@ -150,27 +159,32 @@ def _write_atomic(path: str, data: bytes) -> None:
             os.unlink(tmp)
 
 
-def sgemm_object(cpu: str = "native") -> bytes:
-    """The sgemm object for `cpu` (built at most once per process and cache dir)."""
+def sgemm_object(cpu: str = "native", variant: str = "cb") -> bytes:
+    """The object defining one sgemm entry point for `cpu`: "plain" (C = A@B) or "cb"
+    (with the epilogue callback).  Built at most once per process and runtime dir;
+    each variant is its own object so a function links (and a first run builds)
+    only the one its matmuls call."""
+    if variant not in VARIANTS:
+        raise ValueError(f"sgemm_object: variant {variant!r}; valid: {VARIANTS}")
     key = _key(cpu)[0]
-    d = _cache_dir()
-    mkey = (key, d)
+    d = runtime_dir()
+    mkey = (key, variant, d)
     obj = _objects.get(mkey)
     if obj is not None:
         return obj
     with _lock:
         obj = _objects.get(mkey)
         if obj is None:
-            path = os.path.join(d, f"sgemm-{key}.o")
+            path = os.path.join(d, f"sgemm-{key}-{variant}.o")
             obj = _read(path)
             if obj is None:
-                obj = _build(cpu)
+                obj = _build(cpu, variant)
                 try:
                     os.makedirs(d, exist_ok=True)
                     _write_atomic(path + ".sha256", hashlib.sha256(obj).hexdigest().encode())
                     _write_atomic(path, obj)
                 except OSError:
-                    pass  # read-only cache: keep it in memory only
+                    pass  # read-only location: keep it in memory only
             _objects[mkey] = obj
     return obj
 

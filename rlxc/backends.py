@@ -44,7 +44,7 @@ CACHE_FORMAT = "rlxc-cpu-cache"
 CPU_SOURCES = ("buffers.py", "cpu.py", "fusion.py", "indexing.py", "llvmgen.py", "llvmmatmul.py",
                "llvmops.py", "matmul.py", "sgemmlib.py",
                "loops.py", "mathlib.py", "parallel.py", "reduce.py", "schedule.py", "sgemm.py",
-               "target.py")
+               "smallmm.py", "target.py")
 
 _libs: dict = {}
 _executors: dict = {}
@@ -80,12 +80,16 @@ def compiler_fingerprint() -> str:
                     h.update(n.encode() + b"\0" + f.read())
             except OSError:
                 h.update(n.encode() + b"\0missing")
-        try:
-            from importlib.metadata import version
+        # llvmlite's version without importing it (a cache hit must not load LLVM) or
+        # importlib.metadata (tens of ms): the bytes of its _version.py
+        from importlib.util import find_spec
 
-            h.update(version("llvmlite").encode())
-        except Exception:  # pragma: no cover
-            pass
+        spec = find_spec("llvmlite")
+        try:
+            with open(os.path.join(os.path.dirname(spec.origin), "_version.py"), "rb") as f:
+                h.update(f.read())
+        except (OSError, TypeError, AttributeError):  # pragma: no cover
+            h.update(b"llvmlite ?")
         _fingerprint = h.hexdigest()[:16]
     return _fingerprint
 
@@ -126,6 +130,12 @@ def _check_device(device: str) -> None:
         raise ValueError(f"unknown native device {device!r}; valid: ['cpu', 'cuda']")
 
 
+def _entry_key(name: str, device: str, cpu: str, opt: int, threads: int) -> str:
+    return hashlib.sha256("|".join([name, device, _cpu_key(cpu), f"O{opt}", f"t{threads}",
+                                    compiler_fingerprint(), f"abi{ABI}"])
+                          .encode()).hexdigest()[:40]
+
+
 def library(func, device: str = "cpu", **options) -> CpuLibrary:
     """The loaded library for `func` (memory cache, then disk cache, then compile)."""
     _check_device(device)
@@ -142,17 +152,57 @@ def library(func, device: str = "cpu", **options) -> CpuLibrary:
         if lib is not None:
             STATS["memory_hits"] += 1
             return lib
-        key = hashlib.sha256("|".join([func.ir_hash(), device, _cpu_key(cpu), f"O{opt}",
-                                       f"t{threads}", compiler_fingerprint(), f"abi{ABI}"])
-                             .encode()).hexdigest()[:40]
+        key = _entry_key(func.ir_hash(), device, cpu, opt, threads)
         d = cache_dir()
         lib = _load_entry(d, key)
         if lib is not None:
             STATS["disk_hits"] += 1
         else:
             lib = _compile_entry(d, key, func, cpu, opt, threads)
+        lib.cache_key = key
         _libs[mkey] = lib
         return lib
+
+
+def library_for(alias: str, make_func, device: str = "cpu", **options) -> CpuLibrary:
+    """The library of the Func that `make_func()` returns, looked up by `alias`.
+
+    `alias` must determine that Func's IR (e.g. the model's IR hash plus how a
+    train step is built from it, with the sources that build it).  A disk file
+    ALIAS_KEY.alias names the entry it resolved to last time, so a warm process
+    loads the library without tracing or transforming anything; on a miss (or a
+    stale or broken alias) the Func is built and looked up as `library` does, and
+    the alias is (re)written."""
+    _check_device(device)
+    cpu, opt, threads = _options(options)
+    akey = _entry_key("alias:" + alias, device, cpu, opt, threads)
+    mkey = ("alias", akey)
+    lib = _libs.get(mkey)
+    if lib is not None:
+        STATS["memory_hits"] += 1
+        return lib
+    d = cache_dir()
+    ap = os.path.join(d, akey + ".alias")
+    try:
+        with open(ap, encoding="utf-8") as f:
+            target = f.read().strip()
+    except OSError:
+        target = ""
+    if len(target) == 40 and all(c in "0123456789abcdef" for c in target):
+        lib = _load_entry(d, target)
+        if lib is not None:
+            STATS["disk_hits"] += 1
+            lib.cache_key = target
+            _libs[mkey] = lib
+            return lib
+    lib = library(make_func(), device, **options)
+    try:
+        if os.access(d, os.W_OK):
+            _write_atomic(ap, lib.cache_key.encode())
+    except OSError:
+        pass
+    _libs[mkey] = lib
+    return lib
 
 
 def _sha256(path: str) -> tuple[str, int]:
@@ -349,5 +399,5 @@ class Jitted:
         return f"Jitted({self.func.name!r}, {self.lib.path})"
 
 
-__all__ = ["executor", "jit", "cuda_program", "CudaJitted", "library", "Jitted", "STATS", "cache_dir", "clear_memory_cache",
+__all__ = ["executor", "jit", "cuda_program", "CudaJitted", "library", "library_for", "Jitted", "STATS", "cache_dir", "clear_memory_cache",
            "compiler_fingerprint"]

@@ -155,9 +155,13 @@ def clip_reference(grads: dict, max_norm: float) -> tuple[dict, float]:
 
 @dataclass
 class StepProgram:
-    """The traced step function and where each group of its args/outputs sits."""
+    """The step function and where each group of its args/outputs sits.
 
-    func: object                 # the step Func (nothing bound)
+    The layout (names, slots, scalars) is known without tracing; `func` (the traced
+    step Func, nothing bound) is built on first use, so a Trainer whose compiled
+    step is already in the disk cache never builds it (`cache_alias`)."""
+
+    make: object                 # () -> the step Func
     data: list                   # data input names of the model, signature order
     params: list                 # every param of the model, signature order
     wrt: list                    # trained params (a subset of `params`, model order)
@@ -167,8 +171,24 @@ class StepProgram:
     quant: object                # None, (exp_bits, man_bits, max_normal), or "callable"
     structure: tuple
     max_grad_norm: float
+    key: tuple = ()              # what decides the step IR (model IR hash, structure, ...)
     executors: dict = field(default_factory=dict)
     data_specs: list | None = None  # filled on first use by coerce_data
+    _func: object = None
+
+    @property
+    def func(self):
+        """The traced step Func (built once, on first use)."""
+        if self._func is None:
+            self._func = self.make()
+        return self._func
+
+    def cache_alias(self) -> str:
+        """A name of the step's compiled library computable without tracing it: the
+        step key plus a hash of the sources that turn a model into its step IR."""
+        import hashlib
+
+        return hashlib.sha256(f"{self.key!r}|{_transform_fingerprint()}".encode()).hexdigest()
 
     def arg_layout(self):
         """(data, params, slots, scalars, fwd) index ranges in the signature."""
@@ -245,6 +265,29 @@ def resolve_wrt(f, wrt) -> list[str]:
 
 _CACHE: dict = {}
 _CACHE_MAX = 64
+_TRANSFORM_FP = None
+
+
+def _transform_fingerprint() -> str:
+    """Hash of the sources that build a step graph from a model (tracer, transforms,
+    cleanup, optimizer rules): part of StepProgram.cache_alias."""
+    global _TRANSFORM_FP
+    if _TRANSFORM_FP is None:
+        import hashlib
+        import os
+
+        import rlxc.dialect as dialect_pkg
+
+        h = hashlib.sha256()
+        dirs = [os.path.dirname(os.path.abspath(__file__)),
+                os.path.dirname(os.path.abspath(dialect_pkg.__file__))]
+        for d in dirs:
+            for n in sorted(os.listdir(d)):
+                if n.endswith(".py"):
+                    with open(os.path.join(d, n), "rb") as fh:
+                        h.update(n.encode() + b"\0" + fh.read())
+        _TRANSFORM_FP = h.hexdigest()[:16]
+    return _TRANSFORM_FP
 
 
 def step_program(f, opt: Optimizer, wrt=None, max_grad_norm: float = 0.0, quant=None,
@@ -262,6 +305,7 @@ def step_program(f, opt: Optimizer, wrt=None, max_grad_norm: float = 0.0, quant=
     prog = _CACHE.get(key)
     if prog is None:
         prog = _build(f, opt, wrt, max_grad_norm, qkey, norm_dtype)
+        prog.key = key
         if len(_CACHE) >= _CACHE_MAX:
             _CACHE.pop(next(iter(_CACHE)))
         _CACHE[key] = prog
@@ -271,7 +315,6 @@ def step_program(f, opt: Optimizer, wrt=None, max_grad_norm: float = 0.0, quant=
 def _build(f, opt, wrt, max_grad_norm, qkey, norm_dtype) -> StepProgram:
     from .func import Func
 
-    vg = f.value_and_grad(wrt)
     rule = update_rule(opt)
     hp = opt.hyperparams()
     slots = opt.slots()
@@ -283,7 +326,7 @@ def _build(f, opt, wrt, max_grad_norm, qkey, norm_dtype) -> StepProgram:
     scal_name = _unique("opt_scalars", used)
     fwd_names = [_unique(_safe(f"fwd_{p}"), used) for p in wrt] if qkey == "callable" else []
 
-    def build(sc: GraphScope):
+    def build(sc: GraphScope, vg):
         data = {a.name: sc.input(a.name, a.shape, a.dtype) for a in sig if a.kind == "input"}
         params = {a.name: sc.param(a.name, a.shape, a.dtype) for a in sig if a.kind == "param"}
         st = {}
@@ -313,11 +356,14 @@ def _build(f, opt, wrt, max_grad_norm, qkey, norm_dtype) -> StepProgram:
             new_s.extend(s2[s] for s in slots)
         return [loss, *new_p, *new_s]
 
-    from rlxc.dialect.passes import cleanup
+    def make():
+        from rlxc.dialect.passes import cleanup
 
-    step = Func(f"{f.name}_train_step", build)
-    step = step._derive(module=cleanup(step.module))  # drops unused scalar slices
-    return StepProgram(step, [a.name for a in sig if a.kind == "input"],
+        vg = f.value_and_grad(wrt)
+        step = Func(f"{f.name}_train_step", lambda sc: build(sc, vg))
+        return step._derive(module=cleanup(step.module))  # drops unused scalar slices
+
+    return StepProgram(make, [a.name for a in sig if a.kind == "input"],
                        [a.name for a in sig if a.kind == "param"], list(wrt), slots, slot_args,
                        scalar_names, None if qkey is None else
                        ("callable" if qkey == "callable" else qkey[1]),

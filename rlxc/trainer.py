@@ -89,6 +89,7 @@ class _NativeEngine:
 
         self.lib = lib
         self._entry = lib.entry
+        self._gov = lib.governor  # threads per step (runtime/cpu.py ThreadGovernor)
         kinds = [a["kind"] for a in lib.args]
         if len(kinds) != len(args):
             raise ValueError(f"trainer: the compiled step has {len(kinds)} arguments, "
@@ -143,7 +144,10 @@ class _NativeEngine:
 
     def run(self):
         k = self.k
+        gov = self._gov
+        tok = gov.begin()
         rc = self._entry(self._ins[k], self._outs[k], self._pars[k], self._ws_ptr)
+        gov.end(tok)
         if rc:
             raise self.lib.error(rc)
         self.k = 1 - k
@@ -172,9 +176,11 @@ def _native_engine(prog, device, args, state_pos):
     """The resident-buffer engine for the native CPU backend (None elsewhere)."""
     if device != "cpu":
         return None
-    from rlxc.backends import library
+    from rlxc.backends import library_for
 
-    return _NativeEngine(library(prog.func, device), args, state_pos)
+    # found by the step's alias when compiled before: no trace, no transform
+    return _NativeEngine(library_for(prog.cache_alias(), lambda: prog.func, device), args,
+                         state_pos)
 
 
 class Trainer:

@@ -7,13 +7,29 @@
     CpuCaller(lib, params=None).call(inputs[, params]) -> outputs
           per Python thread, created once: ctypes pointer arrays for inputs,
           outputs and params, and a 64-byte aligned workspace
-          per call: write the data pointers, np.empty the outputs, one foreign call
+          per call: write the data pointers, get the outputs, one foreign call
 
 Contract.  Arrays handed to `call` must already be C-contiguous with the
 declared dtype and element count (`runtime.signature.coerce` makes them so;
 it copies only when the array is not already like that), so no data is copied.
-Outputs are allocated fresh on every call: a returned array is never
-overwritten by a later call.  The foreign call releases the GIL.
+A returned array is never overwritten by a later call while anything still
+references it.  Outputs are fresh arrays, except that a large one (at least
+REUSE_MIN_BYTES) whose previous array nobody references any more (its only
+reference is the caller's own: the user dropped it and every view of it) is
+written again in place: fresh memory of that size usually comes from mmap,
+and the kernel's zero-filling page faults cost about as much as writing the
+data (RLXC_REUSE_OUTPUTS=0 turns this off).  The foreign call releases the GIL.
+
+Threads per call (ThreadGovernor).  RLXC_NUM_THREADS (or set_num_threads) is
+the most threads a call may use.  When the machine's cores are shared with
+other busy processes, a fork/join team of 2+ threads collapses: every
+barrier waits for a descheduled thread (measured on a 2-core VM with two
+other CPU-bound processes: 80-250 ms instead of 1-3 ms per call).  So each
+library times its calls and keeps choosing between one thread and the
+maximum: it runs the faster of the two (median of its last few calls at that
+count) and re-tries the other one every EXPLORE-th call, so it follows the
+load as it changes.  Results do not depend on the choice (split reductions
+have a fixed chunk count).  RLXC_ADAPTIVE_THREADS=0 always uses the maximum.
 
 Thread safety: every Python thread gets its own pointer arrays and its own
 workspace (threading.local), so concurrent calls of one library from several
@@ -29,7 +45,10 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
+import time
+from collections import deque
 
 import numpy as np
 
@@ -41,8 +60,139 @@ _EXC = {"IndexError": IndexError, "ValueError": ValueError, "RuntimeError": Runt
 ABI = 1
 
 
-def _addr(a: np.ndarray) -> int:
+def _addr_slow(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
+
+
+def _fast_addr():
+    """The data pointer of an ndarray read from its object struct (PyArrayObject: the
+    PyObject header, then `char *data`), ~0.2 us instead of ~1.6 us for
+    __array_interface__.  Used only if it agrees with __array_interface__ here (CPython,
+    NumPy's layout); otherwise the slow path."""
+    import ctypes as ct
+
+    try:
+        off = object.__basicsize__  # the PyObject header: data is the next field
+        read = ct.c_void_p.from_address
+        base = np.arange(64, dtype=np.float32)
+        probes = [base, base[3:], base[5:9].reshape(2, 2), np.zeros((), np.int32),
+                  np.empty((3, 0), np.float64), np.ones(7, np.bool_)[1:]]
+        if all((read(id(a) + off).value or 0) == _addr_slow(a) for a in probes):
+            return lambda a: read(id(a) + off).value or 0
+    except Exception:  # noqa: BLE001
+        pass
+    return _addr_slow
+
+
+_addr = _fast_addr()
+
+
+REUSE_MIN_BYTES = 1 << 20
+EXPLORE = 16      # a governed call re-tries the other thread count every EXPLORE calls
+WINDOW = 5        # call times remembered per thread count (their median decides)
+PREFER_TEAM = 0.85  # the team runs while its median is below this fraction of one thread's
+
+
+def _env_flag(name: str, default: bool = True) -> bool:
+    v = os.environ.get(name, "").strip().lower()
+    return default if not v else v not in ("0", "false", "no", "off")
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover
+        return os.cpu_count() or 1
+
+
+class ThreadGovernor:
+    """Chooses, per call, between one thread and the library's maximum (see the header).
+
+    `begin()` returns the timing token of a call (its thread count and start time,
+    after setting the library's count when it changes); `end(token)` records how long
+    the call took and re-decides.  Cheap on the call path: a counter, a compare and
+    two perf_counter reads; the medians are recomputed only in `end`."""
+
+    __slots__ = ("_set", "nmax", "cur", "calls", "hist", "seen", "adaptive", "_fixed",
+                 "best", "other", "every", "ready", "ones")
+
+    def __init__(self, setter, n: int, parallel: bool = True):
+        self._set = setter
+        self.adaptive = _env_flag("RLXC_ADAPTIVE_THREADS") and parallel
+        self.cur = None
+        self.configure(n)
+
+    def configure(self, n: int) -> None:
+        """Maximum threads `n` (0 = all cores); resets what was learned."""
+        self.nmax = int(n)
+        self._fixed = (not self.adaptive or self._set is None or self.nmax == 1 or
+                       (self.nmax == 0 and _cores() <= 1))
+        self.calls = self.ones = 0  # governed calls, and how many of them ran on one thread
+        self.seen = set()
+        self.hist = {1: deque(maxlen=WINDOW), self.nmax: deque(maxlen=WINDOW)}
+        self.best, self.other, self.every = self.nmax, 1, EXPLORE
+        self.ready = False
+        self._apply(self.nmax)
+
+    def _apply(self, n: int) -> None:
+        if n != self.cur:
+            self.cur = n
+            if self._set is not None:
+                self._set(n)
+
+    def begin(self):
+        if self._fixed:
+            n = self.nmax
+        else:
+            c = self.calls
+            self.calls = c + 1
+            if not self.ready:  # learn both counts, one thread first (no team to start)
+                n = self.nmax if c % 2 else 1
+            else:
+                n = self.other if c % self.every == self.every - 1 else self.best
+            if n == 1:
+                self.ones += 1
+            if n != self.cur:
+                self._apply(n)
+        return n, time.perf_counter()
+
+    def end(self, token) -> None:
+        n, t0 = token
+        dt = time.perf_counter() - t0
+        if self._fixed:
+            return
+        h = self.hist.get(n)
+        if h is None:
+            return
+        if n not in self.seen:  # the first call at a count pays one-time costs
+            self.seen.add(n)
+            return
+        h.append(dt)
+        if self.ready and n == self.best and self.calls % 4:
+            return  # re-decide after every 4th call of the current choice (sorting costs)
+        one, many = self.hist[1], self.hist[self.nmax]
+        if len(one) < 2 or len(many) < 2:
+            return
+        self.ready = True
+        t1, tn = _median(one), _median(many)
+        # a team must win clearly: on a busy machine a team call can cost 10x a
+        # one-thread call, a one-thread call at most the team's speed-up
+        if tn < PREFER_TEAM * t1:
+            self.best, self.other, ratio = self.nmax, 1, t1 / tn
+        else:
+            self.best, self.other, ratio = 1, self.nmax, tn / t1
+        # re-try the other count regularly, less often the worse it was; when its
+        # latest time would win, at once again (until its median flips or it loses)
+        last1, lastn = one[-1], many[-1]
+        if (lastn < PREFER_TEAM * t1) if self.best == 1 else (tn >= PREFER_TEAM * last1):
+            self.every = 2
+        else:
+            self.every = EXPLORE if ratio < 1.5 else EXPLORE * 4 if ratio < 4 else EXPLORE * 16
+
+
+def _median(d) -> float:
+    v = sorted(d)
+    return v[len(v) // 2]
 
 
 def env_threads() -> int:
@@ -89,12 +239,15 @@ class CpuLibrary:
         if self._set_threads is not None:
             self._set_threads.argtypes = [ctypes.c_int32]
             self._set_threads.restype = None
-            self.set_num_threads(env_threads())
+        # a program that never forks has nothing to tune (meta["parallel"], lowering/cpu.py)
+        self.governor = ThreadGovernor(self._set_threads, env_threads(),
+                                       bool(meta.get("parallel", True)))
+        self.cache_key = None  # set by rlxc.backends: the disk cache entry it came from
 
     def set_num_threads(self, n: int) -> None:
-        """Threads for this library's parallel loops and sgemm (0 = all cores)."""
-        if self._set_threads is not None:
-            self._set_threads(int(n))
+        """Most threads for this library's parallel loops and sgemm (0 = all cores); calls
+        use one thread instead while that is faster (see ThreadGovernor)."""
+        self.governor.configure(int(n))
 
     def error(self, rc: int) -> Exception:
         kind, msg = self.errors.get(rc, ("RlxError", f"{self.meta['entry']} failed with "
@@ -103,7 +256,7 @@ class CpuLibrary:
 
 
 class _ThreadState:
-    __slots__ = ("ins", "outs", "pars", "ws", "ws_ptr", "bound")
+    __slots__ = ("ins", "outs", "pars", "ws", "ws_ptr", "bound", "prev")
 
     def __init__(self, lib: CpuLibrary):
         self.ins = (ctypes.c_void_p * max(1, len(lib.inputs)))()
@@ -114,6 +267,7 @@ class _ThreadState:
         base = _addr(self.ws)
         self.ws_ptr = ctypes.c_void_p(base + (-base % 64))
         self.bound = False
+        self.prev = None  # the large outputs of the last call, for reuse once released
 
 
 class CpuCaller:
@@ -128,6 +282,9 @@ class CpuCaller:
         self._local = threading.local()
         self._out_specs = lib.outputs
         self._entry = lib.entry
+        self._gov = lib.governor
+        self._reuse = _env_flag("RLXC_REUSE_OUTPUTS") and any(
+            np.dtype(d).itemsize * _numel(s) >= REUSE_MIN_BYTES for s, d in lib.outputs)
 
     def _state(self) -> _ThreadState:
         st = getattr(self._local, "st", None)
@@ -151,11 +308,17 @@ class CpuCaller:
             st.bound = False
         elif not st.bound:
             raise RlxError(f"{self.lib.meta['entry']}: params not bound")
-        outs = [np.empty(s, d) for s, d in self._out_specs]
+        if self._reuse:
+            outs = self._outputs(st)
+        else:
+            outs = [np.empty(s, d) for s, d in self._out_specs]
         optr = st.outs
         for i, o in enumerate(outs):
             optr[i] = _addr(o)
+        gov = self._gov
+        tok = gov.begin()
         rc = self._entry(ins, optr, st.pars, st.ws_ptr)
+        gov.end(tok)
         if params is not None and self._params is not None:
             for i, p in enumerate(self._params):  # restore the bound pointers
                 st.pars[i] = _addr(p)
@@ -163,6 +326,44 @@ class CpuCaller:
         if rc:
             raise self.lib.error(rc)
         return outs
+
+    def _outputs(self, st) -> list:
+        """Fresh outputs, except large ones whose previous array nobody else holds.
+
+        A large output is a 64-byte aligned view of a private byte buffer `raw`, kept
+        in `st.prev` as (raw, array).  It is free when the array's only references
+        are that tuple and getrefcount's argument (2) and raw's are the tuple, the
+        array's base and the argument (3): any view a user made of it has raw as its
+        base (NumPy collapses view chains), so it raises raw's count."""
+        prev = st.prev
+        outs, keep = [], []
+        p = None
+        for i, (s, d) in enumerate(self._out_specs):
+            p = prev[i] if prev is not None else None
+            if p is not None and sys.getrefcount(p[1]) == 2 and sys.getrefcount(p[0]) == 3:
+                outs.append(p[1])
+                keep.append(p)
+                continue
+            nbytes = np.dtype(d).itemsize * _numel(s)
+            if nbytes < REUSE_MIN_BYTES:
+                outs.append(np.empty(s, d))
+                keep.append(None)
+                continue
+            raw = np.empty(nbytes + 64, np.uint8)
+            off = -_addr(raw) % 64
+            o = raw[off:off + nbytes].view(d).reshape(s)
+            outs.append(o)
+            keep.append((raw, o))
+        del p
+        st.prev = keep
+        return outs
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 class CpuExecutor:

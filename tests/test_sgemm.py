@@ -77,9 +77,9 @@ def gemm(tmp_path_factory):
 def gemm_tiny(tmp_path_factory):
     """Tiny cache blocks (odd kc, several mc/nc blocks) and threads for any size:
     every blocking loop, the k-unroll remainder and the shared, double-buffered
-    B packing run on small problems."""
+    B packing (share_b; the default build packs per thread) run on small problems."""
     base = sgemm.sgemm_config()
-    cfg = sgemm.sgemm_config(kc=19, mc=2 * base.mr, nc=2 * base.nr, min_work=0)
+    cfg = sgemm.sgemm_config(kc=19, mc=2 * base.mr, nc=2 * base.nr, min_work=0, share_b=True)
     m = target.ir_module("tiny")
     sgemm.emit_sgemm(m, "sg", config=cfg)
     parallel.thread_control(m)
@@ -177,6 +177,20 @@ def test_1024_mixed(gemm, M, N, K):
     _run_case(gemm, np.random.default_rng(3), M, N, K, False, False, 1)
 
 
+def test_skinny_rows(gemm):
+    """M <= MR with unit-stride B takes the unpacked skinny kernels (M == 1: the
+    row-streaming GEMV); M = MR + 1 and transposed B take the packed path."""
+    rng = np.random.default_rng(12)
+    i = 0
+    for M in range(1, gemm.cfg.mr + 2):
+        for N in (1, 15, 16, 17, 127, 128, 129, 300):
+            for K in (0, 1, 9, 300):
+                _run_case(gemm, rng, M, N, K, bool(i % 3 == 0), bool(i % 5 == 0), i % 2)
+                i += 1
+    _run_case(gemm, rng, 1, 4096, 1024, False, False, 1)
+    _run_case(gemm, rng, 3, 4096, 1024, True, False, 0)
+
+
 def test_strided_views(gemm):
     """Row strides larger than the row length (sub-matrices of bigger arrays)."""
     rng = np.random.default_rng(4)
@@ -237,6 +251,13 @@ def test_no_workspace_falls_back(gemm):
         _check(C, A, B)
 
 
+def test_config_validation():
+    with pytest.raises(ValueError, match="mc=.*multiple of mr"):
+        sgemm.sgemm_config("x86-64-v3", mc=100)
+    with pytest.raises(ValueError, match="nr=.*multiple of vl"):
+        sgemm.sgemm_config("x86-64-v3", nr=12)
+
+
 def test_workspace_formula():
     cfg = sgemm.sgemm_config()
     w1 = sgemm.sgemm_workspace_floats(1024, 1024, 1024, 1, config=cfg)
@@ -249,7 +270,8 @@ def test_workspace_formula():
 def test_epilogue_bias_relu(gemm_epi, acc):
     """C = relu((acc ? C : 0) + A@B + bias): the hook runs once, on the final K block."""
     rng = np.random.default_rng(8)
-    for M, N, K in [(17, 33, 65), (129, 65, 300), (1, 1, 1), (64, 128, 600), (5, 70, 0)]:
+    for M, N, K in [(17, 33, 65), (129, 65, 300), (1, 1, 1), (64, 128, 600), (5, 70, 0),
+                    (1, 300, 40), (1, 129, 0), (3, 200, 17)]:
         A, B = _rand(rng, M, K), _rand(rng, K, N)
         bias = _rand(rng, N)
         C0 = _rand(rng, M, N)

@@ -1,0 +1,53 @@
+"""runtime.cpu.ThreadGovernor: one thread or the team, whichever the call times favour."""
+import time
+
+from rlxc.runtime.cpu import EXPLORE, ThreadGovernor
+
+
+def _drive(gov, cost, calls):
+    """Run `calls` fake calls whose duration is cost[n] at thread count n."""
+    used = []
+    for _ in range(calls):
+        n, _t0 = gov.begin()
+        used.append(n)
+        gov.end((n, time.perf_counter() - cost[n]))
+    return used
+
+
+def test_busy_machine_settles_on_one_thread():
+    set_to = []
+    gov = ThreadGovernor(set_to.append, 2)
+    used = _drive(gov, {1: 1e-3, 2: 1e-2}, 600)
+    tail = used[100:]
+    assert tail.count(1) > 0.98 * len(tail)
+    assert 2 in tail  # still re-tried now and then, to follow the load
+    assert set_to[-1] in (1, 2) and set_to[0] == 2  # configure applies the maximum
+
+
+def test_idle_machine_settles_on_the_team():
+    gov = ThreadGovernor(lambda n: None, 2)
+    used = _drive(gov, {1: 2e-3, 2: 1.1e-3}, 200)
+    tail = used[50:]
+    assert tail.count(2) >= len(tail) * (EXPLORE - 1) / EXPLORE - 1
+
+
+def test_a_team_that_barely_wins_is_not_used():
+    gov = ThreadGovernor(lambda n: None, 2)
+    used = _drive(gov, {1: 1e-3, 2: 0.95e-3}, 200)
+    assert used[50:].count(1) > 0.9 * 150
+
+
+def test_follows_a_change_of_load():
+    gov = ThreadGovernor(lambda n: None, 2)
+    _drive(gov, {1: 1e-3, 2: 1e-2}, 300)
+    used = _drive(gov, {1: 2e-3, 2: 1e-3}, 600)
+    assert used[-100:].count(2) > 80
+
+
+def test_disabled_or_single_thread_is_fixed(monkeypatch):
+    monkeypatch.setenv("RLXC_ADAPTIVE_THREADS", "0")
+    gov = ThreadGovernor(lambda n: None, 2)
+    assert set(_drive(gov, {1: 1e-3, 2: 1e-2}, 50)) == {2}
+    monkeypatch.delenv("RLXC_ADAPTIVE_THREADS")
+    gov = ThreadGovernor(lambda n: None, 1)
+    assert set(_drive(gov, {1: 1e-3}, 20)) == {1}
