@@ -24,11 +24,15 @@ SROA turns into phis.  Accumulator updates of float sums/products carry the
 `reassoc` flag so the vectorizer may keep vector partial sums (the reduction
 order changes; see reduce.py for the blocked f64 accumulation that bounds the
 error); a sum of products also carries `contract` on the multiply and the add
-(one FMA per term, as in sgemm); everything else is plain IEEE arithmetic.  Elementwise ops come from
-llvmops.py (transcendentals from mathlib, no libm calls).  An sgemm epilogue is
+(one FMA per term, as in sgemm); everything else is plain IEEE arithmetic.
+Elementwise ops come from llvmops.py (transcendentals from mathlib, no libm
+calls).  An sgemm epilogue is
 the same expression tree emitted on <VL x float> vectors inside sgemm's store
 hook; one sgemm function is emitted per distinct epilogue structure.  On
 AVX-512 targets every function gets "prefer-vector-width"="512".
+
+A library whose kernels may fork first binds the OpenMP team's worker
+threads to CPUs (pinning.py; once per team size).
 
 Streaming stores.  The innermost loop of a map that writes a large output
 row by row (For.stream, chosen by schedule.streamable) is not left to the
@@ -384,6 +388,12 @@ class ModuleGen:
         b = ir.IRBuilder(entry.append_basic_block("entry"))
         arrays = {"input": entry.args[0], "output": entry.args[1], "param": entry.args[2]}
         ptrs: dict = {}
+        from .cpu import has_parallel_kernels
+
+        if has_parallel_kernels(p, self.cpu):  # bind the team's workers once (pinning.py)
+            from .pinning import emit_pin_team
+
+            b.call(emit_pin_team(self.m, self.sym), [])
 
         def ptr(buf):
             q = ptrs.get(id(buf))

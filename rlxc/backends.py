@@ -44,7 +44,7 @@ CACHE_FORMAT = "rlxc-cpu-cache"
 CPU_SOURCES = ("buffers.py", "cpu.py", "fusion.py", "indexing.py", "llvmgen.py", "llvmmatmul.py",
                "llvmops.py", "matmul.py", "sgemmlib.py",
                "loops.py", "mathlib.py", "parallel.py", "reduce.py", "schedule.py", "sgemm.py",
-               "smallmm.py", "target.py")
+               "pinning.py", "smallmm.py", "target.py")
 
 _libs: dict = {}
 _executors: dict = {}
@@ -399,5 +399,5 @@ class Jitted:
         return f"Jitted({self.func.name!r}, {self.lib.path})"
 
 
-__all__ = ["executor", "jit", "cuda_program", "CudaJitted", "library", "library_for", "Jitted", "STATS", "cache_dir", "clear_memory_cache",
-           "compiler_fingerprint"]
+__all__ = ["executor", "jit", "cuda_program", "CudaJitted", "library", "library_for", "Jitted",
+           "STATS", "cache_dir", "clear_memory_cache", "compiler_fingerprint"]

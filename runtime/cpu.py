@@ -27,9 +27,11 @@ barrier waits for a descheduled thread (measured on a 2-core VM with two
 other CPU-bound processes: 80-250 ms instead of 1-3 ms per call).  So each
 library times its calls and keeps choosing between one thread and the
 maximum: it runs the faster of the two (median of its last few calls at that
-count) and re-tries the other one every EXPLORE-th call, so it follows the
-load as it changes.  Results do not depend on the choice (split reductions
-have a fixed chunk count).  RLXC_ADAPTIVE_THREADS=0 always uses the maximum.
+count) and re-tries the other one every EXPLORE-th call (the team in short
+bursts, judged warm), so it follows the load as it changes.  Results do not
+depend on the choice (split reductions have a fixed chunk count).  A library
+whose kernels never fork is not governed.  RLXC_ADAPTIVE_THREADS=0 always
+uses the maximum.
 
 Thread safety: every Python thread gets its own pointer arrays and its own
 workspace (threading.local), so concurrent calls of one library from several
@@ -91,6 +93,7 @@ REUSE_MIN_BYTES = 1 << 20
 EXPLORE = 16      # a governed call re-tries the other thread count every EXPLORE calls
 WINDOW = 5        # call times remembered per thread count (their median decides)
 PREFER_TEAM = 0.85  # the team runs while its median is below this fraction of one thread's
+TEAM_BURST = 3    # consecutive calls when the team is tried (the first one warms it up)
 
 
 def _env_flag(name: str, default: bool = True) -> bool:
@@ -111,10 +114,15 @@ class ThreadGovernor:
     `begin()` returns the timing token of a call (its thread count and start time,
     after setting the library's count when it changes); `end(token)` records how long
     the call took and re-decides.  Cheap on the call path: a counter, a compare and
-    two perf_counter reads; the medians are recomputed only in `end`."""
+    two perf_counter reads; the medians are recomputed only in `end`.
+
+    The team is judged warm: a team call right after a one-thread call finds the
+    team's threads asleep (they stop spinning soon after a region) and pays their
+    wake-up, which says nothing about running with the team, so it is not recorded;
+    the team is therefore tried in bursts of TEAM_BURST calls."""
 
     __slots__ = ("_set", "nmax", "cur", "calls", "hist", "seen", "adaptive", "_fixed",
-                 "best", "other", "every", "ready", "ones")
+                 "best", "other", "every", "ready", "ones", "prev")
 
     def __init__(self, setter, n: int, parallel: bool = True):
         self._set = setter
@@ -132,6 +140,7 @@ class ThreadGovernor:
         self.hist = {1: deque(maxlen=WINDOW), self.nmax: deque(maxlen=WINDOW)}
         self.best, self.other, self.every = self.nmax, 1, EXPLORE
         self.ready = False
+        self.prev = None
         self._apply(self.nmax)
 
     def _apply(self, n: int) -> None:
@@ -146,10 +155,11 @@ class ThreadGovernor:
         else:
             c = self.calls
             self.calls = c + 1
-            if not self.ready:  # learn both counts, one thread first (no team to start)
-                n = self.nmax if c % 2 else 1
+            if not self.ready:  # learn: a few calls on one thread, then a burst with the team
+                n = 1 if c % (3 + TEAM_BURST) < 3 else self.nmax
             else:
-                n = self.other if c % self.every == self.every - 1 else self.best
+                burst = TEAM_BURST if self.other != 1 else 1
+                n = self.other if c % self.every >= self.every - burst else self.best
             if n == 1:
                 self.ones += 1
             if n != self.cur:
@@ -161,12 +171,15 @@ class ThreadGovernor:
         dt = time.perf_counter() - t0
         if self._fixed:
             return
+        prev, self.prev = self.prev, n
         h = self.hist.get(n)
         if h is None:
             return
         if n not in self.seen:  # the first call at a count pays one-time costs
             self.seen.add(n)
             return
+        if n != 1 and prev == 1:
+            return  # a cold team (see the class doc)
         h.append(dt)
         if self.ready and n == self.best and self.calls % 4:
             return  # re-decide after every 4th call of the current choice (sorting costs)
@@ -182,10 +195,10 @@ class ThreadGovernor:
         else:
             self.best, self.other, ratio = 1, self.nmax, tn / t1
         # re-try the other count regularly, less often the worse it was; when its
-        # latest time would win, at once again (until its median flips or it loses)
+        # latest time would win, soon again (until its median flips or it loses)
         last1, lastn = one[-1], many[-1]
         if (lastn < PREFER_TEAM * t1) if self.best == 1 else (tn >= PREFER_TEAM * last1):
-            self.every = 2
+            self.every = 2 * TEAM_BURST
         else:
             self.every = EXPLORE if ratio < 1.5 else EXPLORE * 4 if ratio < 4 else EXPLORE * 16
 
