@@ -33,12 +33,7 @@ from rlxc.dialect.types import dense_value, dtype_of, numel, shape_of
 from .gpu_plan import op_of
 from .gpu_scalar import REG_TYPE, SCALAR_RULES, convert
 
-F32 = ir.FloatType()
-F64 = ir.DoubleType()
-I1 = ir.IntType(1)
-I8 = ir.IntType(8)
-I32 = ir.IntType(32)
-I64 = ir.IntType(64)
+from .llvmops import F32, F64, I1, I8, I32, I64  # noqa: E402  (one definition of the IR types)
 
 # register type and storage type of each rlx dtype
 MEM_TYPE = {"f32": F32, "f64": F64, "i1": I8, "i32": I32, "i64": I64}
