@@ -991,7 +991,7 @@ def print_table(results, w7, args):
     print()
     print(f"median (min) per call; ratio = peer median / rlxc median (> 1: rlxc faster); "
           f"{args.threads} threads each, {args.runs} samples")
-    head = f"{'':4} {'workload':36}" + "".join(f"{c:>22}" for c in cols)
+    head = f"{'':4} {'workload':36}" + "".join(f"{c:>24}" for c in cols)
     print(head)
     print("-" * len(head))
     for key, res in results.items():
@@ -1009,14 +1009,14 @@ def print_table(results, w7, args):
             ratios.append("" if c == "rlxc" else f"{med / base:.2f}x")
             if "flops" in res["info"]:
                 gflops.append(f"{res['info']['flops'] / med / 1e9:.0f} GFLOP/s")
-        print(f"{key:4} {res['title'][:36]:36}" + "".join(f"{x:>22}" for x in cells))
-        print(f"{'':41}" + "".join(f"{x:>22}" for x in ratios))
+        print(f"{key:4} {res['title'][:36]:36}" + "".join(f"{x:>24}" for x in cells))
+        print(f"{'':41}" + "".join(f"{x:>24}" for x in ratios))
         if "flops" in res["info"]:
-            print(f"{'':41}" + "".join(f"{x:>22}" for x in gflops))
+            print(f"{'':41}" + "".join(f"{x:>24}" for x in gflops))
     if w7 is not None:
         for name, row in w7["rows"].items():
             sp = row["split"]
-            print(f"{'W7':4} {name:36}{fmt_t(row['median']) + ' (' + fmt_t(row['min']) + ')':>22}"
+            print(f"{'W7':4} {name:36}{fmt_t(row['median']) + ' (' + fmt_t(row['min']) + ')':>24}"
                   f"   in-process: import {sp['import']:.2f} s, build {sp['build']:.2f} s, "
                   f"first step {sp['step']:.2f} s")
     print()
