@@ -193,15 +193,10 @@ def relocatable_link(objects: list[bytes]) -> bytes:
     """Combine object files into one relocatable object (`cc -nostdlib -r`)."""
     import subprocess
 
-    from .target import _cc
+    from .target import _cc, write_objects
 
     with tempfile.TemporaryDirectory(prefix="rlxc-r-") as tmp:
-        paths = []
-        for i, o in enumerate(objects):
-            p = os.path.join(tmp, f"p{i}.o")
-            with open(p, "wb") as f:
-                f.write(o)
-            paths.append(p)
+        paths = write_objects(tmp, objects)
         out = os.path.join(tmp, "all.o")
         proc = subprocess.run([_cc(), "-nostdlib", "-r", "-o", out, *paths],
                               capture_output=True, text=True)

@@ -207,6 +207,17 @@ def _cc() -> str:
     return cc
 
 
+def write_objects(folder: str, objects: list[bytes]) -> list[str]:
+    """Write object files into `folder` (part0.o, part1.o, ...); returns their paths."""
+    paths = []
+    for i, obj in enumerate(objects):
+        p = os.path.join(folder, f"part{i}.o")
+        with open(p, "wb") as f:
+            f.write(obj)
+        paths.append(p)
+    return paths
+
+
 def link_shared(objects: list[bytes], out_path: str, extra_libs=("gomp",)) -> str:
     """Link object-file bytes into the shared library ``out_path``.
 
@@ -221,12 +232,7 @@ def link_shared(objects: list[bytes], out_path: str, extra_libs=("gomp",)) -> st
     os.makedirs(out_dir, exist_ok=True)
     cc = _cc()
     with tempfile.TemporaryDirectory(prefix="rlxc-link-") as tmp:
-        obj_paths = []
-        for i, obj in enumerate(objects):
-            p = os.path.join(tmp, f"part{i}.o")
-            with open(p, "wb") as f:
-                f.write(obj)
-            obj_paths.append(p)
+        obj_paths = write_objects(tmp, objects)
         libs = []
         for lib in extra_libs:
             if lib in ("gomp", "omp", "openmp"):
