@@ -135,9 +135,17 @@ def _smin(b, x, y):
     return b.select(b.icmp_signed("<", x, y), x, y)
 
 
+def emit_team_limit(module: ir.Module, b: ir.IRBuilder) -> ir.Value:
+    """i64: the most threads a parallel region may use right now (rlxc_num_threads when
+    set, else omp_get_max_threads()), before any per-region cap."""
+    t = b.load(thread_control(module))
+    t = b.select(b.icmp_signed(">", t, ir.Constant(I32, 0)), t,
+                 b.call(_omp(module, "omp_get_max_threads"), []))
+    return b.sext(t, I64)
+
+
 def _emit_region(module, builder, n_chunks, captured, name, work, min_work,
                  max_threads, make_body):
-    gv = thread_control(module)
     captured = list(captured)
     ctx_ty = ir.LiteralStructType([I64] + [v.type for v in captured])
 
@@ -174,11 +182,7 @@ def _emit_region(module, builder, n_chunks, captured, name, work, min_work,
         b.store(v, b.gep(ctx_mem, [zero32, ir.Constant(I32, i + 1)], inbounds=True))
     data = b.bitcast(ctx_mem, I8P)
 
-    t = b.load(gv)
-    t = b.select(b.icmp_signed(">", t, zero32), t,
-                 b.call(_omp(module, "omp_get_max_threads"), []))
-    t = b.sext(t, I64)
-    t = _smin(b, t, n_chunks)
+    t = _smin(b, emit_team_limit(module, b), n_chunks)
     if max_threads is not None:
         mt = max_threads if max_threads.type == I64 else b.sext(max_threads, I64)
         t = _smin(b, t, mt)

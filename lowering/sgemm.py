@@ -4,8 +4,9 @@
       │ emit_sgemm
       ▼
     NAME          picks the workspace, splits C over an OpenMP team (parallel.py):
-                  by rows when M has at least as many MR-blocks as N has
-                  NR-blocks, else by columns
+                  by rows or by columns, whichever costs a thread less
+                  (its share of the FMAs plus the packing: a row split packs
+                  all of B in every thread, a column split all of A)
      └ NAME.seq   one thread's C rows/columns:
          M <= MR, unit-stride B → NAME.skinnyM (M × W tiles over all of K, B read
                                   in place) or, for M == 1, NAME.gemv (streams
@@ -114,6 +115,10 @@ class SgemmConfig:
     skinny: bool = True       # M <= mr with unit-stride B: unpacked skinny kernels
     skinny_prefetch: int = 8  # B rows ahead prefetched by the skinny kernels (0 = off)
     gemv_rows: int = 8        # M == 1: B rows streamed together (0 = use the skinny tile)
+    # Threaded split: the cost of packing one float, in multiply-adds.  Packing reads
+    # operands that are often not in cache (weights), so it costs far more than an FMA
+    # lane; 16 was best on 128x512x784 and no worse elsewhere.
+    pack_cost: int = 16
 
     def __post_init__(self):
         bad = []
@@ -776,6 +781,12 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
             b.unreachable()
     k_end = _smax(b, K, _c64(1))  # K = 0 still runs one (empty) K block
     n_kblocks = b.sdiv(b.add(k_end, _c64(KC - 1)), _c64(KC))
+    # balanced K blocks (784 = 4 x 196, not 3 x 256 + 16): a thin last block would pay a
+    # full pass of C loads and stores for a few rank-1 updates
+    UN = cfg.unroll
+    kcb = b.sdiv(b.add(k_end, b.sub(n_kblocks, _c64(1))), n_kblocks)
+    kcb = b.mul(b.sdiv(b.add(kcb, _c64(UN - 1)), _c64(UN)), _c64(UN))
+    kcb = _smin(b, kcb, _c64(KC))
     tid64, nt64 = b.sext(tid, I64), b.sext(nt, I64)
     # my share of the panels when cooperating: [share_lo, share_hi) of np panels
     share_lo_num = b.select(coop, tid64, _c64(0))
@@ -805,8 +816,8 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
         nc = _smin(b, _c64(NC), b.sub(N, jc))
 
         def pc_body(b, pc):
-            kc = _smax(b, _smin(b, _c64(KC), b.sub(K, pc)), _c64(0))
-            blk = b.add(b.mul(b.sdiv(jc, _c64(NC)), n_kblocks), b.sdiv(pc, _c64(KC)))
+            kc = _smax(b, _smin(b, kcb, b.sub(K, pc)), _c64(0))
+            blk = b.add(b.mul(b.sdiv(jc, _c64(NC)), n_kblocks), b.sdiv(pc, kcb))
             Bp = b.select(b.trunc(blk, I1), Bp1, Bp0)
             n_pan = b.sdiv(b.add(nc, _c64(NR - 1)), _c64(NR))
             p0 = b.sdiv(b.mul(n_pan, share_lo_num), share_den)
@@ -819,7 +830,7 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
             with b.if_then(coop):
                 parallel.emit_barrier(b, nt)
             beta = b.or_(acc, b.icmp_signed(">", pc, _c64(0)))
-            last = b.icmp_signed(">=", b.add(pc, _c64(KC)), K)
+            last = b.icmp_signed(">=", b.add(pc, kcb), K)
 
             def ic_body(b, ic):
                 mc = _smin(b, _c64(MC), b.sub(M, ic))
@@ -842,7 +853,7 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
                     _for(b, _c64(0), mc, MR, ir_body, "ir")
                 _for(b, _c64(0), nc, NR, jr_body, "jr")
             _for(b, _c64(0), M, MC, ic_body, "ic")
-        _for(b, _c64(0), k_end, KC, pc_body, "pc")
+        _for(b, _c64(0), k_end, kcb, pc_body, "pc")
     _for(b, _c64(0), N, NC, jc_body, "jc")
     b.ret_void()
     return fn
@@ -951,7 +962,19 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
         mb = b.sdiv(b.add(M, _c64(cfg.mr - 1)), _c64(cfg.mr))
         nb = b.sdiv(b.add(N, _c64(cfg.nr - 1)), _c64(cfg.nr))
         work = b.mul(b.mul(M, N), _smax(b, K, _c64(1)))
-        split_m = b.icmp_signed(">=", mb, nb)
+        # per-thread cost of each split, in multiply-adds: the row split has every thread
+        # pack all of B (or 1/nt of it with share_b), the column split all of A; a packed
+        # float costs pack_cost
+        team = _smax(b, _smin(b, parallel.emit_team_limit(module, b), cap), _c64(1))
+        kk = _smax(b, K, _c64(1))
+        rows = b.mul(b.sdiv(b.add(mb, b.sub(team, _c64(1))), team), _c64(cfg.mr))
+        cols = b.mul(b.sdiv(b.add(nb, b.sub(team, _c64(1))), team), _c64(cfg.nr))
+        w = _c64(cfg.pack_cost)
+        b_packed = cols if cfg.share_b else N
+        row_cost = b.mul(kk, b.add(b.mul(rows, N), b.mul(w, b.add(b_packed, rows))))
+        col_cost = b.mul(kk, b.add(b.mul(b.mul(mb, _c64(cfg.mr)), cols),
+                                   b.mul(w, b.add(M, cols))))
+        split_m = b.icmp_signed("<=", row_cost, col_cost)
 
         def body_m(b, lo, hi, tid, nt, args):
             # every team member runs seq (even with no rows): it owns a share
