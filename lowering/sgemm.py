@@ -119,6 +119,7 @@ class SgemmConfig:
     # operands that are often not in cache (weights), so it costs far more than an FMA
     # lane; 16 was best on 128x512x784 and no worse elsewhere.
     pack_cost: int = 16
+    narrow: bool = True       # N <= vl, csa == 1, K >= vl: the narrow (K-vectorized) kernel
 
     def __post_init__(self):
         bad = []
@@ -739,10 +740,224 @@ def _emit_skinny(module, name, cfg: SgemmConfig, mr: int, epilogue, epi_types) -
 
 
 # --------------------------------------------------------------------------
+# narrow kernel: N <= VL with unit-stride rows of A (a classifier head, 512 -> 10)
+
+def _narrow_widths(cfg: SgemmConfig) -> list[int]:
+    """Column counts of the narrow variants: N runs the smallest one >= N."""
+    return sorted({w for w in (2, 4, 8, 12, 16) if w <= cfg.vl} | {cfg.vl})
+
+
+def _narrow_rows(cfg: SgemmConfig, nj: int) -> int:
+    """Rows per narrow tile (at most 4): R*nj accumulators and R rows of A, plus, once a
+    Bt vector serves two rows, the nj Bt vectors must fit the registers (32 zmm or 16
+    ymm, two spare); with one row each Bt load folds into its FMA."""
+    regs = (32 if cfg.vl >= 16 else 16) - 2
+    return max([1] + [r for r in range(2, 5) if r * nj + nj + r <= regs])
+
+
+def _reduce_lanes(b, vecs, lanes: int):
+    """One <lanes x float> whose lane j is the sum of the lanes of vecs[j] (len(vecs) <=
+    lanes; other lanes undefined): a transpose-and-add tree, lanes-1 shuffle pairs and
+    adds instead of one horizontal reduction per vector."""
+    vt = ir.VectorType(F32, lanes)
+    vs = list(vecs) + [None] * (lanes - len(vecs))
+    # owner[v][lane]: whose partial sum (None: a missing vector's, don't care)
+    owner = [[j if j < len(vecs) else None] * lanes for j in range(lanes)]
+    h = lanes // 2
+    while h >= 1:
+        nvs, nown = [], []
+        for t in range(0, len(vs), 2):
+            x, y = vs[t], vs[t + 1]
+            lo, hi, own = [], [], []
+            for s0 in range(0, lanes, 2 * h):
+                lo += list(range(s0, s0 + h)) + [lanes + i for i in range(s0, s0 + h)]
+                hi += list(range(s0 + h, s0 + 2 * h)) + [lanes + i for i in range(s0 + h, s0 + 2 * h)]
+                own += owner[t][s0:s0 + h] + owner[t + 1][s0:s0 + h]
+            if x is None and y is None:
+                nvs.append(None)
+            else:
+                # a missing partner: reuse the other vector (its lanes there are don't-care)
+                xx, yy = (x if x is not None else y), (y if y is not None else x)
+                mk = lambda idx: ir.Constant(ir.VectorType(I32, lanes), idx)  # noqa: E731
+                nvs.append(b.fadd(b.shuffle_vector(xx, yy, mk(lo)),
+                                  b.shuffle_vector(xx, yy, mk(hi))))
+            nown.append(own)
+        vs, owner, h = nvs, nown, h // 2
+    where = {o: lane for lane, o in enumerate(owner[0])}
+    perm = [where.get(j, 0) for j in range(lanes)]
+    return b.shuffle_vector(vs[0], ir.Constant(vt, ir.Undefined),
+                            ir.Constant(ir.VectorType(I32, lanes), perm))
+
+
+def _emit_narrow(module, name, cfg: SgemmConfig, nj: int, epilogue, epi_types) -> ir.Function:
+    """narrow(M, K, A, rsa, Bt, ldbt, C, ldc, N, beta i1, last i1, row0, col0, epi...)
+
+    C[0:M, 0:N] (=|+=) A[0:M, 0:K] @ Bt^T for N <= nj <= VL, A rows contiguous
+    (csa == 1), Bt the packed transpose of B: nj rows of ldbt floats (ldbt a
+    multiple of VL), zero beyond K and for rows >= N.  The vector axis is K:
+    R rows at a time, acc[r][j] += A[i+r, k:k+VL] * Bt[j, k:k+VL], then one
+    transpose-and-add tree per row gives the row of C as one vector.  The
+    usual tile would broadcast A and fill nj of VL lanes with MR latency-bound
+    accumulators, and pack all of A for a product this small."""
+    VL = cfg.vl
+    R = _narrow_rows(cfg, nj)
+    vt = ir.VectorType(F32, VL)
+    fty = ir.FunctionType(VOID, [I64, I64, F32P, I64, F32P, I64, F32P, I64, I64, I1, I1,
+                                 I64, I64, *epi_types])
+    fn = ir.Function(module, fty, name)
+    fn.linkage = "internal"
+    fn.attributes.add("noinline")
+    _set_noalias(fn, [2, 4, 6])
+    M, K, A, rsa, Bt, ldbt, C, ldc, N, beta, last, row0, col0 = fn.args[:13]
+    epi_args = list(fn.args[13:])
+    fma = _intrinsic(module, f"llvm.fma.v{VL}f32", vt, [vt, vt, vt])
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    k_full = b.mul(b.sdiv(K, _c64(VL)), _c64(VL))
+    kmask = _lane_mask(b, 0, b.sub(K, k_full), VL)
+    cmask = _lane_mask(b, 0, N, VL)
+    btrows = [_gep(b, Bt, b.mul(_c64(j), ldbt)) for j in range(nj)]
+
+    def tile(b, i):
+        last_row = b.sub(M, _c64(1))
+        arows = [_gep(b, A, b.mul(_smin(b, b.add(i, _c64(r)), last_row), rsa)) for r in range(R)]
+        pre = b.block
+        head = fn.append_basic_block("nk.head")
+        body = fn.append_basic_block("nk.body")
+        done = fn.append_basic_block("nk.done")
+        b.branch(head)
+        b.position_at_end(head)
+        k = b.phi(I64, name="k")
+        acc = [[b.phi(vt) for _ in range(nj)] for _ in range(R)]
+        k.add_incoming(_c64(0), pre)
+        for r in range(R):
+            for j in range(nj):
+                acc[r][j].add_incoming(ir.Constant(vt, None), pre)
+        b.cbranch(b.icmp_signed("<", k, k_full), body, done)
+        b.position_at_end(body)
+
+        def update(b, k, mask, acc_in):
+            bv = [b.load(_vec_ptr(b, _gep(b, btrows[j], k), vt), align=64) for j in range(nj)]
+            out = []
+            for r in range(R):
+                a = masked_load(b, _gep(b, arows[r], k), VL, mask)
+                out.append([b.call(fma, [a, bv[j], acc_in[r][j]]) for j in range(nj)])
+            return out
+        nxt = update(b, k, None, acc)
+        for r in range(R):
+            for j in range(nj):
+                acc[r][j].add_incoming(nxt[r][j], b.block)
+        k.add_incoming(b.add(k, _c64(VL)), b.block)
+        b.branch(head)
+        b.position_at_end(done)
+        res = acc
+        # the K tail: A masked (Bt is zero there)
+        tail_bb = b.block
+        has_tail = b.icmp_signed("<", k_full, K)
+        with b.if_then(has_tail):
+            tail = update(b, k_full, kmask, acc)
+            tail_end = b.block
+        res = [[b.phi(vt) for _ in range(nj)] for _ in range(R)]
+        for r in range(R):
+            for j in range(nj):
+                res[r][j].add_incoming(tail[r][j], tail_end)
+                res[r][j].add_incoming(acc[r][j], tail_bb)
+        for r in range(R):
+            def store(b, r=r):
+                x = _reduce_lanes(b, res[r], VL)
+                p = _gep(b, C, b.mul(b.add(i, _c64(r)), ldc))
+                x = b.select(beta, b.fadd(x, masked_load(b, p, VL, cmask)), x)
+                if epilogue is not None:
+                    with b.if_else(last) as (t, o):
+                        with t:
+                            y = epilogue(b, b.add(row0, b.add(i, _c64(r))), col0, x, VL,
+                                         cmask, epi_args)
+                            _masked_store(b, y, p, cmask)
+                        with o:
+                            _masked_store(b, x, p, cmask)
+                else:
+                    _masked_store(b, x, p, cmask)
+            if r == 0:
+                store(b)
+            else:
+                with b.if_then(b.icmp_signed("<", b.add(i, _c64(r)), M)):
+                    store(b)
+
+    _for(b, _c64(0), M, R, tile, "ni")
+    b.ret_void()
+    return fn
+
+
+def _emit_pack_bt(module, name, cfg: SgemmConfig) -> ir.Function:
+    """pack_bt(B, rsb, csb, kc, N, nj, Bt, ldbt): Bt[j*ldbt + k] = B[k*rsb + j*csb] for
+    j < N, k < kc; zero for kc <= k < ldbt and for N <= j < nj."""
+    fty = ir.FunctionType(VOID, [F32P, I64, I64, I64, I64, I64, F32P, I64])
+    fn = ir.Function(module, fty, name)
+    fn.linkage = "internal"
+    _set_noalias(fn, [0, 6])
+    B, rsb, csb, kc, N, nj, Bt, ldbt = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    zero = ir.Constant(F32, 0.0)
+
+    def row(b, j):
+        dst = _gep(b, Bt, b.mul(j, ldbt))
+        real = b.icmp_signed("<", j, N)
+        src = _gep(b, B, b.mul(b.select(real, j, _c64(0)), csb))
+        kk = b.select(real, kc, _c64(0))
+
+        def copy(b, k):
+            b.store(b.load(_gep(b, src, b.mul(k, rsb))), _gep(b, dst, k))
+        _for(b, _c64(0), kk, 1, copy, "pbk")
+        _for(b, kk, ldbt, 1, lambda b, k: b.store(zero, _gep(b, dst, k)), "pbz")
+    _for(b, _c64(0), nj, 1, row, "pbj")
+    b.ret_void()
+    return fn
+
+
+def _emit_narrow_driver(module, name, cfg: SgemmConfig, epilogue, epi_types) -> ir.Function:
+    """narrow_drv(M, N, K, A, rsa, B, rsb, csb, C, ldc, beta i1, Bt, row0, col0, epi...):
+    K in blocks of KC; each block packs Bt (workspace: VL rows of KC rounded up to VL,
+    which fits the B part of a slot when K >= VL) and runs the variant for N."""
+    VL, KC = cfg.vl, cfg.kc
+    fty = ir.FunctionType(VOID, [I64, I64, I64, F32P, I64, F32P, I64, I64, F32P, I64, I1,
+                                 F32P, I64, I64, *epi_types])
+    fn = ir.Function(module, fty, name)
+    fn.linkage = "internal"
+    _set_noalias(fn, [3, 5, 8, 11])
+    M, N, K, A, rsa, B, rsb, csb, C, ldc, beta, Bt, row0, col0 = fn.args[:14]
+    epi_args = list(fn.args[14:])
+    widths = _narrow_widths(cfg)
+    variants = [_emit_narrow(module, f"{name}.n{w}", cfg, w, epilogue, epi_types)
+                for w in widths]
+    pack = _emit_pack_bt(module, name + ".pack_bt", cfg)
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+
+    def block(b, pc):
+        kc = _smin(b, _c64(KC), b.sub(K, pc))
+        ldbt = b.mul(b.sdiv(b.add(kc, _c64(VL - 1)), _c64(VL)), _c64(VL))
+        beta_k = b.or_(beta, b.icmp_signed(">", pc, _c64(0)))
+        last = b.icmp_signed(">=", b.add(pc, _c64(KC)), K)
+        done = fn.append_basic_block("nw.done")
+        for w, var in zip(widths, variants):
+            nxt = fn.append_basic_block(f"nw.not{w}")
+            with b.if_then(b.icmp_signed("<=", N, _c64(w))):
+                b.call(pack, [_gep(b, B, b.mul(pc, rsb)), rsb, csb, kc, N, _c64(w), Bt, ldbt])
+                b.call(var, [M, kc, _gep(b, A, pc), rsa, Bt, ldbt, C, ldc, N, beta_k, last,
+                             row0, col0, *epi_args])
+                b.branch(done)
+            b.branch(nxt)
+            b.position_at_end(nxt)
+        b.unreachable()
+        b.position_at_end(done)
+    _for(b, _c64(0), K, KC, block, "npc")
+    b.ret_void()
+    return fn
+
+
+# --------------------------------------------------------------------------
 # macro kernel + sequential driver
 
 def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
-              skinnies=()) -> ir.Function:
+              skinnies=(), narrow=None) -> ir.Function:
     """seq(M, N, K, A, rsa, csa, B, rsb, csb, C, ldc, beta i1, Ap, Bp0, Bp1, row0, col0,
     tid i32, nt i32, coop i1, epi...).
 
@@ -779,6 +994,16 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
                 b.ret_void()
             b.position_at_end(rest)
             b.unreachable()
+    if narrow is not None:
+        # N <= VL, rows of A contiguous: the narrow kernel, which packs Bt into this
+        # thread's B part (so not with coop, where Bp0 is shared; every thread of a team
+        # decides alike, so none of them waits at a barrier the others skip)
+        use = b.and_(b.and_(b.icmp_signed("<=", N, _c64(VL)), b.icmp_signed("==", csa, _c64(1))),
+                     b.and_(b.icmp_signed(">=", K, _c64(VL)), b.not_(coop)))
+        with b.if_then(use, likely=False):
+            b.call(narrow, [M, N, K, A, rsa, B, rsb, csb, C, ldc, acc, Bp0, row0, col0,
+                            *epi_args])
+            b.ret_void()
     k_end = _smax(b, K, _c64(1))  # K = 0 still runs one (empty) K block
     n_kblocks = b.sdiv(b.add(k_end, _c64(KC - 1)), _c64(KC))
     # balanced K blocks (784 = 4 x 196, not 3 x 256 + 16): a thin last block would pay a
@@ -901,7 +1126,10 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
                     if mr == 1 and cfg.gemv_rows else
                     _emit_skinny(module, f"{name}.skinny{mr}", cfg, mr, epilogue, epi_types)
                     for mr in range(1, cfg.mr + 1)]
-    seq = _emit_seq(module, name + ".seq", cfg, micros, pack_a, pack_b, epi_types, skinnies)
+    narrow = (_emit_narrow_driver(module, name + ".narrow", cfg, epilogue, epi_types)
+              if cfg.narrow else None)
+    seq = _emit_seq(module, name + ".seq", cfg, micros, pack_a, pack_b, epi_types, skinnies,
+                    narrow)
 
     fn = ir.Function(module, sgemm_signature(epi_types), name)
     _set_noalias(fn, [3, 6, 9])

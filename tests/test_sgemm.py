@@ -283,6 +283,29 @@ def test_epilogue_bias_relu(gemm_epi, acc):
         assert (np.abs(C - ref) <= tol).all(), (M, N, K)
 
 
+def test_narrow_kernel(gemm, gemm_epi):
+    """N <= VL with contiguous rows of A runs the narrow (K-vectorized) kernel: every
+    variant width, the row remainder of its tile, the K tail and several K blocks, any B
+    layout, 1 and 2 threads, accumulate, and the epilogue on the last K block only."""
+    rng = np.random.default_rng(12)
+    vl = gemm.cfg.vl
+    shapes = [(M, N, K) for N in sorted({1, 2, 3, 5, 8, 10, vl - 1, vl})
+              for M, K in ((7, vl), (128, 512), (33, 3 * gemm.cfg.kc + 5))]
+    for i, (M, N, K) in enumerate(shapes):
+        for t in (1, 2):
+            gemm.lib.rlxc_set_num_threads(t)
+            _run_case(gemm, rng, M, N, K, False, i % 2 == 1, i % 3 == 0, threads=t)
+    gemm.lib.rlxc_set_num_threads(2)
+    for M, N, K in [(128, 10, 512), (9, 3, 600), (64, vl, 17)]:
+        A, B, bias, C0 = _rand(rng, M, K), _rand(rng, K, N), _rand(rng, N), _rand(rng, M, N)
+        for acc in (0, 1):
+            C = C0.copy()
+            gemm_epi(A, B, C, accumulate=acc, extra=(bias.ctypes.data,))
+            ref = np.maximum(A.astype(np.float64) @ B + bias + (C0 if acc else 0), 0)
+            tol = 1e-5 * np.sqrt(K) * (np.abs(A) @ np.abs(B) + np.abs(bias) + np.abs(C0))
+            assert (np.abs(C - ref) <= tol).all(), (M, N, K, acc)
+
+
 def test_avx2_build(tmp_path_factory):
     """The AVX2 fallback (cpu="x86-64-v3": 6x16 ymm tile) on the same shapes."""
     path, cfg = _build(tmp_path_factory, "sgemm_avx2", cpu="x86-64-v3")
