@@ -11,6 +11,9 @@
          M <= MR, unit-stride B → NAME.skinnyM (M × W tiles over all of K, B read
                                   in place) or, for M == 1, NAME.gemv (streams
                                   gemv_rows rows of B at a time into C's row)
+         N <= VL, csa == 1, K >= VL → NAME.narrow (B packed transposed, K the
+                                  vector axis, one transpose-and-add tree per
+                                  row of C; variants for 2..VL columns)
          otherwise the GotoBLAS/BLIS loop nest:
          for jc in N by NC:                         (B block: L3)
            for pc in K by KC:                       (at least once, so K=0 works)
