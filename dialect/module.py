@@ -6,28 +6,15 @@ the inputs and params in declaration order, each carrying
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from xdsl.context import Context
 from xdsl.dialects import builtin, func
 from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, ModuleOp, StringAttr
 from xdsl.ir import Block, Region
 from xdsl.parser import Parser
 
-from .ops import RLX
-from .types import dtype_of, shape_of, tensor_type
-
-KINDS = ("input", "param")
-
-
-@dataclass(frozen=True)
-class Arg:
-    """One argument of a traced function."""
-
-    name: str
-    kind: str  # "input" | "param"
-    shape: tuple
-    dtype: str = "f32"
+from .ops import OPS, RLX, CastOp, ConstantOp, create_op
+from .trace import KINDS, Arg, Trace  # noqa: F401  (Arg, KINDS re-exported)
+from .types import BytesAttr, DenseIntOrFPElementsAttr, dtype_of, shape_of, tensor_type
 
 
 def context() -> Context:
@@ -98,6 +85,51 @@ def outputs(f: func.FuncOp):
     if not isinstance(ret, func.ReturnOp):
         raise ValueError(f"@{f.sym_name.data} must end with func.return")
     return list(ret.arguments)
+
+
+def from_trace(tr: Trace) -> ModuleOp:
+    """The module of a finished light trace (dialect/trace.py), verified.
+
+    Replays its events in order: arguments (with the tracer's name hints), ops
+    with the result types the tracer inferred (checked again by the verifier,
+    which runs each op's shape function on xDSL types), calls by cloning the
+    callee."""
+    block = Block()
+    vals: dict = {}
+    for a, v in zip(tr.args, tr.arg_values):
+        x = block.insert_arg(tensor_type(a.shape, a.dtype), len(block.args))
+        if a.name.replace("_", "a").isalnum() and not a.name[0].isdigit():
+            x.name_hint = a.name
+        vals[v.index] = x
+    for e in tr.events:
+        if isinstance(e, Arg):
+            continue
+        operands = [vals[v.index] for v in e.operands]
+        if e.op == "call":
+            f, outs, _ = e.data
+            mapping = dict(zip(f.args, operands))
+            for op in f.body.block.ops:
+                if op is f.body.block.last_op:
+                    break
+                block.add_op(op.clone(value_mapper=mapping))
+            for r, o in zip(e.results, outs):
+                vals[r.index] = mapping.get(o, o)
+            continue
+        (r,) = e.results
+        typ = tensor_type(r.type.shape, r.type.dtype)
+        if e.op == "rlx.constant":
+            op = ConstantOp.create(result_types=[typ], properties={
+                "value": DenseIntOrFPElementsAttr(typ, BytesAttr(e.data[2]))})
+        elif e.op == "rlx.cast":
+            op = CastOp.create(operands=operands, result_types=[typ])
+        else:
+            op = create_op(OPS[e.op], operands, typ, **e.params)
+        block.add_op(op)
+        vals[r.index] = op.results[0]
+    mod, f, block = new_function(tr.name, tr.args, block)
+    finish_function(f, block, [vals[v.index] for v in tr.outputs])
+    mod.verify()
+    return mod
 
 
 def parse(text: str) -> ModuleOp:

@@ -2,8 +2,9 @@
 
 Each op has a one-line summary, an MLIR example, a custom assembly format and a
 verifier. Verification and the tracer share one shape function per op
-(`infer(operand_types, **params) -> (shape, dtype)`), so a graph the tracer
-builds is exactly what the verifier accepts.
+(`infer(operand_types, **params) -> (shape, dtype)`, in dialect/shapes.py with
+the op's family and parameter kinds, free of xDSL so that tracing needs none),
+so a graph the tracer builds is exactly what the verifier accepts.
 
 Conventions (documented once, relied on by every pass):
 - Inputs and params are the arguments of the one `func.func` in a module,
@@ -53,18 +54,16 @@ from xdsl.irdl import (
 from xdsl.traits import Pure
 from xdsl.utils.exceptions import VerifyException
 
-from .types import (
-    FLOAT_DTYPES,
-    dense_attr,
-    dense_value,
-    INT_DTYPES,
+from .shapes import (  # noqa: F401  (BINARY..REDUCE, normalize_axes: re-exported)
+    BINARY,
+    COMPARE,
+    REDUCE,
+    SHAPES,
+    UNARY,
     ShapeError,
-    broadcast_shapes,
-    dtype_of,
-    numel,
-    shape_of,
-    tensor_type,
+    normalize_axes,
 )
+from .types import dense_attr, dense_value, dtype_of, tensor_type, ttype
 
 # How each kind of op parameter is stored as an xDSL property.
 _PARAM_KINDS = {
@@ -126,16 +125,20 @@ class RlxOp(IRDLOperation):
 
 
 def make_op(cls, operands, **params):
-    """Build an op of class `cls`, inferring its result type (the tracer's entry point)."""
+    """Build an op of class `cls`, inferring its result type (the passes' entry point)."""
     types = [o.type for o in operands]
     shape, dtype = cls.infer(types, **params)
+    return create_op(cls, operands, tensor_type(shape, dtype), **params)
+
+
+def create_op(cls, operands, result_type, **params):
+    """Build an op of class `cls` with a known result type (not checked: verify does)."""
     props = {}
     for k, kind in cls.PARAMS.items():
         p = _to_prop(kind, params[k])
         if p is not None:
             props[k] = p
-    return cls.create(operands=list(operands), result_types=[tensor_type(shape, dtype)],
-                      properties=props)
+    return cls.create(operands=list(operands), result_types=[result_type], properties=props)
 
 
 OPS: dict[str, type] = {}
@@ -147,8 +150,18 @@ def _register(cls):
     return cls
 
 
-def _define(opname: str, summary: str, example: str, family: str, fields: dict,
-            fmt: str, infer: Callable, params: dict | None = None, pure: bool = True):
+def _on_xdsl(infer: Callable) -> Callable:
+    """The op's shape function (dialect/shapes.py), called with xDSL types or values."""
+    def on_types(types, **params):
+        return infer([ttype(t) for t in types], **params)
+    on_types.__doc__ = infer.__doc__
+    return on_types
+
+
+def _define(opname: str, summary: str, example: str, fields: dict, fmt: str,
+            pure: bool = True):
+    """Declare `rlx.OPNAME`; its family, parameters and shape function come from SHAPES."""
+    shape = SHAPES[f"rlx.{opname}"]
     doc = f"{summary}\n\nExample:\n\n    {example}\n"
     body = dict(fields)
     body.update({
@@ -156,12 +169,12 @@ def _define(opname: str, summary: str, example: str, family: str, fields: dict,
         "__doc__": doc,
         "__module__": __name__,
         "__annotations__": {"FAMILY": ClassVar[str], "PARAMS": ClassVar[dict]},
-        "FAMILY": family,
-        "PARAMS": dict(params or {}),
-        "infer": staticmethod(infer),
+        "FAMILY": shape.family,
+        "PARAMS": dict(shape.params),
+        "infer": staticmethod(_on_xdsl(shape.infer)),
         "assembly_format": fmt,
     })
-    for k, kind in (params or {}).items():
+    for k, kind in shape.params.items():
         body[k] = _PARAM_KINDS[kind]()
     if pure:
         body["traits"] = traits_def(Pure())
@@ -169,15 +182,7 @@ def _define(opname: str, summary: str, example: str, family: str, fields: dict,
     return _register(type(clsname, (RlxOp,), body))
 
 
-def _sig(t):
-    return shape_of(t), dtype_of(t)
-
-
 # ---------------------------------------------------------------- constants
-
-def _infer_constant(types, **_):
-    raise AssertionError("constants carry their type")
-
 
 @_register
 class ConstantOp(RlxOp):
@@ -228,115 +233,34 @@ class ConstantOp(RlxOp):
 
 # ---------------------------------------------------------------- elementwise
 
-def _same_float(opname):
-    def infer(types, **_):
-        (t,) = types
-        if dtype_of(t) not in FLOAT_DTYPES:
-            raise ShapeError(f"{opname}: expects a float tensor, got {dtype_of(t)}")
-        return _sig(t)
-    return infer
-
-
-def _same_any(types, **_):
-    (t,) = types
-    return _sig(t)
-
-
-def _binary_infer(opname):
-    def infer(types, **_):
-        a, b = types
-        if shape_of(a) != shape_of(b) or dtype_of(a) != dtype_of(b):
-            raise ShapeError(f"{opname}: operand types differ: {a} vs {b} "
-                             "(the tracer inserts rlx.broadcast_to)")
-        return _sig(a)
-    return infer
-
-
-def _compare_infer(opname):
-    def infer(types, **_):
-        a, b = types
-        if shape_of(a) != shape_of(b) or dtype_of(a) != dtype_of(b):
-            raise ShapeError(f"{opname}: operand types differ: {a} vs {b}")
-        return shape_of(a), "i1"
-    return infer
-
-
-UNARY = {
-    "neg": "negation, -x",
-    "exp": "e to the x",
-    "log": "natural logarithm",
-    "sqrt": "square root",
-    "rsqrt": "1/sqrt(x)",
-    "tanh": "hyperbolic tangent",
-    "sigmoid": "logistic 1/(1+exp(-x))",
-    "relu": "max(x, 0)",
-    "gelu": "GELU, erf form: 0.5x(1+erf(x/sqrt 2))",
-    "gelu_tanh": "GELU, tanh approximation",
-    "silu": "x*sigmoid(x)",
-    "softplus": "log(1+exp(x)), computed stably",
-    "abs": "absolute value",
-    "sin": "sine",
-    "cos": "cosine",
-    "sign": "sign: -1, 0 or 1 (NaN stays NaN)",
-    "reciprocal": "1/x",
-    "erf": "the error function",
-    "stop_gradient": "identity whose derivative is zero",
-}
-BINARY = {
-    "add": "a + b", "sub": "a - b", "mul": "a * b", "div": "a / b",
-    "pow": "a ** b", "maximum": "elementwise max (NaN propagates)",
-    "minimum": "elementwise min (NaN propagates)",
-}
-COMPARE = {"eq": "a == b", "ne": "a != b", "lt": "a < b", "le": "a <= b",
-           "gt": "a > b", "ge": "a >= b"}
-
 for _n, _s in UNARY.items():
     _T = VarConstraint("T", AnyAttr())
-    _define(_n, f"Elementwise {_s}.", f"%y = rlx.{_n} %x : tensor<4xf32>", "unary",
+    _define(_n, f"Elementwise {_s}.", f"%y = rlx.{_n} %x : tensor<4xf32>",
             {"input": operand_def(_T), "result": result_def(_T)},
-            "$input attr-dict `:` type($result)",
-            _same_float(_n) if _n != "stop_gradient" else _same_any)
+            "$input attr-dict `:` type($result)")
 
 for _n, _s in BINARY.items():
     _T = VarConstraint("T", AnyAttr())
     _define(_n, f"Elementwise {_s}; operands share one type.",
-            f"%z = rlx.{_n} %x, %y : tensor<4x3xf32>", "binary",
+            f"%z = rlx.{_n} %x, %y : tensor<4x3xf32>",
             {"lhs": operand_def(_T), "rhs": operand_def(_T), "result": result_def(_T)},
-            "$lhs `,` $rhs attr-dict `:` type($result)", _binary_infer(_n))
+            "$lhs `,` $rhs attr-dict `:` type($result)")
 
 for _n, _s in COMPARE.items():
     _T = VarConstraint("T", AnyAttr())
     _define(_n, f"Elementwise comparison {_s}, giving an i1 mask.",
-            f"%m = rlx.{_n} %x, %y : tensor<4xf32> -> tensor<4xi1>", "compare",
+            f"%m = rlx.{_n} %x, %y : tensor<4xf32> -> tensor<4xi1>",
             {"lhs": operand_def(_T), "rhs": operand_def(_T), "result": result_def(TensorType)},
-            "$lhs `,` $rhs attr-dict `:` type($lhs) `->` type($result)", _compare_infer(_n))
-
-
-def _infer_select(types, **_):
-    c, a, b = types
-    if dtype_of(c) != "i1":
-        raise ShapeError(f"select: condition must be i1, got {dtype_of(c)}")
-    if not (shape_of(c) == shape_of(a) == shape_of(b)) or dtype_of(a) != dtype_of(b):
-        raise ShapeError(f"select: types differ: {c}, {a}, {b}")
-    return _sig(a)
+            "$lhs `,` $rhs attr-dict `:` type($lhs) `->` type($result)")
 
 
 _T = VarConstraint("T", AnyAttr())
 SelectOp = _define(
     "select", "Elementwise where(cond, a, b).",
-    "%z = rlx.select %m, %x, %y : tensor<4xi1>, tensor<4xf32>", "select",
+    "%z = rlx.select %m, %x, %y : tensor<4xi1>, tensor<4xf32>",
     {"cond": operand_def(TensorType), "on_true": operand_def(_T), "on_false": operand_def(_T),
      "result": result_def(_T)},
-    "$cond `,` $on_true `,` $on_false attr-dict `:` type($cond) `,` type($result)", _infer_select)
-
-
-def _infer_fake_quant(types, exp_bits, man_bits, max_normal):
-    (t,) = types
-    if dtype_of(t) not in FLOAT_DTYPES:
-        raise ShapeError(f"fake_quant: expects a float tensor, got {dtype_of(t)}")
-    if exp_bits < 1 or man_bits < 0 or not max_normal > 0:
-        raise ShapeError(f"fake_quant: bad format e{exp_bits}m{man_bits} max {max_normal}")
-    return _sig(t)
+    "$cond `,` $on_true `,` $on_false attr-dict `:` type($cond) `,` type($result)")
 
 
 _T = VarConstraint("T", AnyAttr())
@@ -344,242 +268,91 @@ FakeQuantOp = _define(
     "fake_quant",
     "Round to a low-precision float grid (round to nearest even, subnormals, saturating); "
     "straight-through gradient.",
-    "%q = rlx.fake_quant %w exp = 4 man = 3 max = 4.480000e+02 : tensor<8xf32>", "unary",
+    "%q = rlx.fake_quant %w exp = 4 man = 3 max = 4.480000e+02 : tensor<8xf32>",
     {"input": operand_def(_T), "result": result_def(_T)},
-    "$input `exp` `=` $exp_bits `man` `=` $man_bits `max` `=` $max_normal attr-dict `:` type($result)",
-    _infer_fake_quant, {"exp_bits": "int", "man_bits": "int", "max_normal": "float"})
+    "$input `exp` `=` $exp_bits `man` `=` $man_bits `max` `=` $max_normal attr-dict `:` type($result)")
 
 
 # ---------------------------------------------------------------- reductions
 
-def normalize_axes(axes, rank: int, what: str) -> tuple[int, ...]:
-    if axes is None:
-        return tuple(range(rank))
-    if isinstance(axes, int):
-        axes = (axes,)
-    out = []
-    for a in axes:
-        a = int(a)
-        if not -rank <= a < rank:
-            raise ShapeError(f"{what}: axis {a} out of range for rank {rank}")
-        out.append(a % rank)
-    if len(set(out)) != len(out):
-        raise ShapeError(f"{what}: repeated axis in {tuple(axes)}")
-    return tuple(sorted(out))
-
-
-def _reduce_infer(opname):
-    def infer(types, axes, keepdims):
-        (t,) = types
-        shp = shape_of(t)
-        ax = normalize_axes(axes, len(shp), opname)
-        if tuple(axes) != ax:
-            raise ShapeError(f"{opname}: axes must be sorted and non-negative, got {tuple(axes)}")
-        if opname in ("max", "min") and any(shp[a] == 0 for a in ax):
-            raise ShapeError(f"{opname}: reduction over an empty axis of {shp}")
-        if keepdims:
-            out = tuple(1 if i in ax else d for i, d in enumerate(shp))
-        else:
-            out = tuple(d for i, d in enumerate(shp) if i not in ax)
-        return out, dtype_of(t)
-    return infer
-
-
-REDUCE = {"sum": "sum", "mean": "mean", "max": "maximum", "min": "minimum", "prod": "product"}
 for _n, _s in REDUCE.items():
     _define(_n, f"Reduce by {_s} over `axes` (sorted), optionally keeping them as size 1.",
             f"%s = rlx.{_n} %x axes = [1] keepdims : tensor<4x3xf32> -> tensor<4x1xf32>",
-            "reduce", {"input": operand_def(TensorType), "result": result_def(TensorType)},
+            {"input": operand_def(TensorType), "result": result_def(TensorType)},
             "$input `axes` `=` $axes (`keepdims` $keepdims^)? attr-dict `:` type($input) `->` "
-            "type($result)", _reduce_infer(_n), {"axes": "ints", "keepdims": "flag"})
+            "type($result)")
 
 
 # ---------------------------------------------------------------- linear algebra
 
-def _infer_matmul(types, **_):
-    a, b = types
-    sa, sb = shape_of(a), shape_of(b)
-    if len(sa) < 2 or len(sb) < 2:
-        raise ShapeError(f"matmul: {sa} @ {sb}: operands need rank >= 2 "
-                         "(the tracer reshapes vectors)")
-    if sa[-1] != sb[-2]:
-        raise ShapeError(f"matmul: {sa} @ {sb}: inner dimensions {sa[-1]} != {sb[-2]}")
-    if dtype_of(a) != dtype_of(b):
-        raise ShapeError(f"matmul: dtypes differ: {dtype_of(a)} vs {dtype_of(b)}")
-    batch = broadcast_shapes(sa[:-2], sb[:-2], f"matmul: {sa} @ {sb}: batch dims")
-    return batch + (sa[-2], sb[-1]), dtype_of(a)
-
-
 MatmulOp = _define(
     "matmul", "Matrix product with NumPy semantics: batched, batch dims broadcast.",
-    "%c = rlx.matmul %a, %b : tensor<8x4xf32>, tensor<4x3xf32> -> tensor<8x3xf32>", "matmul",
+    "%c = rlx.matmul %a, %b : tensor<8x4xf32>, tensor<4x3xf32> -> tensor<8x3xf32>",
     {"lhs": operand_def(TensorType), "rhs": operand_def(TensorType),
      "result": result_def(TensorType)},
-    "$lhs `,` $rhs attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)", _infer_matmul)
+    "$lhs `,` $rhs attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)")
 
 
 # ---------------------------------------------------------------- shape ops
 
-def _infer_transpose(types, perm):
-    (t,) = types
-    shp = shape_of(t)
-    if sorted(perm) != list(range(len(shp))):
-        raise ShapeError(f"transpose: {tuple(perm)} is not a permutation of rank {len(shp)}")
-    return tuple(shp[p] for p in perm), dtype_of(t)
-
-
 TransposeOp = _define(
     "transpose", "Permute dimensions: result dim i is input dim perm[i].",
-    "%t = rlx.transpose %x perm = [1, 0] : tensor<4x3xf32> -> tensor<3x4xf32>", "shape",
+    "%t = rlx.transpose %x perm = [1, 0] : tensor<4x3xf32> -> tensor<3x4xf32>",
     {"input": operand_def(TensorType), "result": result_def(TensorType)},
-    "$input `perm` `=` $perm attr-dict `:` type($input) `->` type($result)",
-    _infer_transpose, {"perm": "ints"})
-
-
-def _infer_reshape(types, shape):
-    (t,) = types
-    if numel(shape) != numel(shape_of(t)) or any(d < 0 for d in shape):
-        raise ShapeError(f"reshape: cannot reshape {shape_of(t)} to {tuple(shape)}")
-    return tuple(shape), dtype_of(t)
-
+    "$input `perm` `=` $perm attr-dict `:` type($input) `->` type($result)")
 
 ReshapeOp = _define(
     "reshape", "Same elements in row-major order, new shape (also expand_dims/squeeze).",
-    "%r = rlx.reshape %x shape = [12] : tensor<4x3xf32> -> tensor<12xf32>", "shape",
+    "%r = rlx.reshape %x shape = [12] : tensor<4x3xf32> -> tensor<12xf32>",
     {"input": operand_def(TensorType), "result": result_def(TensorType)},
-    "$input `shape` `=` $shape attr-dict `:` type($input) `->` type($result)",
-    _infer_reshape, {"shape": "ints"})
-
-
-def _infer_broadcast(types, shape):
-    (t,) = types
-    shp = shape_of(t)
-    try:
-        out = broadcast_shapes(shp, shape, "broadcast_to")
-    except ShapeError:
-        out = None
-    if out != tuple(shape):
-        raise ShapeError(f"broadcast_to: cannot broadcast {shp} to {tuple(shape)}")
-    return tuple(shape), dtype_of(t)
-
+    "$input `shape` `=` $shape attr-dict `:` type($input) `->` type($result)")
 
 BroadcastToOp = _define(
     "broadcast_to", "NumPy broadcast to `shape` (dims aligned on the right).",
-    "%b = rlx.broadcast_to %x shape = [4, 3] : tensor<3xf32> -> tensor<4x3xf32>", "shape",
+    "%b = rlx.broadcast_to %x shape = [4, 3] : tensor<3xf32> -> tensor<4x3xf32>",
     {"input": operand_def(TensorType), "result": result_def(TensorType)},
-    "$input `shape` `=` $shape attr-dict `:` type($input) `->` type($result)",
-    _infer_broadcast, {"shape": "ints"})
-
-
-def _infer_slice(types, starts, limits, strides):
-    (t,) = types
-    shp = shape_of(t)
-    if not (len(starts) == len(limits) == len(strides) == len(shp)):
-        raise ShapeError(f"slice: starts/limits/strides need {len(shp)} entries each")
-    out = []
-    for d, s, l, st in zip(shp, starts, limits, strides):
-        if st < 1 or not 0 <= s <= l <= d:
-            raise ShapeError(f"slice: [{s}:{l}:{st}] out of range for dim {d} of {shp}")
-        out.append((l - s + st - 1) // st)
-    return tuple(out), dtype_of(t)
-
+    "$input `shape` `=` $shape attr-dict `:` type($input) `->` type($result)")
 
 SliceOp = _define(
     "slice", "Strided window x[starts:limits:strides] per dim (narrow is a slice).",
     "%s = rlx.slice %x starts = [0, 1] limits = [4, 3] strides = [1, 1] : "
-    "tensor<4x3xf32> -> tensor<4x2xf32>", "shape",
+    "tensor<4x3xf32> -> tensor<4x2xf32>",
     {"input": operand_def(TensorType), "result": result_def(TensorType)},
     "$input `starts` `=` $starts `limits` `=` $limits `strides` `=` $strides attr-dict `:` "
-    "type($input) `->` type($result)", _infer_slice,
-    {"starts": "ints", "limits": "ints", "strides": "ints"})
-
-
-def _infer_pad(types, low, high):
-    (t,) = types
-    shp = shape_of(t)
-    if not (len(low) == len(high) == len(shp)) or min(low + high, default=0) < 0:
-        raise ShapeError(f"pad: low/high need {len(shp)} non-negative entries")
-    return tuple(d + a + b for d, a, b in zip(shp, low, high)), dtype_of(t)
-
+    "type($input) `->` type($result)")
 
 PadOp = _define(
     "pad", "Zero padding: `low[i]` zeros before and `high[i]` after dim i "
     "(the transpose of slice with unit strides).",
-    "%p = rlx.pad %x low = [0, 1] high = [0, 0] : tensor<4x2xf32> -> tensor<4x3xf32>", "shape",
+    "%p = rlx.pad %x low = [0, 1] high = [0, 0] : tensor<4x2xf32> -> tensor<4x3xf32>",
     {"input": operand_def(TensorType), "result": result_def(TensorType)},
-    "$input `low` `=` $low `high` `=` $high attr-dict `:` type($input) `->` type($result)",
-    _infer_pad, {"low": "ints", "high": "ints"})
-
-
-def _infer_concat(types, axis):
-    if not types:
-        raise ShapeError("concat: needs at least one tensor")
-    s0 = shape_of(types[0])
-    if not 0 <= axis < len(s0):
-        raise ShapeError(f"concat: axis {axis} out of range for rank {len(s0)}")
-    total = 0
-    for t in types:
-        s = shape_of(t)
-        if len(s) != len(s0) or any(a != b for i, (a, b) in enumerate(zip(s, s0)) if i != axis) \
-                or dtype_of(t) != dtype_of(types[0]):
-            raise ShapeError(f"concat: {s} does not match {s0} outside axis {axis}")
-        total += s[axis]
-    return s0[:axis] + (total,) + s0[axis + 1:], dtype_of(types[0])
-
+    "$input `low` `=` $low `high` `=` $high attr-dict `:` type($input) `->` type($result)")
 
 ConcatOp = _define(
     "concat", "Join tensors along `axis`.",
     "%c = rlx.concat %a, %b axis = 0 : (tensor<2xf32>, tensor<3xf32>) -> tensor<5xf32>",
-    "variadic", {"inputs": var_operand_def(TensorType), "result": result_def(TensorType)},
-    "$inputs `axis` `=` $axis attr-dict `:` `(` type($inputs) `)` `->` type($result)",
-    _infer_concat, {"axis": "int"})
-
-
-def _infer_gather(types, axis):
-    table, idx = types
-    st, si = shape_of(table), shape_of(idx)
-    if not 0 <= axis < len(st):
-        raise ShapeError(f"gather: axis {axis} out of range for table {st}")
-    if dtype_of(idx) not in INT_DTYPES:
-        raise ShapeError(f"gather: indices must be i32 or i64, got {dtype_of(idx)}")
-    return st[:axis] + si + st[axis + 1:], dtype_of(table)
-
+    {"inputs": var_operand_def(TensorType), "result": result_def(TensorType)},
+    "$inputs `axis` `=` $axis attr-dict `:` `(` type($inputs) `)` `->` type($result)")
 
 GatherOp = _define(
     "gather", "Take slices of `table` along `axis` at integer `indices` "
     "(index_select, embedding lookup).",
     "%e = rlx.gather %table[%ids] axis = 0 : tensor<100x16xf32>, tensor<8xi32> -> "
-    "tensor<8x16xf32>", "gather",
+    "tensor<8x16xf32>",
     {"table": operand_def(TensorType), "indices": operand_def(TensorType),
      "result": result_def(TensorType)},
     "$table `[` $indices `]` `axis` `=` $axis attr-dict `:` type($table) `,` type($indices) "
-    "`->` type($result)", _infer_gather, {"axis": "int"})
-
-
-def _infer_scatter_add(types, axis, dim):
-    idx, upd = types
-    si, su = shape_of(idx), shape_of(upd)
-    if dtype_of(idx) not in INT_DTYPES:
-        raise ShapeError(f"scatter_add: indices must be i32 or i64, got {dtype_of(idx)}")
-    n = len(si)
-    if not 0 <= axis <= len(su) - n or su[axis:axis + n] != si:
-        raise ShapeError(f"scatter_add: updates {su} do not hold indices {si} at axis {axis}")
-    return su[:axis] + (dim,) + su[axis + n:], dtype_of(upd)
-
+    "`->` type($result)")
 
 ScatterAddOp = _define(
     "scatter_add", "Zeros of the result shape with `updates` added at `indices` along `axis` "
     "(the transpose of gather).",
     "%g = rlx.scatter_add %ids, %upd axis = 0 dim = 100 : tensor<8xi32>, tensor<8x16xf32> -> "
-    "tensor<100x16xf32>", "gather",
+    "tensor<100x16xf32>",
     {"indices": operand_def(TensorType), "updates": operand_def(TensorType),
      "result": result_def(TensorType)},
     "$indices `,` $updates `axis` `=` $axis `dim` `=` $dim attr-dict `:` type($indices) `,` "
-    "type($updates) `->` type($result)", _infer_scatter_add, {"axis": "int", "dim": "int"})
-
-
-def _infer_cast(types, **_):
-    raise AssertionError("cast carries its result type")
+    "type($updates) `->` type($result)")
 
 
 @_register
@@ -598,9 +371,7 @@ class CastOp(RlxOp):
     traits = traits_def(Pure())
     assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
 
-    @staticmethod
-    def infer(types, dtype):
-        return shape_of(types[0]), dtype
+    infer = staticmethod(_on_xdsl(SHAPES["rlx.cast"].infer))
 
     def params(self) -> dict:
         return {"dtype": dtype_of(self.results[0].type)}

@@ -4,16 +4,21 @@ A Func holds an rlx module (one `func.func`) and the arrays bound to its
 params. Every builder (`with_param`, `init_randn`, a transform) returns a new
 Func; the IR of a Func is never mutated in place, so clones share it and its
 compiled artifacts.
+
+A traced Func starts as a light trace (dialect/trace.py): its signature is
+known at once, its module is built on first use (`module`, `mlir`,
+`ir_hash`, a transform, a compile), and `trace_hash` names its IR without
+building it, so a process whose compiled code is in the disk cache (a
+Trainer's step, rlxc/train.py) never imports xDSL.
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import threading
 
 import numpy as np
 
-from rlxc.dialect import module as M
-from rlxc.dialect.interpreter import interpret
 from rlxc.runtime.errors import NameLookupError
 from rlxc.runtime.signature import bind_args, coerce
 
@@ -33,11 +38,17 @@ class Func:
             raise ValueError(f"Func name must be a C identifier, got {name!r}")
         if (build is None) == (module is None):
             raise TypeError("Func(name, build): give a build function")
-        if module is None:
-            module = _trace(name, build)
         self.name = name
-        self._module = module
-        self._args = M.signature(M.get_func(module))
+        if module is None:
+            self._src = _Traced(_trace(name, build))
+            self._mod = None
+            self._args = list(self._src.trace.args)
+        else:
+            from rlxc.dialect import module as M
+
+            self._src = None
+            self._mod = module
+            self._args = M.signature(M.get_func(module))
         self._bound: dict[str, np.ndarray] = {}
         self._hash = None
         for k, v in (params or {}).items():
@@ -47,6 +58,8 @@ class Func:
     @classmethod
     def from_module(cls, module, params=None) -> "Func":
         """Wrap an existing rlx module (verified; its function name becomes the Func name)."""
+        from rlxc.dialect import module as M
+
         module.verify()
         f = M.get_func(module)
         return cls(f.sym_name.data, module=module, params=params)
@@ -54,10 +67,14 @@ class Func:
     @classmethod
     def from_mlir(cls, text: str, params=None) -> "Func":
         """Parse rlx-dialect MLIR text (as printed by `mlir()`)."""
+        from rlxc.dialect import module as M
+
         return cls.from_module(M.parse(text), params)
 
     def mlir(self) -> str:
         """The module as MLIR text; `Func.from_mlir(f.mlir())` round-trips."""
+        from rlxc.dialect import module as M
+
         return M.to_text(self._module)
 
     @property
@@ -65,17 +82,36 @@ class Func:
         """The rlx module. Treat as read-only: passes work on clones."""
         return self._module
 
+    @property
+    def _module(self):
+        return self._mod if self._mod is not None else self._src.module()
+
     def ir_hash(self) -> str:
+        """sha256 of the MLIR text."""
         if self._hash is None:
             self._hash = hashlib.sha256(self.mlir().encode()).hexdigest()
         return self._hash
+
+    def trace_hash(self) -> str:
+        """A hash that determines this Func's IR, computed without building the IR when
+        the Func was traced: "trace:" + the trace's digest (which, with the tracer and
+        dialect sources and the xDSL version, decides the module); otherwise
+        ir_hash().  For cache keys that include those sources (rlxc/train.py)."""
+        if self._src is not None:
+            return "trace:" + self._src.trace.digest()
+        return self.ir_hash()
 
     def _derive(self, module=None, params=None, name=None) -> "Func":
         """A new Func: same IR unless `module` is given; params carried over where they fit."""
         g = Func.__new__(Func)
         g.name = name or self.name
-        g._module = module if module is not None else self._module
-        g._args = M.signature(M.get_func(g._module)) if module is not None else self._args
+        if module is not None:
+            from rlxc.dialect import module as M
+
+            g._src, g._mod = None, module
+            g._args = M.signature(M.get_func(module))
+        else:
+            g._src, g._mod, g._args = self._src, self._mod, self._args
         g._hash = self._hash if module is None else None
         keep = {a.name: a for a in g._args if a.kind == "param"}
         g._bound = {k: v for k, v in self._bound.items()
@@ -110,9 +146,16 @@ class Func:
         return tuple(self._arg(name, "input").shape)
 
     def output_count(self) -> int:
+        if self._mod is None:
+            return len(self._src.trace.outputs)
+        from rlxc.dialect import module as M
+
         return len(M.outputs(M.get_func(self._module)))
 
     def output_shapes(self) -> list[tuple]:
+        if self._mod is None:
+            return [v.type.shape for v in self._src.trace.outputs]
+        from rlxc.dialect import module as M
         from rlxc.dialect.types import shape_of
 
         return [shape_of(v.type) for v in M.outputs(M.get_func(self._module))]
@@ -286,7 +329,32 @@ class _Interp:
         self.module = module
 
     def run(self, arrays):
+        from rlxc.dialect.interpreter import interpret
+
         return interpret(self.module, arrays)
+
+
+class _Traced:
+    """A finished trace and the module built from it once, on first use.
+
+    Shared by every Func derived from the traced one (`with_param`, ...), so
+    they share one module object, as Funcs built from a module do."""
+
+    def __init__(self, trace):
+        self.trace = trace
+        self._module = None
+        self._lock = threading.Lock()
+
+    def module(self):
+        m = self._module
+        if m is None:
+            with self._lock:
+                if self._module is None:
+                    from rlxc.dialect import module as M
+
+                    self._module = M.from_trace(self.trace)
+                m = self._module
+        return m
 
 
 def default_device() -> str:
@@ -303,7 +371,8 @@ def default_device() -> str:
     return "cpu"
 
 
-def _trace(name: str, build) -> object:
+def _trace(name: str, build):
+    """Run `build` on a new GraphScope; the finished light trace (no IR yet)."""
     scope = GraphScope()
     out = build(scope)
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
@@ -314,7 +383,4 @@ def _trace(name: str, build) -> object:
             raise TypeError(f"Func {name!r}: output #{i} is {type(o).__name__}, not a Tensor")
         if o.scope is not scope:
             raise ValueError(f"Func {name!r}: output #{i} comes from another scope")
-    mod, f, block = M.new_function(name, scope.args, scope.block)
-    M.finish_function(f, block, [o.value for o in outs])
-    mod.verify()
-    return mod
+    return scope.trace.finish(name, [o.value for o in outs])

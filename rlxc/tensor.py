@@ -1,34 +1,35 @@
-"""Tracing: GraphScope and Tensor build rlx IR directly (no text parsing).
+"""Tracing: GraphScope and Tensor record a light trace of rlx ops (no IR, no xDSL).
 
 `GraphScope` declares the function's inputs, params and constants;
 `Tensor` is a traced value whose methods append rlx ops. NumPy broadcasting
 is resolved here: binary ops broadcast both sides explicitly with
 `rlx.broadcast_to`, and Python scalars become splat constants of the result
-shape. Shape errors are raised at trace time and name the op and the shapes.
+shape. Shape errors are raised at trace time and name the op and the shapes
+(each op's shape function, dialect/shapes.py, runs as the op is recorded).
+
+What is recorded is a `Trace` (dialect/trace.py): Func builds the rlx module
+from it on first use, and its digest keys caches before any IR exists.
 """
 from __future__ import annotations
 
 import numbers
 
 import numpy as np
-from xdsl.ir import Block
 
-from rlxc.dialect import ops as O
-from rlxc.dialect.module import Arg, KINDS
-from rlxc.dialect.ops import make_op, normalize_axes
-from rlxc.runtime.errors import NameLookupError
-from rlxc.dialect.types import (
-    DTYPES,
+from rlxc.dialect.shapes import (
+    DTYPE_NAMES as DTYPES,
     FLOAT_DTYPES,
     INT_DTYPES,
+    SHAPES,
     ShapeError,
+    TType,
     broadcast_shapes,
-    dense_attr,
-    dtype_of,
+    dense_bytes,
+    normalize_axes,
     numel,
-    shape_of,
-    tensor_type,
 )
+from rlxc.dialect.trace import KINDS, Arg, Trace
+from rlxc.runtime.errors import NameLookupError
 
 
 def _np_dtype_name(a: np.ndarray, default_float="f32") -> str:
@@ -43,11 +44,11 @@ def _np_dtype_name(a: np.ndarray, default_float="f32") -> str:
 
 
 class GraphScope:
-    """Declares inputs, params and constants of a traced function, and owns its block."""
+    """Declares inputs, params and constants of a traced function, and records its ops."""
 
     def __init__(self):
-        self.block = Block()
-        self.args: list[Arg] = []
+        self.trace = Trace()
+        self.args: list[Arg] = self.trace.args
 
     # -- leaves ----------------------------------------------------------
     def _arg(self, name: str, shape, dtype: str, kind: str) -> "Tensor":
@@ -63,11 +64,7 @@ class GraphScope:
         shape = tuple(int(d) for d in shape)
         if any(d < 0 for d in shape):
             raise ShapeError(f"{kind} {name!r}: negative dimension in {shape}")
-        v = self.block.insert_arg(tensor_type(shape, dtype), len(self.block.args))
-        if name.replace("_", "a").isalnum() and not name[0].isdigit():
-            v.name_hint = name
-        self.args.append(Arg(name, kind, shape, dtype))
-        return Tensor(self, v)
+        return Tensor(self, self.trace.add_arg(Arg(name, kind, shape, dtype)))
 
     def input(self, name: str, shape, dtype: str = "f32") -> "Tensor":
         """A named runtime input of the given shape and dtype (f32, f64, i1, i32, i64)."""
@@ -90,25 +87,33 @@ class GraphScope:
         return self._emit_const(np.asarray(x), dtype)
 
     def _emit_const(self, a: np.ndarray, dtype: str) -> "Tensor":
-        op = O.ConstantOp.create(result_types=[tensor_type(a.shape, dtype)],
-                                 properties={"value": dense_attr(a, dtype)})
-        self.block.add_op(op)
-        return Tensor(self, op.results[0])
+        _check_dtype(dtype)
+        data = dense_bytes(a, dtype)
+        (v,) = self.trace.add("rlx.constant", [], {}, [TType(data[0], dtype)], data)
+        return Tensor(self, v)
 
     def _splat(self, value, shape, dtype) -> "Tensor":
         return self._emit_const(np.full(shape, value), dtype)
 
-    def emit(self, cls, operands, **params) -> "Tensor":
-        op = make_op(cls, [t.value for t in operands], **params)
-        self.block.add_op(op)
-        return Tensor(self, op.results[0])
+    def emit(self, op, operands, **params) -> "Tensor":
+        """Record one rlx op (its name, like "rlx.pad", or its class) on `operands`."""
+        name = op if isinstance(op, str) else op.name
+        spec = SHAPES[name]
+        shape, dtype = spec.infer([t.value.type for t in operands], **params)
+        _check_dtype(dtype)
+        (v,) = self.trace.add(name, [t.value for t in operands], spec.canonical(params),
+                              [TType(tuple(int(d) for d in shape), dtype)])
+        return Tensor(self, v)
 
     def call(self, fn, args) -> list["Tensor"]:
         """Inline a traced function (a Func or an rlx module) into this scope.
 
         `args` maps each of its argument names (inputs and params) to a Tensor
         of this scope (or an array, made a constant). Returns its outputs."""
+        import hashlib
+
         from rlxc.dialect import module as M
+        from rlxc.dialect.types import ttype
 
         mod = fn.module if hasattr(fn, "module") else fn
         f = M.get_func(mod)
@@ -118,7 +123,7 @@ class GraphScope:
         if missing or extra:
             raise NameLookupError(f"call @{f.sym_name.data}: missing {missing}, unknown {extra}; "
                                   f"arguments: {[a.name for a in sig]}")
-        mapping = {}
+        operands, mapping = [], {}
         for a, v in zip(sig, f.args):
             t = args[a.name]
             if not isinstance(t, Tensor):
@@ -126,14 +131,19 @@ class GraphScope:
             if t.shape != tuple(a.shape) or t.dtype != a.dtype:
                 raise ShapeError(f"call @{f.sym_name.data}: argument {a.name!r} expects "
                                  f"{tuple(a.shape)} {a.dtype}, got {t.shape} {t.dtype}")
+            operands.append(t.value)
             mapping[v] = t.value
         outs = M.outputs(f)
-        for op in f.body.block.ops:
-            if op is f.body.block.last_op:
-                break
-            new = op.clone(value_mapper=mapping)
-            self.block.add_op(new)
-        return [Tensor(self, mapping[o]) if o in mapping else Tensor(self, o) for o in outs]
+        new, seen = [], set()  # callee outputs computed by its body, not its arguments
+        for o in outs:
+            if o not in mapping and id(o) not in seen:
+                seen.add(id(o))
+                new.append(o)
+        ir = fn.ir_hash() if hasattr(fn, "ir_hash") else \
+            hashlib.sha256(M.to_text(mod).encode()).hexdigest()
+        res = self.trace.add("call", operands, {}, [ttype(o) for o in new], (f, new, ir))
+        mapping.update(zip(new, res))
+        return [Tensor(self, mapping[o]) for o in outs]
 
     # -- conveniences mirroring Tensor methods ----------------------------
     @staticmethod
@@ -157,11 +167,11 @@ class Tensor:
     # -- info ------------------------------------------------------------
     @property
     def shape(self) -> tuple[int, ...]:
-        return shape_of(self.value.type)
+        return self.value.type.shape
 
     @property
     def dtype(self) -> str:
-        return dtype_of(self.value.type)
+        return self.value.type.dtype
 
     @property
     def ndim(self) -> int:
@@ -194,8 +204,8 @@ class Tensor:
             return self.scope.constant(a, dt)
         raise TypeError(f"{what}: cannot combine a Tensor with {type(other).__name__}")
 
-    def _binary(self, cls, other, swap=False) -> "Tensor":
-        what = cls.name
+    def _binary(self, op: str, other, swap=False) -> "Tensor":
+        what = op
         o = self._lift(other, what)
         if o is None:
             if self.dtype not in FLOAT_DTYPES and not float(other).is_integer():
@@ -205,40 +215,40 @@ class Tensor:
             raise TypeError(f"{what}: dtypes differ: {self.dtype} vs {o.dtype}; use .cast()")
         a, b = (o, self) if swap else (self, o)
         shp = broadcast_shapes(a.shape, b.shape, what)
-        return self.scope.emit(cls, [a.broadcast_to(shp), b.broadcast_to(shp)])
+        return self.scope.emit(op, [a.broadcast_to(shp), b.broadcast_to(shp)])
 
-    def __add__(self, o): return self._binary(O.OPS["rlx.add"], o)
-    def __radd__(self, o): return self._binary(O.OPS["rlx.add"], o, swap=True)
-    def __sub__(self, o): return self._binary(O.OPS["rlx.sub"], o)
-    def __rsub__(self, o): return self._binary(O.OPS["rlx.sub"], o, swap=True)
-    def __mul__(self, o): return self._binary(O.OPS["rlx.mul"], o)
-    def __rmul__(self, o): return self._binary(O.OPS["rlx.mul"], o, swap=True)
-    def __truediv__(self, o): return self._binary(O.OPS["rlx.div"], o)
-    def __rtruediv__(self, o): return self._binary(O.OPS["rlx.div"], o, swap=True)
+    def __add__(self, o): return self._binary("rlx.add", o)
+    def __radd__(self, o): return self._binary("rlx.add", o, swap=True)
+    def __sub__(self, o): return self._binary("rlx.sub", o)
+    def __rsub__(self, o): return self._binary("rlx.sub", o, swap=True)
+    def __mul__(self, o): return self._binary("rlx.mul", o)
+    def __rmul__(self, o): return self._binary("rlx.mul", o, swap=True)
+    def __truediv__(self, o): return self._binary("rlx.div", o)
+    def __rtruediv__(self, o): return self._binary("rlx.div", o, swap=True)
 
     def __pow__(self, o):
         if isinstance(o, numbers.Number) and o == 2:
             return self * self  # exact, cheaper, and differentiable at 0
-        return self._binary(O.OPS["rlx.pow"], o)
+        return self._binary("rlx.pow", o)
 
-    def __rpow__(self, o): return self._binary(O.OPS["rlx.pow"], o, swap=True)
+    def __rpow__(self, o): return self._binary("rlx.pow", o, swap=True)
     def __neg__(self): return self._unary("neg")
     def __matmul__(self, o): return self.matmul(o)
 
     def __rmatmul__(self, o):
         return self._lift(o, "rlx.matmul").matmul(self)
 
-    def maximum(self, o): return self._binary(O.OPS["rlx.maximum"], o)
-    def minimum(self, o): return self._binary(O.OPS["rlx.minimum"], o)
-    def pow(self, o): return self._binary(O.OPS["rlx.pow"], o)
+    def maximum(self, o): return self._binary("rlx.maximum", o)
+    def minimum(self, o): return self._binary("rlx.minimum", o)
+    def pow(self, o): return self._binary("rlx.pow", o)
 
     # comparisons -> i1 masks
-    def eq(self, o): return self._binary(O.OPS["rlx.eq"], o)
-    def ne(self, o): return self._binary(O.OPS["rlx.ne"], o)
-    def lt(self, o): return self._binary(O.OPS["rlx.lt"], o)
-    def le(self, o): return self._binary(O.OPS["rlx.le"], o)
-    def gt(self, o): return self._binary(O.OPS["rlx.gt"], o)
-    def ge(self, o): return self._binary(O.OPS["rlx.ge"], o)
+    def eq(self, o): return self._binary("rlx.eq", o)
+    def ne(self, o): return self._binary("rlx.ne", o)
+    def lt(self, o): return self._binary("rlx.lt", o)
+    def le(self, o): return self._binary("rlx.le", o)
+    def gt(self, o): return self._binary("rlx.gt", o)
+    def ge(self, o): return self._binary("rlx.ge", o)
 
     def where(self, a, b) -> "Tensor":
         """`self` is an i1 mask: a where true, b where false."""
@@ -246,7 +256,7 @@ class Tensor:
 
     # -- unary -------------------------------------------------------------
     def _unary(self, name: str) -> "Tensor":
-        return self.scope.emit(O.OPS[f"rlx.{name}"], [self])
+        return self.scope.emit(f"rlx.{name}", [self])
 
     def exp(self): return self._unary("exp")
     def log(self): return self._unary("log")
@@ -283,12 +293,12 @@ class Tensor:
         if spec is None:
             raise ValueError(f"fake_quant: unknown format {fmt!r}")
         e, m, mx = spec
-        return self.scope.emit(O.FakeQuantOp, [self], exp_bits=e, man_bits=m, max_normal=mx)
+        return self.scope.emit("rlx.fake_quant", [self], exp_bits=e, man_bits=m, max_normal=mx)
 
     # -- reductions --------------------------------------------------------
     def _reduce(self, name, axes, keepdims):
         ax = normalize_axes(axes, self.ndim, name)
-        return self.scope.emit(O.OPS[f"rlx.{name}"], [self], axes=ax, keepdims=bool(keepdims))
+        return self.scope.emit(f"rlx.{name}", [self], axes=ax, keepdims=bool(keepdims))
 
     def sum(self, axes=None, keepdims=False): return self._reduce("sum", axes, keepdims)
     def mean(self, axes=None, keepdims=False): return self._reduce("mean", axes, keepdims)
@@ -313,7 +323,7 @@ class Tensor:
         if a.shape[-1] != b.shape[-2]:
             raise ShapeError(f"matmul: {self.shape} @ {o.shape}: inner dimensions "
                              f"{a.shape[-1]} != {b.shape[-2]}")
-        r = self.scope.emit(O.MatmulOp, [a, b])
+        r = self.scope.emit("rlx.matmul", [a, b])
         if va or vb:
             shp = r.shape[:-2] + ((r.shape[-2],) if not va else ()) + \
                 ((r.shape[-1],) if not vb else ())
@@ -341,7 +351,7 @@ class Tensor:
             raise ShapeError(f"reshape: cannot reshape {self.shape} to {shape}")
         if shape == self.shape:
             return self
-        return self.scope.emit(O.ReshapeOp, [self], shape=shape)
+        return self.scope.emit("rlx.reshape", [self], shape=shape)
 
     def flatten(self) -> "Tensor":
         return self.reshape(-1)
@@ -371,7 +381,7 @@ class Tensor:
         perm = tuple(int(p) % max(self.ndim, 1) for p in perm)
         if perm == tuple(range(self.ndim)):
             return self
-        return self.scope.emit(O.TransposeOp, [self], perm=perm)
+        return self.scope.emit("rlx.transpose", [self], perm=perm)
 
     @property
     def T(self) -> "Tensor":
@@ -381,11 +391,11 @@ class Tensor:
         shape = tuple(int(d) for d in shape)
         if shape == self.shape:
             return self
-        return self.scope.emit(O.BroadcastToOp, [self], shape=shape)
+        return self.scope.emit("rlx.broadcast_to", [self], shape=shape)
 
     def slice(self, starts, limits, strides=None) -> "Tensor":
         strides = tuple(strides) if strides is not None else (1,) * self.ndim
-        return self.scope.emit(O.SliceOp, [self], starts=tuple(starts), limits=tuple(limits),
+        return self.scope.emit("rlx.slice", [self], starts=tuple(starts), limits=tuple(limits),
                                strides=strides)
 
     def narrow(self, axis: int, start: int, length: int) -> "Tensor":
@@ -444,7 +454,7 @@ class Tensor:
         if indices.dtype not in INT_DTYPES:
             raise TypeError(f"gather: indices must be i32 or i64, got {indices.dtype}")
         axis = normalize_axes(axis, self.ndim, "gather")[0]
-        return self.scope.emit(O.GatherOp, [self, indices], axis=axis)
+        return self.scope.emit("rlx.gather", [self, indices], axis=axis)
 
     def index_select(self, axis: int, indices) -> "Tensor":
         return self.gather(indices, axis)
@@ -454,9 +464,9 @@ class Tensor:
             raise TypeError(f"cast: unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
         if dtype == self.dtype:
             return self
-        op = O.CastOp.create(operands=[self.value], result_types=[tensor_type(self.shape, dtype)])
-        self.scope.block.add_op(op)
-        return Tensor(self.scope, op.results[0])
+        (v,) = self.scope.trace.add("rlx.cast", [self.value], {"dtype": dtype},
+                                    [TType(self.shape, dtype)])
+        return Tensor(self.scope, v)
 
     # -- composites ----------------------------------------------------------
     def logsumexp(self, axis=-1, keepdims=False) -> "Tensor":
@@ -530,7 +540,7 @@ def where(cond: Tensor, a, b) -> Tensor:
     if a.dtype != b.dtype:
         raise TypeError(f"where: branch dtypes differ: {a.dtype} vs {b.dtype}")
     shp = broadcast_shapes(broadcast_shapes(cond.shape, a.shape, "select"), b.shape, "select")
-    return cond.scope.emit(O.SelectOp, [cond.broadcast_to(shp), a.broadcast_to(shp),
+    return cond.scope.emit("rlx.select", [cond.broadcast_to(shp), a.broadcast_to(shp),
                                         b.broadcast_to(shp)])
 
 
@@ -539,7 +549,12 @@ def concat(tensors, axis: int = 0) -> Tensor:
     if not tensors or not all(isinstance(t, Tensor) for t in tensors):
         raise TypeError("concat: needs a non-empty list of Tensors")
     axis = normalize_axes(axis, tensors[0].ndim, "concat")[0]
-    return tensors[0].scope.emit(O.ConcatOp, tensors, axis=axis)
+    return tensors[0].scope.emit("rlx.concat", tensors, axis=axis)
+
+
+def _check_dtype(dtype: str) -> None:
+    if dtype not in DTYPES:
+        raise TypeError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
 
 
 __all__ = ["GraphScope", "Tensor", "where", "concat", "KINDS"]

@@ -171,7 +171,7 @@ class StepProgram:
     quant: object                # None, (exp_bits, man_bits, max_normal), or "callable"
     structure: tuple
     max_grad_norm: float
-    key: tuple = ()              # what decides the step IR (model IR hash, structure, ...)
+    key: tuple = ()              # what decides the step IR (model trace_hash, structure, ...)
     executors: dict = field(default_factory=dict)
     data_specs: list | None = None  # filled on first use by coerce_data
     _func: object = None
@@ -269,8 +269,10 @@ _TRANSFORM_FP = None
 
 
 def _transform_fingerprint() -> str:
-    """Hash of the sources that build a step graph from a model (tracer, transforms,
-    cleanup, optimizer rules): part of StepProgram.cache_alias."""
+    """Hash of what builds a step graph from a model: the sources of rlxc/ and the
+    dialect (tracer, IR builder, transforms, cleanup, optimizer rules), and the
+    versions of xDSL (IR objects, rewriting) and NumPy (constant folding), read
+    without importing xDSL.  Part of StepProgram.cache_alias."""
     global _TRANSFORM_FP
     if _TRANSFORM_FP is None:
         import hashlib
@@ -286,8 +288,32 @@ def _transform_fingerprint() -> str:
                 if n.endswith(".py"):
                     with open(os.path.join(d, n), "rb") as fh:
                         h.update(n.encode() + b"\0" + fh.read())
+        h.update(f"\0xdsl {_dist_version('xdsl')}\0numpy {np.__version__}".encode())
         _TRANSFORM_FP = h.hexdigest()[:16]
     return _TRANSFORM_FP
+
+
+def _dist_version(pkg: str) -> str:
+    """The installed distribution of `pkg`, from its .dist-info folder name (cheap: no
+    import of the package, no importlib.metadata); else a hash of its __init__.py."""
+    import os
+    from importlib.util import find_spec
+
+    spec = find_spec(pkg)
+    if spec is None or not spec.origin:
+        return "missing"
+    pkg_dir = os.path.dirname(spec.origin)
+    try:
+        found = sorted(n for n in os.listdir(os.path.dirname(pkg_dir))
+                       if n.startswith(pkg + "-") and n.endswith(".dist-info"))
+    except OSError:
+        found = []
+    if found:
+        return ",".join(found)
+    import hashlib
+
+    with open(spec.origin, "rb") as fh:
+        return "src-" + hashlib.sha256(fh.read()).hexdigest()[:16]
 
 
 def step_program(f, opt: Optimizer, wrt=None, max_grad_norm: float = 0.0, quant=None,
@@ -300,8 +326,8 @@ def step_program(f, opt: Optimizer, wrt=None, max_grad_norm: float = 0.0, quant=
     wrt = resolve_wrt(f, wrt)
     max_grad_norm = float(max_grad_norm)
     qkey = _quant_key(quant)
-    key = (f.ir_hash(), _structure(opt), tuple(wrt), max(max_grad_norm, 0.0), qkey, norm_dtype,
-           tuple(opt.step_scalars(1, opt.lr)))
+    key = (f.trace_hash(), _structure(opt), tuple(wrt), max(max_grad_norm, 0.0), qkey,
+           norm_dtype, tuple(opt.step_scalars(1, opt.lr)))
     prog = _CACHE.get(key)
     if prog is None:
         prog = _build(f, opt, wrt, max_grad_norm, qkey, norm_dtype)

@@ -1,0 +1,374 @@
+"""Shape functions of the rlx ops, on plain (shape, dtype) types: no xDSL.
+
+    tracer (rlxc/tensor.py) ──┐
+                              ├─> SHAPES["rlx.NAME"].infer([TType, ...], **params)
+    verifier (dialect/ops.py) ┘       -> (shape, dtype)
+                                  (ops.py converts xDSL tensor types to TType first)
+
+One shape function per op, shared by the tracer and the op verifiers, so a
+graph the tracer builds is exactly what the verifier accepts.  They live
+here, apart from the xDSL op classes, so that tracing a function (rlxc's
+light trace, dialect/trace.py) does not import xDSL: a warm process that
+finds its compiled code in the disk cache never builds IR at all.
+
+`TType` prints as the MLIR type (`tensor<4x3xf32>`), so error messages read
+the same whether they come from the tracer or from the verifier.
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+from rlxc.runtime.errors import ShapeError
+
+DTYPE_NAMES = ("f32", "f64", "i1", "i32", "i64")
+NP_DTYPES = {"f32": np.float32, "f64": np.float64, "i1": np.bool_, "i32": np.int32, "i64": np.int64}
+FLOAT_DTYPES = ("f32", "f64")
+INT_DTYPES = ("i32", "i64")
+
+
+class TType(NamedTuple):
+    """A ranked tensor type: shape (tuple of ints) and dtype name."""
+
+    shape: tuple
+    dtype: str
+
+    def __str__(self):
+        dims = "".join(f"{d}x" for d in self.shape)
+        return f"tensor<{dims}{self.dtype}>"
+
+
+def numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def broadcast_shapes(a, b, what: str = "broadcast") -> tuple[int, ...]:
+    """NumPy broadcasting of two shapes; the error names the op and both shapes."""
+    a, b = tuple(a), tuple(b)
+    n = max(len(a), len(b))
+    pa, pb = (1,) * (n - len(a)) + a, (1,) * (n - len(b)) + b
+    out = []
+    for x, y in zip(pa, pb):
+        if x == y or y == 1:
+            out.append(x)
+        elif x == 1:
+            out.append(y)
+        else:
+            raise ShapeError(f"{what}: shapes {a} and {b} do not broadcast ({x} vs {y})")
+    return tuple(out)
+
+
+def normalize_axes(axes, rank: int, what: str) -> tuple[int, ...]:
+    if axes is None:
+        return tuple(range(rank))
+    if isinstance(axes, int):
+        axes = (axes,)
+    out = []
+    for a in axes:
+        a = int(a)
+        if not -rank <= a < rank:
+            raise ShapeError(f"{what}: axis {a} out of range for rank {rank}")
+        out.append(a % rank)
+    if len(set(out)) != len(out):
+        raise ShapeError(f"{what}: repeated axis in {tuple(axes)}")
+    return tuple(sorted(out))
+
+
+def dense_bytes(array, dtype: str | None = None) -> tuple[tuple, str, bytes]:
+    """(shape, dtype, raw little-endian bytes) of a dense constant; a splat keeps one value.
+
+    The exact content of an rlx.constant (types.dense_attr wraps it)."""
+    array = np.asarray(array)
+    if dtype is None:
+        dtype = {np.dtype(np.float64): "f64", np.dtype(np.bool_): "i1", np.dtype(np.int32): "i32",
+                 np.dtype(np.int64): "i64"}.get(array.dtype, "f32")
+    arr = np.array(array, dtype=NP_DTYPES[dtype], order="C")  # keeps rank 0
+    if dtype == "i1":
+        arr = arr.astype(np.int8)
+    shape = tuple(int(d) for d in arr.shape)
+    if arr.size > 1 and np.all(arr.reshape(-1) == arr.reshape(-1)[0]) and not np.isnan(
+            arr.reshape(-1)[0] if arr.dtype.kind == "f" else 0):
+        arr = arr.reshape(-1)[:1]  # splat: one stored value
+    return shape, dtype, arr.tobytes()
+
+
+# -- op parameters: how each kind is normalised (the value an xDSL property holds) ---
+
+PARAM_KINDS = {
+    "ints": lambda v: tuple(int(x) for x in v),
+    "int": int,
+    "float": float,
+    "flag": bool,
+}
+
+
+class OpShape(NamedTuple):
+    family: str
+    params: dict          # name -> kind ("ints", "int", "float", "flag")
+    infer: Callable       # (types: list[TType], **params) -> (shape, dtype)
+
+    def canonical(self, params: dict) -> dict:
+        """The op's parameters as stored in the IR (ints, floats, bools, int tuples)."""
+        return {k: PARAM_KINDS[kind](params[k]) for k, kind in self.params.items()}
+
+
+SHAPES: dict[str, OpShape] = {}
+
+
+def _shape(opname: str, family: str, infer: Callable, params: dict | None = None):
+    SHAPES[f"rlx.{opname}"] = OpShape(family, dict(params or {}), infer)
+
+
+# ---------------------------------------------------------------- constants, casts
+
+def _infer_constant(types, **_):
+    raise AssertionError("constants carry their type")
+
+
+def _infer_cast(types, dtype):
+    return types[0].shape, dtype
+
+
+_shape("constant", "constant", _infer_constant)
+_shape("cast", "cast", _infer_cast)
+
+
+# ---------------------------------------------------------------- elementwise
+
+def _same_float(opname):
+    def infer(types, **_):
+        (t,) = types
+        if t.dtype not in FLOAT_DTYPES:
+            raise ShapeError(f"{opname}: expects a float tensor, got {t.dtype}")
+        return t.shape, t.dtype
+    return infer
+
+
+def _same_any(types, **_):
+    (t,) = types
+    return t.shape, t.dtype
+
+
+def _binary_infer(opname):
+    def infer(types, **_):
+        a, b = types
+        if a.shape != b.shape or a.dtype != b.dtype:
+            raise ShapeError(f"{opname}: operand types differ: {a} vs {b} "
+                             "(the tracer inserts rlx.broadcast_to)")
+        return a.shape, a.dtype
+    return infer
+
+
+def _compare_infer(opname):
+    def infer(types, **_):
+        a, b = types
+        if a.shape != b.shape or a.dtype != b.dtype:
+            raise ShapeError(f"{opname}: operand types differ: {a} vs {b}")
+        return a.shape, "i1"
+    return infer
+
+
+UNARY = {
+    "neg": "negation, -x",
+    "exp": "e to the x",
+    "log": "natural logarithm",
+    "sqrt": "square root",
+    "rsqrt": "1/sqrt(x)",
+    "tanh": "hyperbolic tangent",
+    "sigmoid": "logistic 1/(1+exp(-x))",
+    "relu": "max(x, 0)",
+    "gelu": "GELU, erf form: 0.5x(1+erf(x/sqrt 2))",
+    "gelu_tanh": "GELU, tanh approximation",
+    "silu": "x*sigmoid(x)",
+    "softplus": "log(1+exp(x)), computed stably",
+    "abs": "absolute value",
+    "sin": "sine",
+    "cos": "cosine",
+    "sign": "sign: -1, 0 or 1 (NaN stays NaN)",
+    "reciprocal": "1/x",
+    "erf": "the error function",
+    "stop_gradient": "identity whose derivative is zero",
+}
+BINARY = {
+    "add": "a + b", "sub": "a - b", "mul": "a * b", "div": "a / b",
+    "pow": "a ** b", "maximum": "elementwise max (NaN propagates)",
+    "minimum": "elementwise min (NaN propagates)",
+}
+COMPARE = {"eq": "a == b", "ne": "a != b", "lt": "a < b", "le": "a <= b",
+           "gt": "a > b", "ge": "a >= b"}
+
+for _n in UNARY:
+    _shape(_n, "unary", _same_float(_n) if _n != "stop_gradient" else _same_any)
+for _n in BINARY:
+    _shape(_n, "binary", _binary_infer(_n))
+for _n in COMPARE:
+    _shape(_n, "compare", _compare_infer(_n))
+
+
+def _infer_select(types, **_):
+    c, a, b = types
+    if c.dtype != "i1":
+        raise ShapeError(f"select: condition must be i1, got {c.dtype}")
+    if not (c.shape == a.shape == b.shape) or a.dtype != b.dtype:
+        raise ShapeError(f"select: types differ: {c}, {a}, {b}")
+    return a.shape, a.dtype
+
+
+_shape("select", "select", _infer_select)
+
+
+def _infer_fake_quant(types, exp_bits, man_bits, max_normal):
+    (t,) = types
+    if t.dtype not in FLOAT_DTYPES:
+        raise ShapeError(f"fake_quant: expects a float tensor, got {t.dtype}")
+    if exp_bits < 1 or man_bits < 0 or not max_normal > 0:
+        raise ShapeError(f"fake_quant: bad format e{exp_bits}m{man_bits} max {max_normal}")
+    return t.shape, t.dtype
+
+
+_shape("fake_quant", "unary", _infer_fake_quant,
+       {"exp_bits": "int", "man_bits": "int", "max_normal": "float"})
+
+
+# ---------------------------------------------------------------- reductions
+
+def _reduce_infer(opname):
+    def infer(types, axes, keepdims):
+        (t,) = types
+        shp = t.shape
+        ax = normalize_axes(axes, len(shp), opname)
+        if tuple(axes) != ax:
+            raise ShapeError(f"{opname}: axes must be sorted and non-negative, got {tuple(axes)}")
+        if opname in ("max", "min") and any(shp[a] == 0 for a in ax):
+            raise ShapeError(f"{opname}: reduction over an empty axis of {shp}")
+        if keepdims:
+            out = tuple(1 if i in ax else d for i, d in enumerate(shp))
+        else:
+            out = tuple(d for i, d in enumerate(shp) if i not in ax)
+        return out, t.dtype
+    return infer
+
+
+REDUCE = {"sum": "sum", "mean": "mean", "max": "maximum", "min": "minimum", "prod": "product"}
+for _n in REDUCE:
+    _shape(_n, "reduce", _reduce_infer(_n), {"axes": "ints", "keepdims": "flag"})
+
+
+# ---------------------------------------------------------------- linear algebra
+
+def _infer_matmul(types, **_):
+    a, b = types
+    sa, sb = a.shape, b.shape
+    if len(sa) < 2 or len(sb) < 2:
+        raise ShapeError(f"matmul: {sa} @ {sb}: operands need rank >= 2 "
+                         "(the tracer reshapes vectors)")
+    if sa[-1] != sb[-2]:
+        raise ShapeError(f"matmul: {sa} @ {sb}: inner dimensions {sa[-1]} != {sb[-2]}")
+    if a.dtype != b.dtype:
+        raise ShapeError(f"matmul: dtypes differ: {a.dtype} vs {b.dtype}")
+    batch = broadcast_shapes(sa[:-2], sb[:-2], f"matmul: {sa} @ {sb}: batch dims")
+    return batch + (sa[-2], sb[-1]), a.dtype
+
+
+_shape("matmul", "matmul", _infer_matmul)
+
+
+# ---------------------------------------------------------------- shape ops
+
+def _infer_transpose(types, perm):
+    (t,) = types
+    shp = t.shape
+    if sorted(perm) != list(range(len(shp))):
+        raise ShapeError(f"transpose: {tuple(perm)} is not a permutation of rank {len(shp)}")
+    return tuple(shp[p] for p in perm), t.dtype
+
+
+def _infer_reshape(types, shape):
+    (t,) = types
+    if numel(shape) != numel(t.shape) or any(d < 0 for d in shape):
+        raise ShapeError(f"reshape: cannot reshape {t.shape} to {tuple(shape)}")
+    return tuple(shape), t.dtype
+
+
+def _infer_broadcast(types, shape):
+    (t,) = types
+    shp = t.shape
+    try:
+        out = broadcast_shapes(shp, shape, "broadcast_to")
+    except ShapeError:
+        out = None
+    if out != tuple(shape):
+        raise ShapeError(f"broadcast_to: cannot broadcast {shp} to {tuple(shape)}")
+    return tuple(shape), t.dtype
+
+
+def _infer_slice(types, starts, limits, strides):
+    (t,) = types
+    shp = t.shape
+    if not (len(starts) == len(limits) == len(strides) == len(shp)):
+        raise ShapeError(f"slice: starts/limits/strides need {len(shp)} entries each")
+    out = []
+    for d, s, l, st in zip(shp, starts, limits, strides):
+        if st < 1 or not 0 <= s <= l <= d:
+            raise ShapeError(f"slice: [{s}:{l}:{st}] out of range for dim {d} of {shp}")
+        out.append((l - s + st - 1) // st)
+    return tuple(out), t.dtype
+
+
+def _infer_pad(types, low, high):
+    (t,) = types
+    shp = t.shape
+    if not (len(low) == len(high) == len(shp)) or min(low + high, default=0) < 0:
+        raise ShapeError(f"pad: low/high need {len(shp)} non-negative entries")
+    return tuple(d + a + b for d, a, b in zip(shp, low, high)), t.dtype
+
+
+def _infer_concat(types, axis):
+    if not types:
+        raise ShapeError("concat: needs at least one tensor")
+    s0 = types[0].shape
+    if not 0 <= axis < len(s0):
+        raise ShapeError(f"concat: axis {axis} out of range for rank {len(s0)}")
+    total = 0
+    for t in types:
+        s = t.shape
+        if len(s) != len(s0) or any(a != b for i, (a, b) in enumerate(zip(s, s0)) if i != axis) \
+                or t.dtype != types[0].dtype:
+            raise ShapeError(f"concat: {s} does not match {s0} outside axis {axis}")
+        total += s[axis]
+    return s0[:axis] + (total,) + s0[axis + 1:], types[0].dtype
+
+
+def _infer_gather(types, axis):
+    table, idx = types
+    st, si = table.shape, idx.shape
+    if not 0 <= axis < len(st):
+        raise ShapeError(f"gather: axis {axis} out of range for table {st}")
+    if idx.dtype not in INT_DTYPES:
+        raise ShapeError(f"gather: indices must be i32 or i64, got {idx.dtype}")
+    return st[:axis] + si + st[axis + 1:], table.dtype
+
+
+def _infer_scatter_add(types, axis, dim):
+    idx, upd = types
+    si, su = idx.shape, upd.shape
+    if idx.dtype not in INT_DTYPES:
+        raise ShapeError(f"scatter_add: indices must be i32 or i64, got {idx.dtype}")
+    n = len(si)
+    if not 0 <= axis <= len(su) - n or su[axis:axis + n] != si:
+        raise ShapeError(f"scatter_add: updates {su} do not hold indices {si} at axis {axis}")
+    return su[:axis] + (dim,) + su[axis + n:], upd.dtype
+
+
+_shape("transpose", "shape", _infer_transpose, {"perm": "ints"})
+_shape("reshape", "shape", _infer_reshape, {"shape": "ints"})
+_shape("broadcast_to", "shape", _infer_broadcast, {"shape": "ints"})
+_shape("slice", "shape", _infer_slice, {"starts": "ints", "limits": "ints", "strides": "ints"})
+_shape("pad", "shape", _infer_pad, {"low": "ints", "high": "ints"})
+_shape("concat", "variadic", _infer_concat, {"axis": "int"})
+_shape("gather", "gather", _infer_gather, {"axis": "int"})
+_shape("scatter_add", "gather", _infer_scatter_add, {"axis": "int", "dim": "int"})
