@@ -314,7 +314,7 @@ def test_avx2_build(tmp_path_factory):
     g.lib.rlxc_set_num_threads(2)
     rng = np.random.default_rng(9)
     for i, (M, N, K) in enumerate([(1, 1, 1), (7, 17, 33), (65, 129, 3), (129, 33, 300),
-                                   (300, 7, 65)]):
+                                   (300, 7, 65), (1, 1, 1), (64, 3, 40)]):   # last: narrow, nj=4
         _run_case(g, rng, M, N, K, bool(i & 1), bool(i & 2), i % 2)
 
 
