@@ -39,12 +39,20 @@ host code (FMA) / over every 8th float32 with baseline x86-64 code (no FMA).  Al
             (exact only through an FMA): measured absolute error <= 1e-6 for |x| <= 1e5 without
             FMA (<= 3e-7 up to 4e6 with FMA); past ~4e6 (2^22) the result is meaningless but
             still in [-1, 1]; +-inf gives NaN.                      2 ulp (1.56 / 1.55)
-  tanh      |x| < 0.625: x + x^3*P(x^2) (Cephes); else 1 - 2/(e^(2|x|)+1); copysign.
-                                                                              2 ulp (1.33 / 1.32)
-  sigmoid   e^-|x| = (1+em)*2^n; x >= 0: 1/(1+e); x < 0: ldexp((1+em)/(1+e), n), so the result
-            keeps full precision down into the subnormals.                    3 ulp (2.40 / 2.40)
-  silu      x*sigmoid(x) with the same split: x < 0: ldexp((x + x*em)/(1+e), n).
-                                                                              3 ulp (2.77 / 2.80)
+  tanh, sigmoid, silu, gelu_tanh share a cheaper exp core, e^(c*v) = 2^(n+k)*(1 + c*h) for
+            c = -1 or 2: reduced on v itself (the polynomial's coefficients absorb the power-of-
+            two c, so -v or 2v costs nothing), e^r = 1 + r + r^2*Q(r) of degree 6 (minimax,
+            2^-28.3), and 2^(n+k) read off the rounding sum t = c*v/ln2 + 1.5*2^23 + 127 + k as
+            bits(t) << 23 (no ldexp: the callers keep n + k in the normal range).
+  tanh      |x| < 0.625: x + x^3*P(x^2) (Cephes); else 1 - 2/(1 + e^2|x|), 1 + e^2|x| =
+            (1 + 2^n) + 2^n*em rounded once (1 + 2^n is exact while it matters); |x| clamped
+            to 20; copysign.                                                  2 ulp (1.20 / 1.19)
+  sigmoid   2^-64 / (2^-64 + e^-x*2^-64), x clamped to [-110, 40]: e^-x*2^-64 is a normal
+            number, the one division rounds the result once, also into the subnormals.
+                                                                              3 ulp (2.48 / 2.48)
+  silu      x*sigmoid(x) = x/(1+e), e = e^-|x|; x < 0: (x*e*2^64)/((1+e)*2^64), x*e formed
+            as x*2^(n+64) + (x*2^(n+64))*em with one rounding, so a tiny result rounds once
+            into the subnormals.                                              3 ulp (2.67 / 2.73)
   erf       |x| < 0.8: x + x*Q(x^2) (degree 5, minimax); else 1 - erfc(|x|).  1.5 ulp (0.95 / 0.94)
   erfc      z >= 0.5: erfc(z) = e^(-z^2) * R(z), R = P1(z-1.25) (degree 10) on [0.5, 2] and
             R = P2(1/z^2)/z (degree 8) on (2, 10.5] (coefficients chosen by select; both
@@ -59,8 +67,9 @@ host code (FMA) / over every 8th float32 with baseline x86-64 code (no FMA).  Al
   gelu_tanh 0.5*x*(1+tanh(u)), u = sqrt(2/pi)*(x+0.044715x^3), as x*sigmoid(2u) (no
             cancellation for x < 0).  The bound holds for x >= GELU_TANH_EXACT_FROM = -1.
             Below, the rounding of the cubic w = 2u (relative ~2^-23) is amplified by e^w: the
-            error is at most 4 + 3*|w| ulp (measured 4 + 2.64*|w|; ~200 ulp of a 1e-37 result
-            at x = -10, where it underflows).                              3.5 ulp (2.80 / 2.83)
+            error is at most 4 + 3*|w| ulp (measured 4 + 2.73*|w|; ~200 ulp of a 1e-37 result
+            at x = -10, where it underflows).  Evaluated like silu, f = x, w = 2u.
+                                                                            3.5 ulp (2.80 / 2.83)
   softplus  max(x, 0) + log1p(e^-|x|): no overflow, softplus(-large) = e^x with subnormals,
             softplus(large) = x.                                            2.5 ulp (1.99 / 1.96)
 
@@ -112,6 +121,7 @@ class _Ops:
     def sub(self, a, c): return self.b.fsub(a, c)
     def mul(self, a, c): return self.b.fmul(a, c)
     def div(self, a, c): return self.b.fdiv(a, c)
+    def neg(self, a): return self.b.fneg(a)
 
     def _intrinsic(self, name, nargs):
         module = self.b.module
@@ -269,19 +279,53 @@ def _softplus(o, x):
 
 
 # ---------------------------------------------------------------------------- logistic family
-def _scaled_logistic(o, w, f):
-    """f * sigmoid(w) = f / (1 + e^-w).  For w < 0 it is f*e^w/(1+e^w) = ldexp(f*p/(1+e), n)
-    with e^w = p*2^n, so nothing is lost when the result is tiny or subnormal."""
-    r, n = _exp_reduce(o, o.sub(o.f(0.0), o.abs(w)))
-    em = _expm1_poly(o, r)                           # e^-|w| = (1 + em) * 2^n
-    e = o.ldexp(o.add(em, o.f(1.0)), n)
-    neg = o.lt(w, o.f(0.0))
-    m = o.div(o.sel(neg, o.fma(f, em, f), f), o.add(o.f(1.0), e))
-    return o.ldexp(m, o.b.select(neg, n, o.i(0)))
+# e^r = 1 + r + r^2*Q(r) on |r| <= ln2/2, degree 6 (minimax in relative error, 2^-28.3 after
+# rounding the coefficients): one FMA less than Cephes' degree 7, for tanh and sigmoid
+_EXP_Q4 = (0.4999999403953552, 0.1666652113199234, 0.041668254882097244, 0.008368662558495998,
+           0.0013821468455716968)
+
+
+def _exp_scaled(o, v, c, k):
+    """e^(c*v) = s * (1 + c*h) * 2^-k for c = -1 or 2 and an already clamped v (NaN passes).
+    The reduction is done on v itself: u = v - n*ln2/c = r/c, h = u + c*u^2*Q(c*u) = em/c,
+    with the coefficients of Q(c*u)*c scaled by powers of two, so h is em/c with the same
+    roundings and neither -v nor 2v costs an instruction.  s = 2^(n+k) comes straight from the
+    bits of the rounding sum: with the magic 1.5*2^23 + 127 + k, bits(t) << 23 is the float
+    2^(n+k) (the magic's own bits shift out), for n + k + 127 in [1, 254]."""
+    magic = _MAGIC + 127.0 + k
+    t = o.fma(v, o.f(c * _LOG2E), o.f(magic))
+    nf = o.sub(t, o.f(magic))
+    u = o.fma(nf, o.f(-_LN2_HI / c), v)              # exact, as in _exp_reduce
+    u = o.fma(nf, o.f(-_LN2_LO / c), u)
+    q = o.horner(u, [qk * c ** (i + 1) for i, qk in enumerate(_EXP_Q4)])
+    return o.flt(o.shl(o.bits(t), 23)), o.fma(o.mul(u, u), q, u)
+
+
+_SCALE = 2.0 ** -64
 
 
 def _sigmoid(o, x):
-    return _scaled_logistic(o, x, o.f(1.0))
+    # 1/(1 + e^-x) = 2^-64 / (2^-64 + e^-x*2^-64): e^-x*2^-64 is a normal float for x in
+    # [-110, 40], so the one division rounds the result once, also into the subnormals.
+    # Beyond the clamp the result is 0 (x < -103.98) or 1 (x > 17.3).
+    s, h = _exp_scaled(o, o.clamp(x, -110.0, 40.0), -1.0, -64)
+    e = o.fma(o.neg(s), h, s)                        # e^-x * 2^-64, one rounding
+    return o.div(o.f(_SCALE), o.add(e, o.f(_SCALE)))
+
+
+def _scaled_logistic(o, w, f):
+    """f * sigmoid(w) = num / (1 + e), e = e^-|w|, num = f (w >= 0) or f*e (w < 0), so
+    nothing cancels and a tiny result keeps its precision: for w < 0 numerator and
+    denominator are formed times 2^64 (f*e*2^64 is normal down to w = -110), and the one
+    division rounds into the subnormals.  (f*2^64 could overflow: w >= 0 divides by 1 + e.)"""
+    wc = o.sel(o.gt(o.abs(w), o.f(110.0)), o.f(110.0), o.abs(w))
+    s, h = _exp_scaled(o, wc, -1.0, 64)              # e^-|w| * 2^64 = s*(1 - h)
+    e = o.fma(o.neg(s), h, s)
+    neg = o.lt(w, o.f(0.0))
+    fs = o.mul(f, s)                                 # exact: a power of two, no over/underflow
+    num = o.sel(neg, o.fma(o.neg(fs), h, fs), f)
+    den = o.sel(neg, o.add(e, o.f(1.0 / _SCALE)), o.fma(e, o.f(_SCALE), o.f(1.0)))
+    return o.div(num, den)
 
 
 def _silu(o, x):
@@ -309,7 +353,11 @@ def _tanh(o, x):
     a = o.abs(x)
     z = o.mul(a, a)
     small = o.fma(o.mul(a, z), o.horner(z, _TANH_P), a)
-    large = o.sub(o.f(1.0), o.div(o.f(2.0), o.add(_exp(o, o.add(a, a)), o.f(1.0))))
+    # 1 - 2/(1 + e^2a), 1 + e^2a = 1 + s + 2s*h rounded once (1 + s is exact while it
+    # matters, s <= 2^23).  a is clamped to 20, where the result rounds to 1.
+    s2, h = _exp_scaled(o, o.sel(o.gt(a, o.f(20.0)), o.f(20.0), a), 2.0, 1)   # s2 = 2^(n+1)
+    d = o.fma(s2, h, o.fma(s2, o.f(0.5), o.f(1.0)))
+    large = o.sub(o.f(1.0), o.div(o.f(2.0), d))
     return o.copysign(o.sel(o.lt(a, o.f(0.625)), small, large), x)
 
 

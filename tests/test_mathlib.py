@@ -253,6 +253,25 @@ def test_sin_cos_hard_arguments(compiled):
         assert err.max() <= mathlib.SUPPORTED[op], (op, err)
 
 
+# worst cases of an exhaustive search over all float32 (and of rejected variants: 1 + t
+# rounded in tanh = (1-t)/(1+t) gave 2.03 ulp at 0.12510899 without FMA)
+HARD = {
+    "tanh": [0.12510899, 0.51095885, 0.51540923, 0.62610734, 0.63214535, 0.6576667, 8.1445],
+    "sigmoid": [-16.635704, -16.636244, -16.643366, -1.9654468, -100.0, -103.9, 17.0],
+    "silu": [-3.2097204, -3.2156084, -1.9505774, -5.1949334, -100.0],
+    "gelu_tanh": [-0.9957013, -0.9292492, -0.79292, -0.9464571, -0.79788935],
+}
+
+
+@pytest.mark.parametrize("op", sorted(HARD))
+def test_hard_arguments(compiled, op):
+    x = np.array(HARD[op], np.float32)
+    if op == "tanh":
+        x = np.concatenate([x, -x])
+    _, _, err = measure(compiled, op, x)
+    assert err.max() <= mathlib.SUPPORTED[op], (op, x[np.argmax(err)], err.max())
+
+
 # ------------------------------------------------------------------------ IEEE special values
 INF, NAN = math.inf, math.nan
 SPECIAL = {   # op: [(x, expected)], expected compared bitwise (sign of zero included)
