@@ -35,6 +35,16 @@ def _gelu_tanh(x):
     return 0.5 * x * (1 + np.tanh(c * (x + x.dtype.type(0.044715) * x ** 3)))
 
 
+def _gating(f):
+    """x * gate(x) ops (gelu, gelu_tanh, silu) at x = -inf: their limit -0, as the compiled
+    kernels give it (lowering/mathlib.py), not the NaN of -inf * 0."""
+    def g(x):
+        with np.errstate(invalid="ignore"):
+            y = f(x)
+        return np.asarray(np.where(x == -np.inf, x.dtype.type(-0.0), y), dtype=x.dtype)
+    return g
+
+
 def _fake_quant(x, exp_bits, man_bits, max_normal):
     from rlxc.lowp import quantize  # the one definition of the rounding
 
@@ -80,9 +90,9 @@ EVAL_RULES = {
     "rlx.tanh": np.tanh,
     "rlx.sigmoid": sigmoid,
     "rlx.relu": lambda x: np.where(x > 0, x, np.where(np.isnan(x), x, 0)).astype(x.dtype),
-    "rlx.gelu": lambda x: 0.5 * x * (1 + erf(x / x.dtype.type(math.sqrt(2)))),
-    "rlx.gelu_tanh": _gelu_tanh,
-    "rlx.silu": lambda x: x * sigmoid(x),
+    "rlx.gelu": _gating(lambda x: 0.5 * x * (1 + erf(x / x.dtype.type(math.sqrt(2))))),
+    "rlx.gelu_tanh": _gating(_gelu_tanh),
+    "rlx.silu": _gating(lambda x: x * sigmoid(x)),
     "rlx.softplus": lambda x: np.logaddexp(x.dtype.type(0), x),
     "rlx.abs": np.abs,
     "rlx.sin": np.sin,
