@@ -90,17 +90,27 @@ def dense_bytes(array, dtype: str | None = None) -> tuple[tuple, str, bytes]:
     if dtype == "i1":
         arr = arr.astype(np.int8)
     shape = tuple(int(d) for d in arr.shape)
-    if arr.size > 1 and np.all(arr.reshape(-1) == arr.reshape(-1)[0]) and not np.isnan(
-            arr.reshape(-1)[0] if arr.dtype.kind == "f" else 0):
-        arr = arr.reshape(-1)[:1]  # splat: one stored value
+    flat = arr.reshape(-1)
+    if flat.size > 1 and not (arr.dtype.kind == "f" and np.isnan(flat[0])):
+        raw = flat.view(np.uint8).reshape(flat.size, -1)
+        if (raw == raw[0]).all():  # bitwise, so [0.0, -0.0] is not a splat
+            arr = flat[:1]  # splat: one stored value
     return shape, dtype, arr.tobytes()
 
 
 # -- op parameters: how each kind is normalised (the value an xDSL property holds) ---
 
+def _i64(v) -> int:
+    """An op's integer parameter: stored as a signed 64-bit IR attribute."""
+    i = int(v)
+    if not -2 ** 63 <= i < 2 ** 63:
+        raise ValueError(f"integer parameter {i} does not fit in 64 bits")
+    return i
+
+
 PARAM_KINDS = {
-    "ints": lambda v: tuple(int(x) for x in v),
-    "int": int,
+    "ints": lambda v: tuple(_i64(x) for x in v),
+    "int": _i64,
     "float": float,
     "flag": bool,
 }

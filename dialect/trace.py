@@ -46,11 +46,12 @@ class Arg:
 class Value:
     """A value of the trace: its type and its creation number."""
 
-    __slots__ = ("type", "index")
+    __slots__ = ("type", "index", "trace")
 
-    def __init__(self, type: TType, index: int):
+    def __init__(self, type: TType, index: int, trace=None):
         self.type = type
         self.index = index
+        self.trace = trace    # the Trace that made it: operands never cross traces
 
     def __repr__(self):
         return f"Value(%{self.index}: {self.type})"
@@ -82,11 +83,17 @@ class Trace:
         self._digest = None
 
     def _value(self, t: TType) -> Value:
-        v = Value(t, self._count)
+        v = Value(t, self._count, self)
         self._count += 1
         return v
 
+    def _open(self, what: str) -> None:
+        if self.name is not None:
+            raise RuntimeError(f"{what}: the function {self.name!r} is already built from this "
+                               f"GraphScope; trace further ops inside its build function")
+
     def add_arg(self, a: Arg) -> Value:
+        self._open(f"argument {a.name!r}")
         v = self._value(TType(tuple(a.shape), a.dtype))
         self.args.append(a)
         self.arg_values.append(v)
@@ -94,11 +101,19 @@ class Trace:
         return v
 
     def add(self, op: str, operands, params: dict, result_types, data=None) -> list[Value]:
+        self._open(op)
+        for i, v in enumerate(operands):
+            if v.trace is not self:
+                raise ValueError(f"{op}: operand #{i} is a Tensor of another traced function "
+                                 f"(another GraphScope); pass it in as an input instead")
         res = [self._value(t) for t in result_types]
         self.events.append(Node(op, list(operands), params, res, data))
         return res
 
     def finish(self, name: str, outputs) -> "Trace":
+        for i, v in enumerate(outputs):
+            if v.trace is not self:
+                raise ValueError(f"Func {name!r}: output #{i} comes from another scope")
         self.name = name
         self.outputs = list(outputs)
         return self

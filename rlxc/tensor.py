@@ -116,7 +116,9 @@ class GraphScope:
         from rlxc.dialect.types import ttype
 
         mod = fn.module if hasattr(fn, "module") else fn
-        f = M.get_func(mod)
+        ir = fn.ir_hash() if hasattr(fn, "ir_hash") else \
+            hashlib.sha256(M.to_text(mod).encode()).hexdigest()
+        f = M.get_func(mod.clone())  # inlined as it is now, whatever later happens to `mod`
         sig = M.signature(f)
         missing = [a.name for a in sig if a.name not in args]
         extra = [k for k in args if k not in {a.name for a in sig}]
@@ -139,8 +141,6 @@ class GraphScope:
             if o not in mapping and id(o) not in seen:
                 seen.add(id(o))
                 new.append(o)
-        ir = fn.ir_hash() if hasattr(fn, "ir_hash") else \
-            hashlib.sha256(M.to_text(mod).encode()).hexdigest()
         res = self.trace.add("call", operands, {}, [ttype(o) for o in new], (f, new, ir))
         mapping.update(zip(new, res))
         return [Tensor(self, mapping[o]) for o in outs]
@@ -531,6 +531,9 @@ def where(cond: Tensor, a, b) -> Tensor:
     if not isinstance(cond, Tensor) or cond.dtype != "i1":
         raise TypeError("where: the condition must be an i1 mask Tensor (from lt/gt/eq/...)")
     ref = a if isinstance(a, Tensor) else b if isinstance(b, Tensor) else None
+    if any(isinstance(t, Tensor) and t.scope is not cond.scope for t in (a, b)):
+        raise ValueError("where: the condition and a branch are Tensors of another traced "
+                         "function (another GraphScope)")
     if ref is None:
         dt = "f32"
         a = cond.scope._splat(a, cond.shape, dt)

@@ -88,6 +88,52 @@ def test_trace_errors_stay_at_trace_time():
         Func("bad", lambda s: s.input("x", (3,)) + s.scalar(1.0, "f16"))
 
 
+def test_tensors_never_cross_traces():
+    """A Tensor of one traced function used in another raises (its value number would
+    otherwise name some unrelated value of the other trace), for every way in."""
+    from rlxc import concat, where
+    from rlxc.dialect import module as M
+
+    cap = {}
+
+    def first(s):
+        x = s.input("x", (3,))
+        cap["t"], cap["i"], cap["c"], cap["s"] = x.exp(), s.input("i", (2,), "i32"), x.gt(0.0), s
+        return cap["t"]
+    f = Func("first", first)
+    h = Func("h", lambda s: s.input("x", (3,)).log())
+    cases = {
+        "concat": lambda s, y: concat([y, cap["t"]]),
+        "binary": lambda s, y: y + cap["t"],
+        "gather": lambda s, y: y.gather(cap["i"]),
+        "where": lambda s, y: where(cap["c"], y, y),
+        "call": lambda s, y: s.call(h, {"x": cap["t"]})[0],
+    }
+    for what, body in cases.items():
+        with pytest.raises(ValueError, match="another|different scopes"):
+            Func("bad", lambda s, body=body: body(s, s.input("y", (3,))))
+    # a finished trace takes no more ops or arguments
+    with pytest.raises(RuntimeError, match="already built"):
+        cap["s"].input("late", (3,))
+    with pytest.raises(RuntimeError, match="already built"):
+        cap["t"].exp()
+    assert [a.name for a in f.signature()] == ["x", "i"] and "late" not in f.mlir()
+    # the callee is inlined as it is when called, whatever later happens to it
+    m = Func("g", lambda s: s.input("x", (3,)) * 2.0).module.clone()
+    k = Func("k", lambda s: s.call(m, {"x": s.input("x", (3,))})[0])
+    M.get_func(m).body.block.ops.first.detach()   # no longer a valid function
+    np.testing.assert_allclose(k.run(x=np.ones(3, np.float32))[0], [2.0, 2.0, 2.0])
+
+
+def test_op_parameters_and_constants_are_exact_at_trace_time():
+    with pytest.raises(ValueError, match="64 bits"):
+        Func("bad", lambda s: s.input("x", (3,)).fake_quant((2 ** 70, 2, 1.0)))
+    # [0, -0] is not a splat: the sign of each zero survives into the constant
+    f = Func("z", lambda s: 1.0 / (s.input("x", (2,)) * s.constant(np.array([0.0, -0.0]))))
+    for dev in ("interp", "cpu"):
+        assert list(f.run_on(dev, x=np.ones(2, np.float32))[0]) == [np.inf, -np.inf]
+
+
 SCRIPT_TRACE = textwrap.dedent("""
     import json, sys
     import numpy as np
