@@ -23,6 +23,8 @@
                       barrier per block; without: each thread packs all)
              for ic in M by MC:                     (A block: L2)
                pack_a  A[ic:ic+mc, pc:pc+kc] → Ap MR×KC micro-panels, zero padded
+                       (skipped with direct_a when csa == 1 and every panel of the
+                        block is full: micro_da broadcasts A from its rows in place)
                for jr in nc by NR:                  (B micro-panel: L1)
                  for ir in mc by MR:
                    micro: MR×NR tile of C, kc rank-1 updates:
@@ -123,6 +125,7 @@ class SgemmConfig:
     # lane; 16 was best on 128x512x784 and no worse elsewhere.
     pack_cost: int = 16
     narrow: bool = True       # N <= vl, csa == 1, K >= vl: the narrow (K-vectorized) kernel
+    direct_a: bool = True     # csa == 1, full panels: the tile reads A in place (no pack_a)
 
     def __post_init__(self):
         bad = []
@@ -456,8 +459,8 @@ def _emit_pack_b(module, name, cfg: SgemmConfig) -> ir.Function:
 # --------------------------------------------------------------------------
 # microkernel
 
-def _emit_micro(module, name, cfg: SgemmConfig, epilogue, epi_types, nv: int | None = None
-                ) -> ir.Function:
+def _emit_micro(module, name, cfg: SgemmConfig, epilogue, epi_types, nv: int | None = None,
+                direct_a: bool = False) -> ir.Function:
     """micro(kc, Ap, Bp, C, ldc, m_rem, n_rem, beta i1, last i1, row0, col0, epi...)
 
     Computes an MR × (nv*VL) tile (nv <= NR/VL vectors; the packed B panel
@@ -467,13 +470,14 @@ def _emit_micro(module, name, cfg: SgemmConfig, epilogue, epi_types, nv: int | N
     NV = nv or cfg.nv
     vt = ir.VectorType(F32, VL)
     fty = ir.FunctionType(VOID, [I64, F32P, F32P, F32P, I64, I64, I64, I1, I1, I64, I64,
-                                 *epi_types])
+                                 *([I64] if direct_a else []), *epi_types])
     fn = ir.Function(module, fty, name)
     fn.linkage = "internal"
     fn.attributes.add("alwaysinline")
     _set_noalias(fn, [1, 2, 3])
     kc, Ap, Bp, C, ldc, m_rem, n_rem, beta, last, row0, col0 = fn.args[:11]
-    epi_args = list(fn.args[11:])
+    lda = fn.args[11] if direct_a else None
+    epi_args = list(fn.args[12 if direct_a else 11:])
     fma = _intrinsic(module, f"llvm.fma.v{VL}f32", vt, [vt, vt, vt])
 
     b = ir.IRBuilder(fn.append_basic_block("entry"))
@@ -487,13 +491,18 @@ def _emit_micro(module, name, cfg: SgemmConfig, epilogue, epi_types, nv: int | N
             for off in range(0, NV * VL, 16):  # one prefetch per 64-byte line
                 _prefetch(b, _gep_any(b, crow, _c64(off)), 1)
 
+    if direct_a:   # A read in place: row r at Ap + r*lda (rows past m_rem repeat the last)
+        aoff = [b.mul(_smin(b, _c64(r), b.sub(m_rem, _c64(1))), lda) for r in range(MR)]
+
     def step(b, pa, pb, acc, k_off):
         """One rank-1 update at k = k_off (relative to pa/pb)."""
         bv = [b.load(_vec_ptr(b, _gep(b, pb, _c64(k_off * NR + v * VL)), vt), align=64)
               for v in range(NV)]
         out = []
         for r in range(MR):
-            a = _splat(b, b.load(_gep(b, pa, _c64(k_off * MR + r)), align=4), VL)
+            ap = _gep(b, _gep(b, pa, aoff[r]), _c64(k_off)) if direct_a else \
+                _gep(b, pa, _c64(k_off * MR + r))
+            a = _splat(b, b.load(ap, align=4), VL)
             out.append([b.call(fma, [a, bv[v], acc[r][v]]) for v in range(NV)])
         return out
 
@@ -524,7 +533,7 @@ def _emit_micro(module, name, cfg: SgemmConfig, epilogue, epi_types, nv: int | N
             cur = step(b, pa, pb, cur, u)
         latch = b.block
         it.add_incoming(b.add(it, _c64(1)), latch)
-        pa.add_incoming(_gep(b, pa, _c64(per_iter * MR)), latch)
+        pa.add_incoming(_gep(b, pa, _c64(per_iter * (1 if direct_a else MR))), latch)
         pb.add_incoming(_gep(b, pb, _c64(per_iter * NR)), latch)
         for r in range(MR):
             for v in range(NV):
@@ -960,7 +969,7 @@ def _emit_narrow_driver(module, name, cfg: SgemmConfig, epilogue, epi_types) -> 
 # macro kernel + sequential driver
 
 def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
-              skinnies=(), narrow=None) -> ir.Function:
+              skinnies=(), narrow=None, micro_da=None) -> ir.Function:
     """seq(M, N, K, A, rsa, csa, B, rsb, csb, C, ldc, beta i1, Ap, Bp0, Bp1, row0, col0,
     tid i32, nt i32, coop i1, epi...).
 
@@ -1060,10 +1069,11 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
             beta = b.or_(acc, b.icmp_signed(">", pc, _c64(0)))
             last = b.icmp_signed(">=", b.add(pc, kcb), K)
 
-            def ic_body(b, ic):
+            def ic_body(b, ic, direct=False):
                 mc = _smin(b, _c64(MC), b.sub(M, ic))
-                b.call(pack_a, [_gep(b, A, b.add(b.mul(ic, rsa), b.mul(pc, csa))), rsa, csa,
-                                mc, kc, Ap])
+                ablk = _gep(b, A, b.add(b.mul(ic, rsa), b.mul(pc, csa)))
+                if not direct:
+                    b.call(pack_a, [ablk, rsa, csa, mc, kc, Ap])
                 cblk = _gep(b, C, b.add(b.mul(ic, ldc), jc))
 
                 def jr_body(b, jr):
@@ -1072,15 +1082,29 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
 
                     def ir_body(b, i_r):
                         m_rem = _smin(b, _c64(MR), b.sub(mc, i_r))
-                        ap = _gep(b, Ap, b.mul(i_r, kc))
+                        ap = _gep(b, ablk, b.mul(i_r, rsa)) if direct else \
+                            _gep(b, Ap, b.mul(i_r, kc))
                         cp = _gep(b, cblk, b.add(b.mul(i_r, ldc), jr))
                         margs = [kc, ap, bp, cp, ldc, m_rem, n_rem, beta, last,
-                                 b.add(row0, b.add(ic, i_r)), b.add(col0, b.add(jc, jr)),
-                                 *epi_args]
-                        _dispatch(b, n_rem, margs)
+                                 b.add(row0, b.add(ic, i_r)), b.add(col0, b.add(jc, jr))]
+                        if direct:
+                            b.call(micro_da, [*margs, rsa, *epi_args])
+                        else:
+                            _dispatch(b, n_rem, [*margs, *epi_args])
                     _for(b, _c64(0), mc, MR, ir_body, "ir")
                 _for(b, _c64(0), nc, NR, jr_body, "jr")
-            _for(b, _c64(0), M, MC, ic_body, "ic")
+            if micro_da is None:
+                _for(b, _c64(0), M, MC, ic_body, "ic")
+                return
+            # A read in place (no pack_a) when its rows are contiguous and every panel of
+            # this block is full width (the one extra microkernel has no column edge)
+            da = b.and_(b.icmp_signed("==", csa, _c64(1)),
+                        b.icmp_signed("==", b.srem(nc, _c64(NR)), _c64(0)))
+            with b.if_else(da) as (t, o):
+                with t:
+                    _for(b, _c64(0), M, MC, lambda b, ic: ic_body(b, ic, True), "icd")
+                with o:
+                    _for(b, _c64(0), M, MC, ic_body, "ic")
         _for(b, _c64(0), k_end, kcb, pc_body, "pc")
     _for(b, _c64(0), N, NC, jc_body, "jc")
     b.ret_void()
@@ -1131,8 +1155,10 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
                     for mr in range(1, cfg.mr + 1)]
     narrow = (_emit_narrow_driver(module, name + ".narrow", cfg, epilogue, epi_types)
               if cfg.narrow else None)
+    micro_da = (_emit_micro(module, f"{name}.micro_da", cfg, epilogue, epi_types, None, True)
+                if cfg.direct_a else None)
     seq = _emit_seq(module, name + ".seq", cfg, micros, pack_a, pack_b, epi_types, skinnies,
-                    narrow)
+                    narrow, micro_da)
 
     fn = ir.Function(module, sgemm_signature(epi_types), name)
     _set_noalias(fn, [3, 6, 9])
