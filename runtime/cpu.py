@@ -94,6 +94,7 @@ EXPLORE = 16      # a governed call re-tries the other thread count every EXPLOR
 WINDOW = 5        # call times remembered per thread count (their median decides)
 PREFER_TEAM = 0.85  # the team runs while its median is below this fraction of one thread's
 TEAM_BURST = 3    # consecutive calls when the team is tried (the first one warms it up)
+IDLE_COLD = 2e-3  # a call this long after the previous one ended finds threads and caches cold
 
 
 def _env_flag(name: str, default: bool = True) -> bool:
@@ -119,10 +120,15 @@ class ThreadGovernor:
     The team is judged warm: a team call right after a one-thread call finds the
     team's threads asleep (they stop spinning soon after a region) and pays their
     wake-up, which says nothing about running with the team, so it is not recorded;
-    the team is therefore tried in bursts of TEAM_BURST calls."""
+    the team is therefore tried in bursts of TEAM_BURST calls.  Likewise a call that
+    starts more than IDLE_COLD after the previous one ended (the caller paused: the
+    team's threads went to sleep, other processes took the caches) is recorded as cold,
+    and a median is taken over the warm calls of its window when there are two: a
+    caller that pauses between bursts is judged by its bursts, one that always pauses
+    by its cold calls."""
 
     __slots__ = ("_set", "nmax", "cur", "calls", "hist", "seen", "adaptive", "_fixed",
-                 "best", "other", "every", "ready", "ones", "prev")
+                 "best", "other", "every", "ready", "ones", "prev", "last_end", "cold")
 
     def __init__(self, setter, n: int, parallel: bool = True):
         self._set = setter
@@ -141,6 +147,8 @@ class ThreadGovernor:
         self.best, self.other, self.every = self.nmax, 1, EXPLORE
         self.ready = False
         self.prev = None
+        self.last_end = None
+        self.cold = False
         self._apply(self.nmax)
 
     def _apply(self, n: int) -> None:
@@ -164,11 +172,14 @@ class ThreadGovernor:
                 self.ones += 1
             if n != self.cur:
                 self._apply(n)
-        return n, time.perf_counter()
+        now = time.perf_counter()
+        self.cold = self.last_end is not None and now - self.last_end > IDLE_COLD
+        return n, now
 
     def end(self, token) -> None:
         n, t0 = token
-        dt = time.perf_counter() - t0
+        self.last_end = now = time.perf_counter()
+        dt = now - t0
         if self._fixed:
             return
         prev, self.prev = self.prev, n
@@ -180,7 +191,7 @@ class ThreadGovernor:
             return
         if n != 1 and prev == 1:
             return  # a cold team (see the class doc)
-        h.append(dt)
+        h.append((dt, self.cold))
         if self.ready and n == self.best and self.calls % 4:
             return  # re-decide after every 4th call of the current choice (sorting costs)
         one, many = self.hist[1], self.hist[self.nmax]
@@ -196,7 +207,7 @@ class ThreadGovernor:
             self.best, self.other, ratio = 1, self.nmax, tn / t1
         # re-try the other count regularly, less often the worse it was; when its
         # latest time would win, soon again (until its median flips or it loses)
-        last1, lastn = one[-1], many[-1]
+        last1, lastn = one[-1][0], many[-1][0]
         if (lastn < PREFER_TEAM * t1) if self.best == 1 else (tn >= PREFER_TEAM * last1):
             self.every = 2 * TEAM_BURST
         else:
@@ -204,7 +215,10 @@ class ThreadGovernor:
 
 
 def _median(d) -> float:
-    v = sorted(d)
+    """Median call time of a window of (time, cold) entries: of its warm calls when there
+    are at least two, else of all (see ThreadGovernor)."""
+    warm = [t for t, cold in d if not cold]
+    v = sorted(warm if len(warm) >= 2 else [t for t, _ in d])
     return v[len(v) // 2]
 
 

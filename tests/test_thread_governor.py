@@ -44,6 +44,29 @@ def test_a_cold_team_call_is_not_held_against_the_team():
     assert used[100:].count(2) > 0.9 * 200
 
 
+def test_calls_after_a_pause_are_judged_cold():
+    """A caller that pauses between bursts (the team's threads fall asleep: its first call
+    costs 4x) is judged by its warm calls; one that pauses before every call by its cold
+    ones (here the team still wins cold)."""
+    from rlxc.runtime.cpu import IDLE_COLD
+
+    def drive(pause_every, cold_team):
+        gov = ThreadGovernor(lambda n: None, 2)
+        used = []
+        for i in range(150):
+            if i % pause_every == 0:
+                time.sleep(1.5 * IDLE_COLD)
+            n, _t0 = gov.begin()
+            cost = 1e-3 if n == 1 else (cold_team if gov.cold else 0.5e-3)
+            gov.end((n, time.perf_counter() - cost))
+            used.append(n)
+        return used[50:]
+    bursts = drive(5, 2e-3)
+    assert bursts.count(2) > 0.85 * len(bursts)
+    always = drive(1, 0.7e-3)
+    assert always.count(2) > 0.85 * len(always)
+
+
 def test_a_team_that_barely_wins_is_not_used():
     gov = ThreadGovernor(lambda n: None, 2)
     used = _drive(gov, {1: 1e-3, 2: 0.95e-3}, 200)
