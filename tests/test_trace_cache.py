@@ -155,47 +155,7 @@ def test_tracing_imports_no_xdsl():
     assert r["after"] and r["text"]  # the module is built on first use
 
 
-# -- the warm Trainer ----------------------------------------------------------------
-
-SCRIPT_TRAIN = textwrap.dedent("""
-    import json, sys
-    import numpy as np
-    import rlxc
-    import rlxc.backends as B
-    from rlxc.optim import SGD
-
-    def build(s):
-        x = s.input("x", (4, 3))
-        h = x.linear(s.param("w", (3, 5)), s.param("b", (5,))).relu()
-        return h.linear(s.param("v", (5, 2))).cross_entropy(s.input("y", (4,), "i32"))
-
-    f = rlxc.Func("tw", build).init_randn(1, 0.3)
-    tr = f.trainer(SGD(0.1))
-    x = np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3)
-    y = np.array([0, 1, 1, 0], np.int32)
-    losses = [tr.step({"x": x, "y": y}) for _ in range(3)]
-    w = tr.func.params()["w"].tolist()
-    print(json.dumps({"losses": losses, "w": w, "built": tr._prog._func is not None,
-                      "xdsl": "xdsl" in sys.modules, "llvmlite": "llvmlite" in sys.modules,
-                      **B.STATS}))
-""")
-
-
-def test_warm_trainer_imports_neither_xdsl_nor_llvmlite(tmp_path):
-    env = {**os.environ, "RLXC_CACHE_DIR": str(tmp_path / "cache")}
-
-    def run():
-        p = subprocess.run([sys.executable, "-c", SCRIPT_TRAIN], capture_output=True, text=True,
-                           env=env)
-        assert p.returncode == 0, p.stderr
-        return json.loads(p.stdout.strip().splitlines()[-1])
-
-    cold = run()
-    assert cold["compiles"] == 1 and cold["built"] and cold["xdsl"]
-    warm = run()
-    assert warm["compiles"] == 0 and warm["disk_hits"] == 1 and not warm["built"]
-    assert not warm["xdsl"] and not warm["llvmlite"]
-    assert warm["losses"] == cold["losses"] and warm["w"] == cold["w"]
+# -- the step cache (the warm process itself: tests/test_trainer_cache.py) -----------
 
 
 @pytest.fixture

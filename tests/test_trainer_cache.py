@@ -29,7 +29,10 @@ SCRIPT = textwrap.dedent("""
     x = np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3)
     y = np.array([0, 1, 1, 0], np.int32)
     losses = [tr.step({"x": x, "y": y}) for _ in range(3)]
-    print(json.dumps({"losses": losses, "built": tr._prog._func is not None, **B.STATS}))
+    w = tr.func.params()["w"].tolist()
+    print(json.dumps({"losses": losses, "w": w, "built": tr._prog._func is not None,
+                      "xdsl": "xdsl" in sys.modules, "llvmlite": "llvmlite" in sys.modules,
+                      **B.STATS}))
 """)
 
 
@@ -46,12 +49,15 @@ def cache(tmp_path):
 
 
 def test_warm_trainer_builds_no_step_graph(cache):
+    """A warm process loads the step from disk without building its graph, and (the
+    light trace, dialect/trace.py) without importing xDSL or llvmlite."""
     first = _run(cache)
-    assert first["compiles"] == 1 and first["built"]
+    assert first["compiles"] == 1 and first["built"] and first["xdsl"]
     assert len(list(cache.glob("*.alias"))) == 1
     second = _run(cache)
-    assert second["compiles"] == 0 and not second["built"]
-    assert second["losses"] == first["losses"]
+    assert second["compiles"] == 0 and second["disk_hits"] == 1 and not second["built"]
+    assert not second["xdsl"] and not second["llvmlite"]
+    assert second["losses"] == first["losses"] and second["w"] == first["w"]
 
 
 @pytest.mark.parametrize("damage", ["garbage", "missing_entry"])
