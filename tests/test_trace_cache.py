@@ -11,7 +11,6 @@ change the IR (they travel in the scalar vector) and must hit.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
