@@ -311,6 +311,24 @@ def _set_noalias(fn: ir.Function, idxs):
 # --------------------------------------------------------------------------
 # packing
 
+def _internal_fn(module: ir.Module, name: str, arg_types, noalias=(), inline=None
+                 ) -> ir.Function:
+    """A void internal function of the sgemm: its pointer args `noalias` marked noalias,
+    and "noinline" or "alwaysinline" when given."""
+    fn = ir.Function(module, ir.FunctionType(VOID, list(arg_types)), name)
+    fn.linkage = "internal"
+    if inline:
+        fn.attributes.add(inline)
+    _set_noalias(fn, noalias)
+    return fn
+
+
+def _fma(module: ir.Module, vl: int) -> ir.Function:
+    """llvm.fma on <vl x float>."""
+    vt = ir.VectorType(F32, vl)
+    return _intrinsic(module, f"llvm.fma.v{vl}f32", vt, [vt, vt, vt])
+
+
 def _transpose_rows(b, vs, rows: int, lanes: int):
     """rows vectors of ``lanes`` floats → one <rows*lanes> vector, element
     kk*rows + r = vs[r][kk] (concatenate pairwise, then one shuffle)."""
@@ -337,10 +355,7 @@ def _emit_pack_a(module, name, cfg: SgemmConfig) -> ir.Function:
     """pack_a(A, rsa, csa, mc, kc, Ap): MR-row micro-panels, Ap[p*MR*kc + k*MR + r]."""
     MR, VL = cfg.mr, cfg.vl
     vt = ir.VectorType(F32, VL)
-    fn = ir.Function(module, ir.FunctionType(VOID, [F32P, I64, I64, I64, I64, F32P]), name)
-    fn.linkage = "internal"
-    fn.attributes.add("noinline")
-    _set_noalias(fn, [0, 5])
+    fn = _internal_fn(module, name, [F32P, I64, I64, I64, I64, F32P], [0, 5], inline="noinline")
     A, rsa, csa, mc, kc, Ap = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     zero = ir.Constant(F32, 0.0)
@@ -403,10 +418,7 @@ def _emit_pack_b(module, name, cfg: SgemmConfig) -> ir.Function:
     """pack_b(B, rsb, csb, kc, nc, Bp): NR-column micro-panels, Bp[p*NR*kc + k*NR + c]."""
     NR, VL, NV = cfg.nr, cfg.vl, cfg.nv
     vt = ir.VectorType(F32, VL)
-    fn = ir.Function(module, ir.FunctionType(VOID, [F32P, I64, I64, I64, I64, F32P]), name)
-    fn.linkage = "internal"
-    fn.attributes.add("noinline")
-    _set_noalias(fn, [0, 5])
+    fn = _internal_fn(module, name, [F32P, I64, I64, I64, I64, F32P], [0, 5], inline="noinline")
     B, rsb, csb, kc, nc, Bp = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     zero = ir.Constant(F32, 0.0)
@@ -469,16 +481,13 @@ def _emit_micro(module, name, cfg: SgemmConfig, epilogue, epi_types, nv: int | N
     MR, NR, VL, U = cfg.mr, cfg.nr, cfg.vl, cfg.unroll
     NV = nv or cfg.nv
     vt = ir.VectorType(F32, VL)
-    fty = ir.FunctionType(VOID, [I64, F32P, F32P, F32P, I64, I64, I64, I1, I1, I64, I64,
-                                 *([I64] if direct_a else []), *epi_types])
-    fn = ir.Function(module, fty, name)
-    fn.linkage = "internal"
-    fn.attributes.add("alwaysinline")
-    _set_noalias(fn, [1, 2, 3])
+    fn = _internal_fn(module, name, [I64, F32P, F32P, F32P, I64, I64, I64, I1, I1, I64, I64,
+                                     *([I64] if direct_a else []), *epi_types],
+                      [1, 2, 3], inline="alwaysinline")
     kc, Ap, Bp, C, ldc, m_rem, n_rem, beta, last, row0, col0 = fn.args[:11]
     lda = fn.args[11] if direct_a else None
     epi_args = list(fn.args[12 if direct_a else 11:])
-    fma = _intrinsic(module, f"llvm.fma.v{VL}f32", vt, [vt, vt, vt])
+    fma = _fma(module, VL)
 
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     entry = b.block
@@ -622,15 +631,12 @@ def _emit_gemv_rows(module, name, cfg: SgemmConfig, epilogue, epi_types) -> ir.F
     unless accumulating, and the epilogue runs in a last pass over C."""
     VL, KB = cfg.vl, cfg.gemv_rows
     vt = ir.VectorType(F32, VL)
-    fty = ir.FunctionType(VOID, [I64, I64, F32P, I64, I64, F32P, I64, F32P, I64, I1, I64, I64,
-                                 *epi_types])
-    fn = ir.Function(module, fty, name)
-    fn.linkage = "internal"
-    fn.attributes.add("noinline")
-    _set_noalias(fn, [2, 5, 7])
+    fn = _internal_fn(module, name, [I64, I64, F32P, I64, I64, F32P, I64, F32P, I64, I1, I64, I64,
+                                     *epi_types],
+                      [2, 5, 7], inline="noinline")
     N, K, A, rsa, csa, B, rsb, C, ldc, beta, row0, col0 = fn.args[:12]
     epi_args = list(fn.args[12:])
-    fma = _intrinsic(module, f"llvm.fma.v{VL}f32", vt, [vt, vt, vt])
+    fma = _fma(module, VL)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     n_full = b.mul(b.sdiv(N, _c64(VL)), _c64(VL))
     tail = b.icmp_signed("<", n_full, N)
@@ -685,15 +691,12 @@ def _emit_skinny(module, name, cfg: SgemmConfig, mr: int, epilogue, epi_types) -
     NV = _skinny_width(cfg, mr)
     W = NV * VL
     vt = ir.VectorType(F32, VL)
-    fty = ir.FunctionType(VOID, [I64, I64, F32P, I64, I64, F32P, I64, F32P, I64, I1, I64, I64,
-                                 *epi_types])
-    fn = ir.Function(module, fty, name)
-    fn.linkage = "internal"
-    fn.attributes.add("noinline")
-    _set_noalias(fn, [2, 5, 7])
+    fn = _internal_fn(module, name, [I64, I64, F32P, I64, I64, F32P, I64, F32P, I64, I1, I64, I64,
+                                     *epi_types],
+                      [2, 5, 7], inline="noinline")
     N, K, A, rsa, csa, B, rsb, C, ldc, beta, row0, col0 = fn.args[:12]
     epi_args = list(fn.args[12:])
-    fma = _intrinsic(module, f"llvm.fma.v{VL}f32", vt, [vt, vt, vt])
+    fma = _fma(module, VL)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     arows = [_gep(b, A, b.mul(_c64(r), rsa)) for r in range(mr)]
 
@@ -783,7 +786,8 @@ def _reduce_lanes(b, vecs, lanes: int):
             lo, hi, own = [], [], []
             for s0 in range(0, lanes, 2 * h):
                 lo += list(range(s0, s0 + h)) + [lanes + i for i in range(s0, s0 + h)]
-                hi += list(range(s0 + h, s0 + 2 * h)) + [lanes + i for i in range(s0 + h, s0 + 2 * h)]
+                hi += list(range(s0 + h, s0 + 2 * h)) + \
+                    [lanes + i for i in range(s0 + h, s0 + 2 * h)]
                 own += owner[t][s0:s0 + h] + owner[t + 1][s0:s0 + h]
             if x is None and y is None:
                 nvs.append(None)
@@ -814,15 +818,12 @@ def _emit_narrow(module, name, cfg: SgemmConfig, nj: int, epilogue, epi_types) -
     VL = cfg.vl
     R = _narrow_rows(cfg, nj)
     vt = ir.VectorType(F32, VL)
-    fty = ir.FunctionType(VOID, [I64, I64, F32P, I64, F32P, I64, F32P, I64, I64, I1, I1,
-                                 I64, I64, *epi_types])
-    fn = ir.Function(module, fty, name)
-    fn.linkage = "internal"
-    fn.attributes.add("noinline")
-    _set_noalias(fn, [2, 4, 6])
+    fn = _internal_fn(module, name, [I64, I64, F32P, I64, F32P, I64, F32P, I64, I64, I1, I1, I64,
+                                     I64, *epi_types],
+                      [2, 4, 6], inline="noinline")
     M, K, A, rsa, Bt, ldbt, C, ldc, N, beta, last, row0, col0 = fn.args[:13]
     epi_args = list(fn.args[13:])
-    fma = _intrinsic(module, f"llvm.fma.v{VL}f32", vt, [vt, vt, vt])
+    fma = _fma(module, VL)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     k_full = b.mul(b.sdiv(K, _c64(VL)), _c64(VL))
     kmask = _lane_mask(b, 0, b.sub(K, k_full), VL)
@@ -902,10 +903,7 @@ def _emit_narrow(module, name, cfg: SgemmConfig, nj: int, epilogue, epi_types) -
 def _emit_pack_bt(module, name, cfg: SgemmConfig) -> ir.Function:
     """pack_bt(B, rsb, csb, kc, N, nj, Bt, ldbt): Bt[j*ldbt + k] = B[k*rsb + j*csb] for
     j < N, k < kc; zero for kc <= k < ldbt and for N <= j < nj."""
-    fty = ir.FunctionType(VOID, [F32P, I64, I64, I64, I64, I64, F32P, I64])
-    fn = ir.Function(module, fty, name)
-    fn.linkage = "internal"
-    _set_noalias(fn, [0, 6])
+    fn = _internal_fn(module, name, [F32P, I64, I64, I64, I64, I64, F32P, I64], [0, 6])
     B, rsb, csb, kc, N, nj, Bt, ldbt = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     zero = ir.Constant(F32, 0.0)
@@ -930,11 +928,9 @@ def _emit_narrow_driver(module, name, cfg: SgemmConfig, epilogue, epi_types) -> 
     K in blocks of KC; each block packs Bt (workspace: VL rows of KC rounded up to VL,
     which fits the B part of a slot when K >= VL) and runs the variant for N."""
     VL, KC = cfg.vl, cfg.kc
-    fty = ir.FunctionType(VOID, [I64, I64, I64, F32P, I64, F32P, I64, I64, F32P, I64, I1,
-                                 F32P, I64, I64, *epi_types])
-    fn = ir.Function(module, fty, name)
-    fn.linkage = "internal"
-    _set_noalias(fn, [3, 5, 8, 11])
+    fn = _internal_fn(module, name, [I64, I64, I64, F32P, I64, F32P, I64, I64, F32P, I64, I1, F32P,
+                                     I64, I64, *epi_types],
+                      [3, 5, 8, 11])
     M, N, K, A, rsa, B, rsb, csb, C, ldc, beta, Bt, row0, col0 = fn.args[:14]
     epi_args = list(fn.args[14:])
     widths = _narrow_widths(cfg)
@@ -981,11 +977,9 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
     barrier per block suffices: a thread that packs block p+1 has passed
     barrier p, so nobody still reads the buffer of block p-1 it overwrites."""
     MR, NR, KC, MC, NC, VL = cfg.mr, cfg.nr, cfg.kc, cfg.mc, cfg.nc, cfg.vl
-    fty = ir.FunctionType(VOID, [I64, I64, I64, F32P, I64, I64, F32P, I64, I64, F32P, I64,
-                                 I1, F32P, F32P, F32P, I64, I64, I32, I32, I1, *epi_types])
-    fn = ir.Function(module, fty, name)
-    fn.linkage = "internal"
-    _set_noalias(fn, [3, 6, 9, 12])
+    fn = _internal_fn(module, name, [I64, I64, I64, F32P, I64, I64, F32P, I64, I64, F32P, I64, I1,
+                                     F32P, F32P, F32P, I64, I64, I32, I32, I1, *epi_types],
+                      [3, 6, 9, 12])
     (M, N, K, A, rsa, csa, B, rsb, csb, C, ldc, acc, Ap, Bp0, Bp1, row0, col0, tid, nt,
      coop) = fn.args[:20]
     epi_args = list(fn.args[20:])
