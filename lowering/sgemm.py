@@ -621,6 +621,17 @@ def _skinny_width(cfg: SgemmConfig, mr: int) -> int:
     return max(1, min(widest, budget // mr))
 
 
+def _skinny_fn(module, name, epi_types):
+    """The function of a skinny kernel, gemv or skinnyM (seq calls either one with the same
+    arguments): (fn, its 12 arguments, the epilogue's).
+
+        (N, K, A, rsa, csa, B, rsb, C, ldc, beta i1, row0, col0, epi...)"""
+    fn = _internal_fn(module, name, [I64, I64, F32P, I64, I64, F32P, I64, F32P, I64, I1, I64, I64,
+                                     *epi_types],
+                      [2, 5, 7], inline="noinline")
+    return fn, fn.args[:12], list(fn.args[12:])
+
+
 def _emit_gemv_rows(module, name, cfg: SgemmConfig, epilogue, epi_types) -> ir.Function:
     """skinny for one row (GEMV, c = a @ B): stream B row by row.
 
@@ -631,11 +642,8 @@ def _emit_gemv_rows(module, name, cfg: SgemmConfig, epilogue, epi_types) -> ir.F
     unless accumulating, and the epilogue runs in a last pass over C."""
     VL, KB = cfg.vl, cfg.gemv_rows
     vt = ir.VectorType(F32, VL)
-    fn = _internal_fn(module, name, [I64, I64, F32P, I64, I64, F32P, I64, F32P, I64, I1, I64, I64,
-                                     *epi_types],
-                      [2, 5, 7], inline="noinline")
-    N, K, A, rsa, csa, B, rsb, C, ldc, beta, row0, col0 = fn.args[:12]
-    epi_args = list(fn.args[12:])
+    fn, (N, K, A, rsa, csa, B, rsb, C, ldc, beta, row0, col0), epi_args = \
+        _skinny_fn(module, name, epi_types)
     fma = _fma(module, VL)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     n_full = b.mul(b.sdiv(N, _c64(VL)), _c64(VL))
@@ -691,11 +699,8 @@ def _emit_skinny(module, name, cfg: SgemmConfig, mr: int, epilogue, epi_types) -
     NV = _skinny_width(cfg, mr)
     W = NV * VL
     vt = ir.VectorType(F32, VL)
-    fn = _internal_fn(module, name, [I64, I64, F32P, I64, I64, F32P, I64, F32P, I64, I1, I64, I64,
-                                     *epi_types],
-                      [2, 5, 7], inline="noinline")
-    N, K, A, rsa, csa, B, rsb, C, ldc, beta, row0, col0 = fn.args[:12]
-    epi_args = list(fn.args[12:])
+    fn, (N, K, A, rsa, csa, B, rsb, C, ldc, beta, row0, col0), epi_args = \
+        _skinny_fn(module, name, epi_types)
     fma = _fma(module, VL)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     arows = [_gep(b, A, b.mul(_c64(r), rsa)) for r in range(mr)]
