@@ -64,7 +64,9 @@ def _parse_overrides(items):
 
 def _build(cfg, cpu, workdir):
     import llvmlite.ir as ir
-    from rlxc.lowering import target, sgemm, parallel
+    from rlxc.lowering.cpu import target
+    from rlxc.lowering.cpu import sgemm_kernels as sgemm
+    from rlxc.lowering.cpu import openmp as parallel
     m = target.ir_module("bench_sgemm")
     fn = sgemm.emit_sgemm(m, "rlxc_sgemm", config=cfg)
     parallel.thread_control(m)
@@ -95,7 +97,7 @@ def _build(cfg, cpu, workdir):
 
 def worker(args) -> dict:
     import numpy as np
-    from rlxc.lowering import sgemm
+    from rlxc.lowering.cpu import sgemm_kernels as sgemm
     M, N, K = args.mnk
     t = args.threads_one
     try:

@@ -6,7 +6,7 @@
       │ --train --optimizer K --lr X   (adds NAME_train_step from rlxc/train.py's step)
       ├─► --emit rlx|loops|llvm|asm|ptx   print that stage to stdout, build nothing
       ▼
-    lowering/aot.py: OUTDIR/libNAME.so NAME.h NAME.json NAME/__init__.py
+    lowering/artifact/writer.py: OUTDIR/libNAME.so NAME.h NAME.json NAME/__init__.py
 
 Transform expressions are parsed by a tiny recursive-descent parser (no
 eval): `NAME` or `NAME(arg, key=value, ...)` where a value is an identifier
@@ -344,10 +344,10 @@ def emit_stage(stage: str, func, name: str, target: str, cpu: str) -> str:
     if stage == "rlx":
         return func.mlir()
     if stage == "ptx":
-        from rlxc.lowering import gpu_kernels
+        from rlxc.lowering.gpu import driver as gpu_driver
 
-        return gpu_kernels.emit_ptx(func.module)
-    from rlxc.lowering import cpu as backend
+        return gpu_driver.emit_ptx(func.module)
+    from rlxc.lowering.cpu import driver as backend
 
     fn = {"loops": backend.emit_loops, "llvm": backend.emit_llvm, "asm": backend.emit_asm}[stage]
     if stage == "loops":
@@ -416,7 +416,7 @@ def compile_cmd(src, outdir, name, target, cpu, transforms, params_file, emit, t
         raise click.BadParameter(f"{name!r} is not a C identifier usable as a Python package "
                                  "name", param_hint="'--name'")
 
-    from rlxc.lowering import aot
+    from rlxc.lowering.artifact import writer as aot
 
     progress = aot.Progress(name or os.path.basename(src), verbose).start()
     ok = False

@@ -37,7 +37,7 @@ def _gelu_tanh(x):
 
 def _gating(f):
     """x * gate(x) ops (gelu, gelu_tanh, silu) at x = -inf: their limit -0, as the compiled
-    kernels give it (lowering/mathlib.py), not the NaN of -inf * 0."""
+    kernels give it (lowering/shared/mathlib.py), not the NaN of -inf * 0."""
     def g(x):
         with np.errstate(invalid="ignore"):
             y = f(x)

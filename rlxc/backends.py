@@ -41,10 +41,18 @@ STATS = {"compiles": 0, "disk_hits": 0, "memory_hits": 0, "rejected": 0}
 CACHE_FORMAT = "rlxc-cpu-cache"
 
 # the lowering files whose contents decide the generated CPU code
-CPU_SOURCES = ("buffers.py", "cpu.py", "fusion.py", "indexing.py", "llvmgen.py", "llvmmatmul.py",
-               "llvmops.py", "matmul.py", "sgemmlib.py",
-               "loops.py", "mathlib.py", "parallel.py", "reduce.py", "schedule.py", "sgemm.py",
-               "pinning.py", "smallmm.py", "target.py")
+def _backend_sources() -> list[str]:
+    """Every source file of the lowering package (all backends and shared rules), relative
+    paths in a stable order: the disk cache is keyed by all of them, so no file is forgotten."""
+    import rlxc.lowering as low
+
+    root = os.path.dirname(low.__file__)
+    out = []
+    for d, dirs, files in os.walk(root):
+        dirs[:] = sorted(x for x in dirs if not x.startswith((".", "__")))
+        out += [os.path.relpath(os.path.join(d, f), root) for f in sorted(files)
+                if f.endswith((".py", ".in"))]
+    return out
 
 _libs: dict = {}
 _executors: dict = {}
@@ -67,14 +75,14 @@ def clear_memory_cache() -> None:
 
 
 def compiler_fingerprint() -> str:
-    """Hash of the CPU lowering sources and the LLVM binding version."""
+    """Hash of every lowering source file and the LLVM binding version."""
     global _fingerprint
     if _fingerprint is None:
         import rlxc.lowering as low
 
         h = hashlib.sha256()
         d = os.path.dirname(low.__file__)
-        for n in CPU_SOURCES:
+        for n in _backend_sources():
             try:
                 with open(os.path.join(d, n), "rb") as f:
                     h.update(n.encode() + b"\0" + f.read())
@@ -113,7 +121,7 @@ def _cpu_key(cpu: str) -> str:
 
 
 def _options(options: dict) -> tuple:
-    from rlxc.lowering.cpu import default_threads
+    from rlxc.lowering.cpu.driver import default_threads
 
     cpu = options.get("cpu", "native")
     opt = int(options.get("opt", 3))
@@ -250,7 +258,7 @@ def _write_atomic(path: str, data: bytes) -> None:
 
 
 def _compile_entry(d, key, func, cpu, opt, threads) -> CpuLibrary:
-    from rlxc.lowering.cpu import compile_cpu
+    from rlxc.lowering.cpu.driver import compile_cpu
 
     try:
         os.makedirs(d, exist_ok=True)
@@ -294,7 +302,7 @@ def cuda_program(func, arch: str | None = None):
     key = (func.ir_hash(), arch)
     prog = _cuda_programs.get(key)
     if prog is None:
-        from rlxc.lowering.gpu_kernels import compile_cuda
+        from rlxc.lowering.gpu.driver import compile_cuda
 
         STATS["compiles"] += 1
         prog = _cuda_programs[key] = compile_cuda(func.module, func.name, arch=arch).program()

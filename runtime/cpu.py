@@ -266,7 +266,7 @@ class CpuLibrary:
         if self._set_threads is not None:
             self._set_threads.argtypes = [ctypes.c_int32]
             self._set_threads.restype = None
-        # a program that never forks has nothing to tune (meta["parallel"], lowering/cpu.py)
+        # a program that never forks has nothing to tune (meta["parallel"], lowering/cpu/driver.py)
         self.governor = ThreadGovernor(self._set_threads, env_threads(),
                                        bool(meta.get("parallel", True)))
         self.cache_key = None  # set by rlxc.backends: the disk cache entry it came from

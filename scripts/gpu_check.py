@@ -104,7 +104,8 @@ def prepare(outdir: str, log=print) -> dict:
     from opcases import CASES, make_func
 
     import rlxc
-    from rlxc.lowering import gpu_kernels, nvptx
+    from rlxc.lowering.gpu import driver as gpu_driver
+    from rlxc.lowering.gpu import nvptx
 
     os.makedirs(outdir, exist_ok=True)
     checks = []
@@ -116,7 +117,7 @@ def prepare(outdir: str, log=print) -> dict:
                  **extra}
         stem = name.replace(":", "_").replace("/", "_")
         try:
-            art = gpu_kernels.compile_cuda(func.module, func.name)
+            art = gpu_driver.compile_cuda(func.module, func.name)
             with open(os.path.join(outdir, stem + ".rlxcuda"), "wb") as f:
                 f.write(art.to_bytes())
             entry["artifact"] = stem + ".rlxcuda"

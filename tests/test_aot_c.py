@@ -20,9 +20,9 @@ import textwrap
 import numpy as np
 import pytest
 
-pytest.importorskip("rlxc.lowering.cpu", reason="lowering/cpu.py not available")
+pytest.importorskip("rlxc.lowering.cpu.driver", reason="lowering/cpu/driver.py not available")
 
-from rlxc.lowering import aot  # noqa: E402
+from rlxc.lowering.artifact import writer as aot  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLE = os.path.join(os.path.dirname(HERE), "examples", "embed_c")

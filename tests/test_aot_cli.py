@@ -74,7 +74,7 @@ def _has_backend(name):
         return False
 
 
-needs_cpu = pytest.mark.skipif(not _has_backend("cpu"), reason="lowering/cpu.py not available")
+needs_cpu = pytest.mark.skipif(not _has_backend("cpu.driver"), reason="lowering/cpu/driver.py not available")
 
 
 # -- the transform-expression parser (in-process) ------------------------------------------
@@ -210,7 +210,7 @@ def test_emit_cpu_stages(models, form, stage, marker):
     assert marker in p.stdout, p.stdout[:2000]
 
 
-@pytest.mark.skipif(not _has_backend("gpu_kernels"), reason="lowering/gpu_kernels.py not available")
+@pytest.mark.skipif(not _has_backend("gpu.driver"), reason="lowering/gpu/driver.py not available")
 @pytest.mark.parametrize("form", ["py", "mlir"])
 def test_emit_ptx(models, form):
     d, _ = models
@@ -268,7 +268,7 @@ def test_build_mlir_with_params_file(models, tmp_path):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.skipif(not _has_backend("gpu_kernels"), reason="lowering/gpu_kernels.py not available")
+@pytest.mark.skipif(not _has_backend("gpu.driver"), reason="lowering/gpu/driver.py not available")
 def test_build_cuda_artifact(models, tmp_path):
     from rlxc.runtime import cuda
 
@@ -295,7 +295,7 @@ def test_progress_lines(capsys):
     import io
     import time
 
-    from rlxc.lowering.aot import Progress
+    from rlxc.lowering.artifact.writer import Progress
 
     buf = io.StringIO()
     p = Progress("m", verbose=True, stream=buf, after=0.0).start()

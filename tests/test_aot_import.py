@@ -1,6 +1,6 @@
 """Compiled artifacts from Python: `import NAME`, `rlxc.runtime.load`, robustness.
 
-Artifacts are built once per module in-process (lowering/aot.py; the CLI is
+Artifacts are built once per module in-process (lowering/artifact/writer.py; the CLI is
 tested in test_aot_cli.py).  The import test runs in a fresh interpreter and
 checks that neither xdsl nor llvmlite got imported.  Damaged artifacts
 (truncated or foreign .so, bad or mismatched JSON, wrong ABI) must raise
@@ -21,9 +21,9 @@ import pytest
 import rlxc
 from rlxc import ArtifactError, NameLookupError, ShapeError
 
-pytest.importorskip("rlxc.lowering.cpu", reason="lowering/cpu.py not available")
+pytest.importorskip("rlxc.lowering.cpu.driver", reason="lowering/cpu/driver.py not available")
 
-from rlxc.lowering import aot  # noqa: E402
+from rlxc.lowering.artifact import writer as aot  # noqa: E402
 from rlxc.runtime import load  # noqa: E402
 
 

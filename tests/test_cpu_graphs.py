@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 import rlxc
 from rlxc import Func
-from rlxc.lowering import cpu
-from rlxc.lowering.buffers import peak_without_reuse
-from rlxc.lowering.loops import LoopKernel, MatmulKernel
+from rlxc.lowering.cpu import driver as cpu
+from rlxc.lowering.cpu.buffers import peak_without_reuse
+from rlxc.lowering.cpu.loops import LoopKernel, MatmulKernel
 
 import randgraph
 

@@ -9,7 +9,7 @@ compile time down.  Tolerances:
   e.g. gelu_tanh's reference cancels for negative x);
 - large reductions (1M elements) against a float64 reference:
   |got - ref| <= 1e-6 * sum(|x|) for sums (f32 blocks of 4096 accumulated in
-  f64, see lowering/reduce.py), exact for max/min.
+  f64, see lowering/cpu/reduce.py), exact for max/min.
 """
 from __future__ import annotations
 

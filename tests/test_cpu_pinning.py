@@ -1,4 +1,4 @@
-"""lowering/pinning.py: a forking library binds libgomp's worker threads, not the caller."""
+"""lowering/cpu/pinning.py: a forking library binds libgomp's worker threads, not the caller."""
 import json
 import os
 import subprocess

@@ -1,9 +1,9 @@
-"""Degenerate matmuls (K == 1, M == 1, N == 1) lowered as loops (lowering/smallmm.py)."""
+"""Degenerate matmuls (K == 1, M == 1, N == 1) lowered as loops (lowering/cpu/matvec.py)."""
 import numpy as np
 import pytest
 
 from rlxc import Func
-from rlxc.lowering.cpu import emit_loops
+from rlxc.lowering.cpu.driver import emit_loops
 
 CASES = [  # (a shape, b shape, transpose a, transpose b)
     ((5, 1), (1, 7), False, False),            # outer product

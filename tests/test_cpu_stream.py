@@ -8,7 +8,7 @@ large output buffers."""
 import numpy as np
 
 from rlxc import Func
-from rlxc.lowering.cpu import emit_loops
+from rlxc.lowering.cpu.driver import emit_loops
 
 RNG = np.random.default_rng(7)
 

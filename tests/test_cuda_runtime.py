@@ -4,7 +4,7 @@
   CudaUnavailable (never crash); driver errors carry the driver's name/string
   (a fake libcuda); argument packing, the artifact container, arch matching.
 - the GPU program's numerics through the real runtime (CudaProgram) with an
-  emulating driver (lowering/gpu_emu.py: the same kernel generators built for the
+  emulating driver (lowering/gpu/emu.py: the same kernel generators built for the
   host, thread by thread): every op case, the fusion patterns, every reduction
   strategy and matmul config, the MLP train step — against the interpreter.
 - on a machine with an NVIDIA GPU (marked `gpu`): the same cases on the device.
@@ -19,7 +19,9 @@ import pytest
 import rlxc
 from opcases import CASES, make_func
 from rlxc.dialect import ops as O
-from rlxc.lowering import gpu_emu, gpu_kernels, gpu_plan
+from rlxc.lowering.gpu import emu as gpu_emu
+from rlxc.lowering.gpu import driver as gpu_driver
+from rlxc.lowering.gpu import plan as gpu_plan
 from rlxc.runtime import cuda as rt
 from rlxc.runtime.errors import ArtifactError
 
@@ -44,7 +46,7 @@ def test_unavailable_has_reason_and_raises_cleanly():
         rt.driver()
     with pytest.raises(rt.CudaUnavailable):
         rt.context(0)
-    art = gpu_kernels.compile_cuda(make_func("exp")[0].module, ptxas=False)
+    art = gpu_driver.compile_cuda(make_func("exp")[0].module, ptxas=False)
     with pytest.raises(rt.CudaUnavailable):
         art.program()
 
@@ -102,9 +104,9 @@ def test_pack_args_roundtrip():
 
 def test_artifact_container_roundtrip():
     f = make_func("softmax")[0]
-    art = gpu_kernels.compile_cuda(f.module, ptxas=False)
+    art = gpu_driver.compile_cuda(f.module, ptxas=False)
     data = art.to_bytes()
-    back = gpu_kernels.CudaArtifact.from_bytes(data)
+    back = gpu_driver.CudaArtifact.from_bytes(data)
     assert back.meta == art.meta and back.blobs == art.blobs
     assert back.ptx.startswith("//") and ".entry" in back.ptx
     with pytest.raises(ArtifactError, match="magic"):
@@ -219,7 +221,7 @@ def test_emulated_pattern(name):
 
 
 def test_matmul_configs_chosen():
-    from rlxc.lowering.gpu_matmul import choose_config
+    from rlxc.lowering.gpu.matmul import choose_config
 
     assert choose_config(4096, 4096, 1) == "L"
     assert choose_config(512, 512, 1) == "M"
@@ -295,7 +297,7 @@ def test_emulated_dtypes_and_edges(name):
 def test_f64_math_fails_loudly():
     f = rlxc.Func("f64exp", lambda s: s.input("x", (4,)).cast("f64").exp())
     with pytest.raises(NotImplementedError, match="rlx.exp on f64"):
-        gpu_kernels.compile_cuda(f.module, ptxas=False)
+        gpu_driver.compile_cuda(f.module, ptxas=False)
 
 
 def test_timing_profile_and_pinned_paths():
@@ -318,7 +320,7 @@ def test_timing_profile_and_pinned_paths():
 def test_scatter_memsets_before_launch():
     build, inputs, _ = PATTERNS["scatter_add"]
     f = rlxc.Func("sc", build)
-    art = gpu_kernels.compile_cuda(f.module, ptxas=False)
+    art = gpu_driver.compile_cuda(f.module, ptxas=False)
     ops = [s["op"] for s in art.meta["steps"]]
     assert ops == ["memset", "launch"]
     assert art.meta["steps"][0]["buffer"] == art.meta["steps"][1]["args"][0]
@@ -336,7 +338,7 @@ GPU_CASES = ["exp", "add", "sum", "sum_keepdims", "max_all", "matmul", "matmul_b
 @pytest.mark.skipif(not HAS_GPU, reason=f"needs an NVIDIA GPU: {rt.unavailable_reason()}")
 def test_gpu_op(name):
     f, _, inputs, _ = make_func(name)
-    art = gpu_kernels.compile_cuda(f.module)
+    art = gpu_driver.compile_cuda(f.module)
     with art.program() as prog:
         got = prog.run(f._bind((), dict(inputs)))
     for g, r in zip(got, f.run_on("interp", **inputs)):
@@ -348,7 +350,7 @@ def test_gpu_op(name):
 def test_gpu_mlp_train_step():
     g = mlp_func(batch=256, d_in=64, hidden=256).value_and_grad_all()
     inputs = {"x": R(256, 64), "y": rng.integers(0, 10, 256).astype(np.int32)}
-    with gpu_kernels.compile_cuda(g.module).program() as prog:
+    with gpu_driver.compile_cuda(g.module).program() as prog:
         got = prog.run(g._bind((), inputs))
     for a, b in zip(got, g.run_on("interp", **inputs)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)

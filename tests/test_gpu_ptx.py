@@ -1,6 +1,6 @@
 """PTX for every op and fusion pattern, assembled by ptxas for sm_90 — no GPU needed.
 
-Each case compiles through lowering/gpu_kernels.compile_cuda (LLVM NVPTX, PTX
+Each case compiles through lowering/gpu_driver.compile_cuda (LLVM NVPTX, PTX
 8.0 for sm_90) and, when a ptxas is found, is assembled with `ptxas -arch=sm_90
 -v`: any ptxas error fails the test; registers and spills are recorded and
 printed (`pytest -s`), and the simple kernels must not spill.  Without ptxas
@@ -16,7 +16,9 @@ import pytest
 
 import rlxc
 from opcases import CASES, make_func
-from rlxc.lowering import gpu_kernels, gpu_math, nvptx
+from rlxc.lowering.gpu import driver as gpu_driver
+from rlxc.lowering.gpu import mathlib as gpu_math
+from rlxc.lowering.gpu import nvptx
 
 PTXAS = nvptx.find_ptxas()
 needs_ptxas = pytest.mark.skipif(PTXAS is None, reason="no ptxas found (PATH, $CUDA_HOME/bin, "
@@ -25,7 +27,7 @@ REPORT: dict[str, dict] = {}
 
 
 def _compile(f, name):
-    art = gpu_kernels.compile_cuda(f.module, ptxas=PTXAS or False)
+    art = gpu_driver.compile_cuda(f.module, ptxas=PTXAS or False)
     ptx = art.ptx
     assert ".target sm_90" in ptx and re.search(r"^\.version \d+\.\d+", ptx, re.M)
     launches = [s for s in art.meta["steps"] if s["op"] == "launch"]
@@ -124,7 +126,7 @@ def test_mlp_train_step_ptx():
 def test_kernel_signature_is_ptx_kernel():
     """Kernels use the ptx_kernel calling convention, global pointers in addrspace(1):
     the PTX is valid whatever GPU (or none) is present."""
-    mod, plan, steps = gpu_kernels.build_kernels(make_func("softmax")[0].module, "gpu")
+    mod, plan, steps = gpu_driver.build_kernels(make_func("softmax")[0].module, "gpu")
     text = str(mod)
     names = [s["kernel"] for s in steps if s["op"] == "launch"]
     for n in names:
@@ -157,7 +159,7 @@ def test_ptxas_missing_ships_ptx(monkeypatch):
     monkeypatch.setenv("RLXC_PTXAS", "none")
     assert nvptx.find_ptxas() is None
     assert nvptx.assemble("whatever", "sm_90") == (None, {})
-    art = gpu_kernels.compile_cuda(make_func("exp")[0].module)
+    art = gpu_driver.compile_cuda(make_func("exp")[0].module)
     assert art.cubin is None and ".entry" in art.ptx and art.meta["kernels"]
 
 

@@ -1,4 +1,4 @@
-"""lowering/mathlib.py: accuracy against float64 NumPy references, IEEE special values,
+"""lowering/shared/mathlib.py: accuracy against float64 NumPy references, IEEE special values,
 vectorization and libm-freedom after O3, and NVPTX (sm_90) code generation.
 
 Each op gets two loops, `void f(float* noalias x, float* noalias y, i64 n)`:
@@ -6,7 +6,7 @@ Each op gets two loops, `void f(float* noalias x, float* noalias y, i64 n)`:
   <op>_scalar  one scalar call per element, left for LLVM's loop vectorizer
 compiled at O3 with MCJIT for the host CPU and (on x86-64) for baseline x86-64 without FMA, so
 the bounds hold both for fused and for separate multiply-add.  Self-contained: it does not
-use lowering/target.py.
+use lowering/cpu/target.py.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import pytest
 import llvmlite.binding as llvm
 from llvmlite import ir
 
-from rlxc.lowering import mathlib
+from rlxc.lowering.shared import mathlib
 
 OPS = sorted(mathlib.SUPPORTED)
 F32, I64 = ir.FloatType(), ir.IntType(64)

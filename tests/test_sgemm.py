@@ -1,4 +1,4 @@
-"""sgemm emitted by rlxc.lowering.sgemm against a float64 NumPy reference.
+"""sgemm emitted by rlxc.lowering.cpu.sgemm_kernels against a float64 NumPy reference.
 
 Each build compiles one small shared library (target.py + link_shared) and
 calls it through ctypes.  Error bound: |C - ref| <= 1e-5 * sqrt(K) * (|A|@|B| +
@@ -16,7 +16,9 @@ import pytest
 
 import llvmlite.ir as ir
 
-from rlxc.lowering import parallel, sgemm, target
+from rlxc.lowering.cpu import openmp as parallel
+from rlxc.lowering.cpu import sgemm_kernels as sgemm
+from rlxc.lowering.cpu import target
 
 SIZES = (1, 3, 7, 17, 33, 65, 129)
 P, L = ctypes.c_void_p, ctypes.c_int64

@@ -1,5 +1,5 @@
-"""rlxc.lowering.target (target machines, O3, objects, linking) and
-rlxc.lowering.parallel (libgomp parallel-for emission)."""
+"""rlxc.lowering.cpu.target (target machines, O3, objects, linking) and
+rlxc.lowering.cpu.openmp (libgomp parallel-for emission)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import pytest
 import llvmlite.binding as llvm
 import llvmlite.ir as ir
 
-from rlxc.lowering import parallel, target
+from rlxc.lowering.cpu import openmp as parallel
+from rlxc.lowering.cpu import target
 
 F32 = ir.FloatType()
 F32P = F32.as_pointer()

@@ -5,7 +5,7 @@
           ▼
     fadd/fcmp/select/bitcast ... , mathlib.emit for transcendentals, llvm.* intrinsics
 
-Used by llvmgen.py for loop bodies (scalar code that LLVM vectorizes) and for
+Used by codegen.py for loop bodies (scalar code that LLVM vectorizes) and for
 sgemm epilogues (explicit <VL x float> code), so every rule works on both.
 Semantics follow the NumPy interpreter: float compares are ordered except `ne`
 (NaN != NaN); maximum/minimum propagate NaN (llvm.maximum/minimum); relu and
@@ -102,7 +102,7 @@ def emit_op(b: ir.IRBuilder, node, args: list):
     x = args[0] if args else None
     ty = x.type if x is not None else None
     if op in MATH:
-        from . import mathlib
+        from rlxc.lowering.shared import mathlib
 
         return mathlib.emit(b, op, x)
     if op == "stop_gradient":

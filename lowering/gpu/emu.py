@@ -28,7 +28,8 @@ import numpy as np
 
 from rlxc.runtime import cuda as rt
 
-from . import gpu_kernels
+from rlxc.lowering.gpu import driver as gpu_driver
+from rlxc.lowering.gpu import kernels as gpu_kernels
 
 _init = False
 
@@ -158,14 +159,14 @@ class EmuDriver:
         pass
 
 
-def emulation_artifact(module, name=None) -> gpu_kernels.CudaArtifact:
+def emulation_artifact(module, name=None) -> gpu_driver.CudaArtifact:
     """An artifact whose "ptx" blob is host LLVM IR of the emulated kernels."""
     mod, plan, steps = gpu_kernels.build_kernels(module, "host")
     _ensure_init()
     mod.triple = llvm.get_process_triple()
-    meta, consts = gpu_kernels.plan_meta(plan, steps, name or plan.func.sym_name.data, "sm_90")
+    meta, consts = gpu_driver.plan_meta(plan, steps, name or plan.func.sym_name.data, "sm_90")
     meta["kernels"] = {}
-    return gpu_kernels.CudaArtifact(meta, {"ptx": str(mod).encode(), "consts": consts})
+    return gpu_driver.CudaArtifact(meta, {"ptx": str(mod).encode(), "consts": consts})
 
 
 def emulate_program(module, drv: EmuDriver | None = None) -> rt.CudaProgram:

@@ -8,7 +8,7 @@
     object bytes: memory cache, then runtime_dir()/sgemm-KEY-VARIANT.o
           │ relocatable_link([module object, the variants its matmuls call])  (cc -r)
           ▼
-    one self-contained object per compiled function (what cpu.py links / aot.py embeds)
+    one self-contained object per compiled function (what cpu.py links / writer.py embeds)
 
 Why: an sgemm is large (packing, a 14x32 register-tiled microkernel, edge
 cases, threading) and costs far more LLVM time than a typical fused graph, so
@@ -44,14 +44,14 @@ EPI_FN = ir.FunctionType(VOID, [I8P, I64, I64, F32.as_pointer(), I64])
 
 _lock = threading.Lock()
 _objects: dict = {}
-SOURCES = ("sgemm.py", "parallel.py", "target.py", "sgemmlib.py")
+SOURCES = ("sgemm_kernels.py", "openmp.py", "target.py", "sgemm_object.py")
 
 
 def _key(cpu: str) -> tuple[str, str]:
     from importlib.metadata import version
 
-    from .sgemm import sgemm_config
-    from .target import _resolve_cpu
+    from rlxc.lowering.cpu.sgemm_kernels import sgemm_config
+    from rlxc.lowering.cpu.target import _resolve_cpu
 
     name, feats = _resolve_cpu(cpu)
     h = hashlib.sha256(f"{name}|{feats}|{sgemm_config(cpu)}|{version('llvmlite')}".encode())
@@ -70,7 +70,7 @@ def symbols(cpu: str = "native") -> tuple[str, str]:
 
 
 def vector_width(cpu: str = "native") -> int:
-    from .sgemm import sgemm_config
+    from rlxc.lowering.cpu.sgemm_kernels import sgemm_config
 
     return sgemm_config(cpu).vl
 
@@ -112,8 +112,8 @@ VARIANTS = ("plain", "cb")
 
 
 def _build(cpu: str, variant: str) -> bytes:
-    from .sgemm import emit_sgemm
-    from .target import compile_ir, emit_object, ir_module
+    from rlxc.lowering.cpu.sgemm_kernels import emit_sgemm
+    from rlxc.lowering.cpu.target import compile_ir, emit_object, ir_module
 
     name = symbols(cpu)[VARIANTS.index(variant)]
     hook, extra = (None, ()) if variant == "plain" else (_callback_hook, (I8P, I8P))
@@ -193,7 +193,7 @@ def relocatable_link(objects: list[bytes]) -> bytes:
     """Combine object files into one relocatable object (`cc -nostdlib -r`)."""
     import subprocess
 
-    from .target import _cc, write_objects
+    from rlxc.lowering.cpu.target import _cc, write_objects
 
     with tempfile.TemporaryDirectory(prefix="rlxc-r-") as tmp:
         paths = write_objects(tmp, objects)

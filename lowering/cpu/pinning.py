@@ -1,6 +1,6 @@
 """Pin the OpenMP team's worker threads, one per allowed CPU (the calling thread stays free).
 
-    entry of a library whose kernels may fork (llvmgen.py):
+    entry of a library whose kernels may fork (codegen.py):
         NAME.pin_team()                      once per team size, before the first region
           │ t = rlxc_num_threads or omp_get_max_threads(); nothing if t < 2 or done for t
           │ GOMP_parallel(NAME.pin_worker, NULL, t, 0)
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import llvmlite.ir as ir
 
-from .parallel import NUM_THREADS_GLOBAL, thread_control
+from rlxc.lowering.cpu.openmp import NUM_THREADS_GLOBAL, thread_control
 
 I8 = ir.IntType(8)
 I8P = I8.as_pointer()

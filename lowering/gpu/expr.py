@@ -30,10 +30,10 @@ import numpy as np
 
 from rlxc.dialect.types import dense_value, dtype_of, numel, shape_of
 
-from .gpu_plan import op_of
-from .gpu_scalar import REG_TYPE, SCALAR_RULES, convert
+from rlxc.lowering.gpu.plan import op_of
+from rlxc.lowering.gpu.scalar import REG_TYPE, SCALAR_RULES, convert
 
-from .llvmops import F32, F64, I1, I8, I32, I64  # noqa: E402  (one definition of the IR types)
+from rlxc.lowering.shared.scalar import F32, F64, I1, I8, I32, I64  # noqa: E402  (one definition of the IR types)
 
 # register type and storage type of each rlx dtype
 MEM_TYPE = {"f32": F32, "f64": F64, "i1": I8, "i32": I32, "i64": I64}

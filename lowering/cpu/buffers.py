@@ -17,7 +17,7 @@ epilogue was fused into its consumer) get no space.
 """
 from __future__ import annotations
 
-from .loops import Program
+from rlxc.lowering.cpu.loops import Program
 
 ALIGN = 64
 

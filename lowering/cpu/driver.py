@@ -87,8 +87,8 @@ def _name(module, name):
 
 def lower(module, name: str | None = None, cpu: str = "native", max_threads: int | None = None):
     """The planned loop program of an rlx module."""
-    from . import buffers
-    from .schedule import build_program
+    from rlxc.lowering.cpu import buffers
+    from rlxc.lowering.cpu.schedule import build_program
 
     prog = build_program(module, _name(module, name), max_threads or default_threads(), cpu)
     buffers.plan(prog)
@@ -97,14 +97,14 @@ def lower(module, name: str | None = None, cpu: str = "native", max_threads: int
 
 def emit_loops(module, name: str | None = None, cpu: str = "native") -> str:
     """The loop IR as text (`rlxc compile --emit loops`)."""
-    from .loops import format_program
+    from rlxc.lowering.cpu.loops import format_program
 
     return format_program(lower(module, name, cpu))
 
 
 def llvm_module(module, name: str | None = None, cpu: str = "native",
                 max_threads: int | None = None):
-    from .llvmgen import generate
+    from rlxc.lowering.cpu.codegen import generate
 
     prog = lower(module, name, cpu, max_threads)
     return generate(prog, cpu), prog
@@ -116,14 +116,14 @@ def emit_llvm(module, name: str | None = None, optimized: bool = False, cpu: str
     m, _ = llvm_module(module, name, cpu)
     if not optimized:
         return str(m)
-    from .target import compile_ir
+    from rlxc.lowering.cpu.target import compile_ir
 
     return str(compile_ir(m, cpu, opt))
 
 
 def emit_asm(module, name: str | None = None, cpu: str = "native", opt: int = 3) -> str:
-    from .target import compile_ir
-    from .target import emit_asm as _asm
+    from rlxc.lowering.cpu.target import compile_ir
+    from rlxc.lowering.cpu.target import emit_asm as _asm
 
     m, _ = llvm_module(module, name, cpu)
     return _asm(compile_ir(m, cpu, opt), cpu, opt)
@@ -136,9 +136,9 @@ def compile_cpu(func_module, name: str | None = None, cpu: str = "native", opt: 
 
     The library goes to `so_path` (written atomically), or to a fresh temporary
     directory when it is None."""
-    from .loops import MatmulKernel
-    from .sgemmlib import relocatable_link, sgemm_object
-    from .target import compile_ir, emit_object, link_shared
+    from rlxc.lowering.cpu.loops import MatmulKernel
+    from rlxc.lowering.cpu.sgemm_object import relocatable_link, sgemm_object
+    from rlxc.lowering.cpu.target import compile_ir, emit_object, link_shared
 
     t = {}
     t0 = time.perf_counter()
@@ -153,7 +153,7 @@ def compile_cpu(func_module, name: str | None = None, cpu: str = "native", opt: 
     t["codegen"] = time.perf_counter() - t0
     variants = sorted({"plain" if k.epilogue is None else "cb" for k in prog.kernels
                        if isinstance(k, MatmulKernel)})
-    if variants:  # the shared sgemm entry points it calls (sgemmlib.py)
+    if variants:  # the shared sgemm entry points it calls (sgemm_object.py)
         t0 = time.perf_counter()
         obj = relocatable_link([obj] + [sgemm_object(cpu, v) for v in variants])
         t["sgemm object + ld -r"] = time.perf_counter() - t0
@@ -177,9 +177,9 @@ def has_parallel_kernels(prog, cpu: str = "native") -> bool:
     """Can any kernel of `prog` run on more than one thread?  (A loop nest marked
     parallel with enough work, or an sgemm given workspace for a team.)  The runtime
     does not tune the thread count of a program that never forks."""
-    from .loops import For, LoopKernel, MatmulKernel
-    from .schedule import PAR_MIN_WORK
-    from .sgemm import sgemm_workspace_floats
+    from rlxc.lowering.cpu.loops import For, LoopKernel, MatmulKernel
+    from rlxc.lowering.cpu.tuning import PAR_MIN_WORK
+    from rlxc.lowering.cpu.sgemm_kernels import sgemm_workspace_floats
 
     for k in prog.kernels:
         if isinstance(k, LoopKernel) and k.body and isinstance(k.body[0], For) and \

@@ -11,7 +11,7 @@
     NAME.kN.epi(ctx, row, col, float* v, n):   v[0:n] = epilogue(v, loads at (row, col))
 
 The sgemm itself is not emitted here: it is declared and comes from the shared
-object of sgemmlib.py, linked in by cpu.py.  The epilogue is emitted once, as
+object of sgemm_object.py, linked in by cpu.py.  The epilogue is emitted once, as
 vector code on <VL x float> (VL = the sgemm's vector width): EpiValue is the
 vector of C values, a load with column coefficient 1 is a masked vector load at
 ptr + row*rc + col (lanes < n), one with coefficient 0 a scalar load splatted.
@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import llvmlite.ir as ir
 
-from . import indexing as ix
-from . import sgemmlib
-from .llvmops import F32, I8, I32, I64, const, emit_op, vtype
-from .loops import Const, EpiValue, For, Load, MatmulKernel, Op
+from rlxc.lowering.cpu import indexing as ix
+from rlxc.lowering.cpu import sgemm_object as sgemmlib
+from rlxc.lowering.shared.scalar import F32, I8, I32, I64, const, emit_op, vtype
+from rlxc.lowering.cpu.loops import Const, EpiValue, For, Load, MatmulKernel, Op
 
 F32P = F32.as_pointer()
 I8P = I8.as_pointer()
@@ -44,8 +44,8 @@ def _declare(module, name, fnty):
 
 def matmul_kernel(g, k: MatmulKernel):
     """The kernel function of a MatmulKernel; returns (function, buffers it takes)."""
-    from .llvmgen import VOID, _Body, _ptr_type
-    from .sgemm import sgemm_signature
+    from rlxc.lowering.cpu.codegen import VOID, _Body, _ptr_type
+    from rlxc.lowering.cpu.sgemm_kernels import sgemm_signature
 
     slots = epilogue_slots(k)
     bufs = [k.a.buf, k.b.buf, k.out, k.scratch]
@@ -96,7 +96,7 @@ def matmul_kernel(g, k: MatmulKernel):
 
 def _epilogue_fn(g, k: MatmulKernel, slots):
     """void NAME.kN.epi(i8* ctx, i64 row, i64 col, float* v, i64 n): v[:n] = epilogue."""
-    from .sgemm import masked_load
+    from rlxc.lowering.cpu.sgemm_kernels import masked_load
 
     lanes = sgemmlib.vector_width(g.cpu)
     vt = ir.VectorType(F32, lanes)

@@ -25,7 +25,7 @@ SROA turns into phis.  Accumulator updates of float sums/products carry the
 order changes; see reduce.py for the blocked f64 accumulation that bounds the
 error); a sum of products also carries `contract` on the multiply and the add
 (one FMA per term, as in sgemm); everything else is plain IEEE arithmetic.
-Elementwise ops come from llvmops.py (transcendentals from mathlib, no libm
+Elementwise ops come from scalar.py (transcendentals from mathlib, no libm
 calls).  An sgemm epilogue is
 the same expression tree emitted on <VL x float> vectors inside sgemm's store
 hook; one sgemm function is emitted per distinct epilogue structure.  On
@@ -47,12 +47,12 @@ from __future__ import annotations
 
 import llvmlite.ir as ir
 
-from . import indexing as ix
-from . import parallel
-from .llvmops import F32, I8, I32, I64, MEM_TYPES, combine, const, emit_op, vtype
-from .loops import (AccDecl, AccRef, CheckKernel, Const, For, InRange, Load,
+from rlxc.lowering.cpu import indexing as ix
+from rlxc.lowering.cpu import openmp as parallel
+from rlxc.lowering.shared.scalar import F32, I8, I32, I64, MEM_TYPES, combine, const, emit_op, vtype
+from rlxc.lowering.cpu.loops import (AccDecl, AccRef, CheckKernel, Const, For, InRange, Load,
                     LoopKernel, MatmulKernel, Op, Program, Store, Update, walk, walk_expr)
-from .schedule import PAR_MIN_WORK
+from rlxc.lowering.cpu.tuning import PAR_MIN_WORK
 
 VOID = ir.VoidType()
 I8P = I8.as_pointer()
@@ -286,7 +286,7 @@ def _sfence(b):
 
 
 def _avx512(cpu: str) -> bool:
-    from .sgemm import sgemm_config
+    from rlxc.lowering.cpu.sgemm_kernels import sgemm_config
 
     return sgemm_config(cpu).isa == "avx512"
 
@@ -301,7 +301,7 @@ def _ptr_type(dt: str):
 
 class ModuleGen:
     def __init__(self, program: Program, cpu: str = "native", module=None):
-        from .target import ir_module
+        from rlxc.lowering.cpu.target import ir_module
 
         self.p = program
         self.cpu = cpu
@@ -358,7 +358,7 @@ class ModuleGen:
         return fn
 
     def matmul_kernel(self, k: MatmulKernel):
-        from .llvmmatmul import matmul_kernel
+        from rlxc.lowering.cpu.matmul_codegen import matmul_kernel
 
         return matmul_kernel(self, k)
 
@@ -388,10 +388,10 @@ class ModuleGen:
         b = ir.IRBuilder(entry.append_basic_block("entry"))
         arrays = {"input": entry.args[0], "output": entry.args[1], "param": entry.args[2]}
         ptrs: dict = {}
-        from .cpu import has_parallel_kernels
+        from rlxc.lowering.cpu.driver import has_parallel_kernels
 
         if has_parallel_kernels(p, self.cpu):  # bind the team's workers once (pinning.py)
-            from .pinning import emit_pin_team
+            from rlxc.lowering.cpu.pinning import emit_pin_team
 
             b.call(emit_pin_team(self.m, self.sym), [])
 
@@ -437,7 +437,7 @@ class ModuleGen:
         if _avx512(self.cpu):
             # LLVM defaults to 256-bit loop vectors on AVX-512 cores; 512 bits measured ~15%
             # faster on fused transcendental loops.  Every defined function carries it, or the
-            # attribute is lost when kernels are inlined into parallel.py's outlined workers.
+            # attribute is lost when kernels are inlined into openmp.py's outlined workers.
             for fn in self.m.functions:
                 if fn.blocks:
                     set.add(fn.attributes, '"prefer-vector-width"="512"')

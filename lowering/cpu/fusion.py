@@ -40,8 +40,8 @@ from xdsl.dialects import func
 from rlxc.dialect.module import get_func, outputs
 from rlxc.dialect.types import dense_value, dtype_of, is_splat, numel, shape_of
 
-from . import indexing as ix
-from .loops import Buffer, Const, InRange, Load, Op
+from rlxc.lowering.cpu import indexing as ix
+from rlxc.lowering.cpu.loops import Buffer, Const, InRange, Load, Op
 
 VIEW_OPS = {"rlx.broadcast_to", "rlx.reshape", "rlx.transpose", "rlx.slice"}
 FREE_OPS = VIEW_OPS | {"rlx.stop_gradient"}  # never worth a buffer of their own

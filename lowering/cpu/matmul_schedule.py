@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from rlxc.dialect.types import dtype_of, numel, shape_of
 
-from . import indexing as ix
-from .fusion import Gen, is_splat_const, unsupported_dtype
-from .loops import Buffer, Const, EpiValue, Load, MatmulKernel, MatOperand, Op
-from .schedule import SGEMM_PAR_MIN
+from rlxc.lowering.cpu import indexing as ix
+from rlxc.lowering.cpu.fusion import Gen, is_splat_const, unsupported_dtype
+from rlxc.lowering.cpu.loops import Buffer, Const, EpiValue, Load, MatmulKernel, MatOperand, Op
+from rlxc.lowering.cpu.tuning import SGEMM_PAR_MIN
 
 
 def _idx(vars_):
@@ -50,7 +50,7 @@ def epilogue_root(bl, c):
 
 def matmul_kernel(bl, c, op, out, what, epilogue_root=None) -> bool:
     """Append the MatmulKernel of `c` writing `out`; False if the epilogue does not qualify."""
-    from .sgemm import sgemm_workspace_floats
+    from rlxc.lowering.cpu.sgemm_kernels import sgemm_workspace_floats
 
     a, b = op.operands
     for x in (a, b):

@@ -1,6 +1,6 @@
 """One kernel body, two targets: NVPTX (one thread's code) or host emulation.
 
-    kernel generator (gpu_kernels.py, gpu_matmul.py) calls:
+    kernel generator (kernels.py, matmul.py) calls:
       sm.tid()  sm.ctaid(ax)  sm.reg()/get/set  sm.shared()  sm.barrier()
       sm.shfl_xor()  sm.uniform_loop(n)  sm.if_then(cond)
           │

@@ -28,14 +28,13 @@ from __future__ import annotations
 
 from rlxc.dialect.types import dtype_of, shape_of
 
-from . import indexing as ix
-from .fusion import Gen
-from .loops import Acc, AccDecl, AccRef, Buffer, Const, For, Load, LoopKernel, Op, Store, Update
-from .schedule import (BLOCK, CHUNK, MAX_CHUNKS, PAR_MIN_WORK, SPLIT_MIN, collapse, cost,
-                       identity, nest)
+from rlxc.lowering.cpu import indexing as ix
+from rlxc.lowering.cpu.fusion import Gen
+from rlxc.lowering.cpu.loops import Acc, AccDecl, AccRef, Buffer, Const, For, Load, LoopKernel, Op, Store, Update
+from rlxc.lowering.cpu.schedule import collapse, cost, identity, nest
+from rlxc.lowering.cpu.tuning import BLOCK, CHUNK, MAX_CHUNKS, PAR_MIN_WORK, QBLOCK, SPLIT_MIN
 
 COMBINE = {"sum": "add", "mean": "add", "prod": "mul", "max": "max", "min": "min"}
-QBLOCK = 128  # output columns a buffer-mode reduction keeps in registers (8 AVX-512 vectors)
 BOOL_COMBINE = {"add": "or", "mul": "and", "max": "or", "min": "and"}
 
 

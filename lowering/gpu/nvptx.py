@@ -103,7 +103,7 @@ def _target_machine(arch: str, features: str, opt: int):
 
 # Declared callees the NVPTX backend lowers (checked before codegen, because
 # an unsupported one, e.g. @llvm.exp.f32 or @llvm.log.f32, makes LLVM abort
-# the process with "no libcall available").  The math in gpu_math.py is
+# the process with "no libcall available").  The math in mathlib.py is
 # built from these.
 _ALLOWED = re.compile(
     r"llvm\.nvvm\..*"
@@ -120,7 +120,7 @@ def check_intrinsics(module: ir.Module | str) -> None:
         if not _ALLOWED.fullmatch(name):
             raise NvptxError(
                 f"NVPTX: no lowering for @{name} (no libm on the GPU); build it from "
-                "rlxc.lowering.gpu_math or an @llvm.nvvm.* intrinsic")
+                "rlxc.lowering.gpu.mathlib or an @llvm.nvvm.* intrinsic")
 
 
 def emit_ptx(module: ir.Module | str, arch: str = DEFAULT_ARCH, opt: int = 3,

@@ -1,7 +1,7 @@
 """Artifact writer: a compiled model as libNAME.so + NAME.h + NAME.json + NAME/.
 
     Func (transformed, params bound or not)   [+ StepProgram for --train]
-          │ compile_cpu (lowering/cpu.py) per function: kernel object with
+          │ compile_cpu (lowering/cpu/driver.py) per function: kernel object with
           │   int32_t rlx_<sym>(void **inputs, void **outputs, void **params, void *ws)
           ▼
     objects:  kernel.o [step.o]  +  glue.o (cc, generated C: contexts, params,
@@ -604,7 +604,7 @@ struct {n}_ctx {{
 
 static char create_err[128] = "";
 
-/* the messages of the kernels' non-zero return codes (lowering/cpu.py's errors table) */
+/* the messages of the kernels' non-zero return codes (lowering/cpu/driver.py's errors table) */
 static const char *kernel_error(int which, int32_t rc)
 {{
     (void)which;
@@ -979,7 +979,7 @@ def emit_metadata(spec: ArtifactSpec, lib_sha256: str) -> dict:
     cpu_name = spec.cpu
     if spec.cpu in ("native", "host", ""):
         try:
-            from .target import host_cpu_name
+            from rlxc.lowering.cpu.target import host_cpu_name
             cpu_name = host_cpu_name()
         except Exception:  # pragma: no cover
             pass
@@ -1064,8 +1064,8 @@ def _write_atomic(path: str, data: bytes | str) -> None:
 
 
 def compile_kernel(module, sym: str, cpu: str, progress: Progress):
-    """lowering/cpu.py's CompiledArtifact (object bytes, no .so) of `module` as `rlx_<sym>`."""
-    from . import cpu as backend
+    """lowering/cpu/driver.py's CompiledArtifact (object bytes, no .so) of `module` as `rlx_<sym>`."""
+    from rlxc.lowering.cpu import driver as backend
 
     with progress.stage(f"backend {sym}"):
         art = backend.compile_cpu(module, sym, cpu=cpu, link=False)
@@ -1126,7 +1126,7 @@ def build_artifact(spec: ArtifactSpec, outdir: str, progress: Progress | None = 
                 with open(os.path.join(tmp, "blob.o"), "rb") as f:
                     objects.append(f.read())
         with progress.stage("link"):
-            from .target import link_shared
+            from rlxc.lowering.cpu.target import link_shared
 
             lib = os.path.join(outdir, f"lib{n}.so")
             link_shared(objects, lib)
@@ -1156,7 +1156,7 @@ def build_cuda_artifact(spec: ArtifactSpec, outdir: str, progress: Progress | No
     No C ABI: the GPU program is driven by rlxc.runtime (the driver API via ctypes)."""
     from rlxc.runtime.cuda import dump_artifact
 
-    from .gpu_kernels import compile_cuda
+    from rlxc.lowering.gpu.driver import compile_cuda
 
     progress = progress or _NoProgress()
     if spec.train is not None:

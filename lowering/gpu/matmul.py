@@ -35,10 +35,10 @@ import llvmlite.ir as ir
 
 from rlxc.dialect.types import broadcast_shapes, dtype_of, numel, shape_of
 
-from . import gpu_expr as E
-from . import gpu_math
-from .gpu_plan import op_of
-from .gpu_simt import c32
+from rlxc.lowering.gpu import expr as E
+from rlxc.lowering.gpu import mathlib as gpu_math
+from rlxc.lowering.gpu.plan import op_of
+from rlxc.lowering.gpu.simt import c32
 
 F32 = ir.FloatType()
 V4 = ir.VectorType(F32, 4)

@@ -21,7 +21,7 @@ import llvmlite.ir as ir
 
 from rlxc.dialect.types import dtype_of
 
-from . import gpu_math
+from rlxc.lowering.gpu import mathlib as gpu_math
 
 F32 = ir.FloatType()
 F64 = ir.DoubleType()

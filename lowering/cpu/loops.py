@@ -8,7 +8,7 @@
       kernels:  LoopKernel   for-loops, scalar accumulators, stores
                 MatmulKernel one sgemm call per batch element (+ fused epilogue)
                 CheckKernel  bounds check of an index buffer (error code on failure)
-          │ llvmgen.py
+          │ codegen.py
           ▼
     LLVM IR
 
@@ -17,11 +17,11 @@ so broadcasts, transposes, slices and reshapes are index maps, not copies.
 Statements: `For` (i64 induction over [start, stop), optionally the kernel's
 one parallel loop, which must be its first statement, or a `stream` loop: the
 innermost loop of a map writing a large output, emitted as aligned vector
-non-temporal stores, see llvmgen.py), `Acc` (declare a scalar
+non-temporal stores, see codegen.py), `Acc` (declare a scalar
 accumulator), `Update` (acc = acc <op> value), `Store` (buf[off] = value, or
 `buf[off] = buf[off] <op> value`).  Expressions are trees of `Const`,
 `Load`, `Op` (an rlx elementwise op name, or one of the helper ops listed in
-llvmops.py), `InRange` (lo <= index < hi as i1) and `AccRef`.  Masks (i1)
+scalar.py), `InRange` (lo <= index < hi as i1) and `AccRef`.  Masks (i1)
 are stored one byte per element, as NumPy's bool.  A `MatmulKernel` epilogue
 is an expression tree in which `EpiValue` stands for the matmul result.
 """
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import indexing as ix
+from rlxc.lowering.cpu import indexing as ix
 
 DTYPE_BYTES = {"f32": 4, "f64": 8, "i1": 1, "i32": 4, "i64": 8}
 

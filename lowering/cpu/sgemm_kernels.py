@@ -3,7 +3,7 @@
     C[i,j] (=|+=) sum_k A[i*rsa + k*csa] * B[k*rsb + j*csb]      (strided A, B)
       │ emit_sgemm
       ▼
-    NAME          picks the workspace, splits C over an OpenMP team (parallel.py):
+    NAME          picks the workspace, splits C over an OpenMP team (openmp.py):
                   by rows or by columns, whichever costs a thread less
                   (its share of the FMAs plus the packing: a row split packs
                   all of B in every thread, a column split all of A)
@@ -76,8 +76,8 @@ from typing import Callable, Sequence
 
 import llvmlite.ir as ir
 
-from . import parallel
-from .target import host_has_avx512
+from rlxc.lowering.cpu import openmp as parallel
+from rlxc.lowering.cpu.target import host_has_avx512
 
 __all__ = [
     "SgemmConfig",

@@ -8,7 +8,7 @@
     reduce     scalar:  for kept: acc = id; for red: acc op= expr; out = fin(acc)
                buffer:  for kept_outer: out[:] = id; for red: for kept_inner: out op= expr
                split:   parallel partials over chunks of the first reduced dim, then combine
-    matmul     (matmul.py) sgemm per batch element on strided views; an elementwise consumer
+    matmul     (matmul_schedule.py) sgemm per batch element on strided views; an elementwise consumer
                that is the only reader becomes its epilogue (bias, activation fused)
     scatter    out = 0; check indices; for upd: out[idx[j]] += upd[j]   (serial)
           ▼
@@ -32,27 +32,14 @@ import math
 
 from rlxc.dialect.types import dtype_of, numel, shape_of
 
-from . import indexing as ix
-from .fusion import ELEMENTWISE_FAMILIES, Gen, Plan, const_bytes, is_splat_const
-from .loops import (Buffer, CheckKernel, Const, For, InRange, Load, LoopKernel, Op, Program,
+from rlxc.lowering.cpu import indexing as ix
+from rlxc.lowering.cpu.fusion import ELEMENTWISE_FAMILIES, Gen, Plan, const_bytes, is_splat_const
+from rlxc.lowering.cpu.loops import (Buffer, CheckKernel, Const, For, InRange, Load, LoopKernel, Op, Program,
                     Store, walk_expr)
 
-PAR_MIN_WORK = 1 << 19   # cost units (~1 vector op per element, ~0.1 ns) below which a
-                         # loop nest is not split over threads: ~50 us of one thread's
-                         # work.  A fork/join costs ~5 us when the team is spinning, but
-                         # 50 us to whole scheduler slices when the cores are shared
-                         # with other processes (measured on a loaded 2-core VM), so
-                         # only loops that gain far more than that are split.
-SGEMM_PAR_MIN = 1 << 22  # multiply-adds per sgemm call below which it runs on one thread
-                         # (its workspace is sized for one; ~30 us of work at 1 thread)
-STREAM_MIN_BYTES = 1 << 24  # f32 outputs at least this large that a map writes row by row
-                         # go out with non-temporal stores (measured: 343 MB in 15 ms
-                         # instead of 40-58 ms on one core); smaller ones stay in cache
-STREAM_MIN_ROW = 64      # ... when the contiguous innermost loop has at least this many
-BLOCK = 4096             # f32 partial-sum block of float sums/products
-SPLIT_MIN = 1 << 16      # full reductions with at least this many elements run in chunks
-CHUNK = 16384            # target elements per chunk of a split reduction
-MAX_CHUNKS = 64
+from rlxc.lowering.cpu.tuning import (BLOCK, CHUNK, MAX_CHUNKS, PAR_MIN_WORK,  # noqa: F401
+                                       SGEMM_PAR_MIN, SPLIT_MIN, STREAM_MIN_BYTES,
+                                       STREAM_MIN_ROW)
 
 HEAVY = {"exp", "log", "tanh", "sigmoid", "gelu", "gelu_tanh", "silu", "softplus", "sin",
          "cos", "erf", "pow"}
@@ -327,7 +314,7 @@ class Builder:
 
     # ------------------------------------------------------------ reductions
     def reduce_kernel(self, v, op, what):
-        from .reduce import build_reduction
+        from rlxc.lowering.cpu.reduce import build_reduction
 
         build_reduction(self, v, op, what)
 
@@ -370,20 +357,20 @@ class Builder:
         self.map_kernel(f"{what} accumulate", shape_of(upd.type), out, value, off_fn,
                         combine="add", parallel_ok=False, tag="scatter")
 
-    # ------------------------------------------------------------ matmul (matmul.py)
+    # ------------------------------------------------------------ matmul (matmul_schedule.py)
     def _epilogue_root(self, c):
-        from .matmul import epilogue_root
+        from rlxc.lowering.cpu.matmul_schedule import epilogue_root
 
         return epilogue_root(self, c)
 
     def matmul_kernel(self, c, op, out, what, epilogue_root=None) -> bool:
-        from .matmul import matmul_kernel
+        from rlxc.lowering.cpu.matmul_schedule import matmul_kernel
 
         return matmul_kernel(self, c, op, out, what, epilogue_root)
 
 
 def build_program(module, name: str, sgemm_threads: int = 1, cpu: str = "native") -> Program:
-    from .smallmm import rewrite_small_matmuls
+    from rlxc.lowering.cpu.matvec import rewrite_small_matmuls
 
     return Builder(rewrite_small_matmuls(module), name, sgemm_threads, cpu).build()
 

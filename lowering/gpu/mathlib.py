@@ -8,7 +8,7 @@
 
 The NVPTX backend has no lowering for @llvm.exp/log/sin/tanh/pow.f32 (LLVM
 aborts with "no libcall available"), so every transcendental an rlx op needs
-comes from `rlxc.lowering.mathlib` (branch-free Cephes-style kernels, ulp
+comes from `rlxc.lowering.shared.mathlib` (branch-free Cephes-style kernels, ulp
 bounds in its header) or from this file.  pow(x, y) = exp(y·log|x|), then
 NumPy's rules: y == 0 or x == 1 → 1; x < 0 needs an integer y (odd y flips
 the sign), else NaN.  sqrt is `sqrt.rn`, rsqrt is 1/sqrt.rn (IEEE division),
@@ -20,7 +20,7 @@ import math
 
 import llvmlite.ir as ir
 
-from . import mathlib
+from rlxc.lowering.shared import mathlib
 
 F32 = ir.FloatType()
 I32 = ir.IntType(32)

@@ -1,0 +1,1 @@
+"""The AOT artifact writer: C glue, header, package stub, metadata."""

@@ -1,0 +1,1 @@
+"""The native CPU backend: fusion, buffer plan, loop IR, LLVM codegen, sgemm, driver."""

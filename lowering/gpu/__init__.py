@@ -1,0 +1,1 @@
+"""The NVIDIA GPU backend: fusion plan, kernels, NVPTX, emulator, driver."""

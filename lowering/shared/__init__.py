@@ -1,0 +1,1 @@
+"""Lowering shared by every backend: scalar op rules and the math library."""
