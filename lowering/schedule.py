@@ -383,9 +383,10 @@ class Builder:
 
 
 def build_program(module, name: str, sgemm_threads: int = 1, cpu: str = "native") -> Program:
+    from .empty import rewrite_empty
     from .smallmm import rewrite_small_matmuls
 
-    return Builder(rewrite_small_matmuls(module), name, sgemm_threads, cpu).build()
+    return Builder(rewrite_small_matmuls(rewrite_empty(module)), name, sgemm_threads, cpu).build()
 
 
 __all__ = ["build_program", "Builder", "collapse", "nest", "identity", "cost", "map_expr"]
