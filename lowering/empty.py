@@ -7,6 +7,8 @@
           updates, pad of an empty tensor
         concat with empty pieces                  concat of the others (or the one left)
         max / min over an empty axis              ValueError naming the op (NumPy raises)
+        gather from an empty table                CPU: kept, its index check always raises;
+                                                  GPU (gathers clamp, no error channel): 0
 
 Why: the loop builders assume every extent is positive (a size-0 dim would
 divide by zero when loops are collapsed or a flat index is delinearized), and
@@ -56,8 +58,7 @@ def _concat(op):
 
 # op name -> rule(op) -> a new op to insert (its result replaces op's) or an existing value.
 # Ops missing here cannot have a non-empty result with an empty operand (elementwise ops,
-# views and broadcast_to keep the element count or a zero extent; a gather from an empty
-# table keeps its run-time index check, which always fails).
+# views and broadcast_to keep the element count or a zero extent), except gather (below).
 EMPTY_RULES = {
     "rlx.sum": _splat(0),
     "rlx.prod": _splat(1),
@@ -71,24 +72,32 @@ EMPTY_RULES = {
 }
 
 
-def _needs(op) -> bool:
+# where a gather has no index check (the GPU clamps indices), a row of an empty table
+# cannot be read at all: every index is out of range, and the result is zeros
+UNCHECKED_RULES = {**EMPTY_RULES, "rlx.gather": _splat(0)}
+
+
+def _needs(op, rules) -> bool:
     if isinstance(op, (func.ReturnOp, ConstantOp)) or not op.results:
         return False
     if _is_empty(op.results[0]):
         return True
-    return op.name in EMPTY_RULES and any(_is_empty(v) for v in op.operands)
+    return op.name in rules and any(_is_empty(v) for v in op.operands)
 
 
-def rewrite_empty(module):
-    """`module`, or a rewritten clone of it, with no computation on zero-size tensors."""
+def rewrite_empty(module, checked_indices: bool = True):
+    """`module`, or a rewritten clone of it, with no computation on zero-size tensors.
+
+    checked_indices=False is for backends whose gathers do not raise (the GPU)."""
     from rlxc.dialect.module import get_func
 
-    if not any(_needs(op) for op in get_func(module).body.block.ops):
+    rules = EMPTY_RULES if checked_indices else UNCHECKED_RULES
+    if not any(_needs(op, rules) for op in get_func(module).body.block.ops):
         return module
     module = module.clone()
     block = get_func(module).body.block
     for op in list(block.ops):
-        if not _needs(op):
+        if not _needs(op, rules):
             continue
         res = op.results[0]
         if _is_empty(res):
@@ -96,7 +105,7 @@ def rewrite_empty(module):
             new = ConstantOp.create(result_types=[res.type], properties={
                 "value": dense_attr(np.zeros(shape_of(res.type), NP_DTYPES[dt]), dt)})
         else:
-            new = EMPTY_RULES[op.name](op)
+            new = rules[op.name](op)
         if not isinstance(new, SSAValue):  # an op to insert, not an existing value
             block.insert_op_before(new, op)
             new = new.results[0]
@@ -105,4 +114,4 @@ def rewrite_empty(module):
     return module
 
 
-__all__ = ["rewrite_empty", "EMPTY_RULES"]
+__all__ = ["rewrite_empty", "EMPTY_RULES", "UNCHECKED_RULES"]

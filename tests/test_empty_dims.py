@@ -14,6 +14,7 @@ from rlxc.runtime.errors import ShapeError
 
 F32 = np.float32
 rng = np.random.default_rng(11)
+pytestmark = pytest.mark.filterwarnings("ignore:Mean of empty slice:RuntimeWarning")
 
 
 def R(*s):
@@ -181,3 +182,22 @@ def test_rewrite_is_needed_and_leaves_the_module_alone():
     assert "rlx.sum" not in str(out) and "rlx.mul" in str(out)
     g = Func("full", lambda s: s.input("y", (2,)).sum())
     assert rewrite_empty(g.module) is g.module
+
+
+def test_gather_from_empty_table():
+    """Every index is out of range: cpu and interp raise; the GPU (gathers clamp, no error
+    channel) gives zeros instead of reading outside a zero-byte buffer."""
+    from rlxc.lowering import gpu_emu
+
+    f = Func("empty_table", lambda s: s.input("t", (0, 4)).gather(s.input("i", (2,), "i32"), 0)
+             * 2.0)
+    inputs = {"t": np.zeros((0, 4), F32), "i": np.zeros(2, np.int32)}
+    for device in ("cpu", "interp"):
+        with pytest.raises(IndexError, match=r"rlx.gather: index out of range \[0, 0\)"):
+            f.run_on(device, **inputs)
+    prog = gpu_emu.emulate_program(f.module, gpu_emu.EmuDriver())
+    try:
+        got = prog.run(f._bind((), inputs))
+    finally:
+        prog.close()
+    _same(got, [np.zeros((2, 4), F32)], "gpu emulator")
