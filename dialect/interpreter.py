@@ -67,7 +67,9 @@ def _scatter_add(idx, upd, axis, dim):
 def _gather(table, idx, axis):
     d = table.shape[axis]
     if idx.size and (idx.min() < 0 or idx.max() >= d):
-        raise IndexError(f"rlx.gather: index out of range [0, {d}) along axis {axis}")
+        pos = tuple(int(i) for i in np.argwhere((idx < 0) | (idx >= d))[0])
+        raise IndexError(f"rlx.gather: index out of range [0, {d}) along axis {axis}: "
+                         f"{int(idx[pos])} at position {pos} of the indices")
     return np.take(table, idx, axis=axis)
 
 

@@ -16,6 +16,7 @@ the same whether they come from the tracer or from the verifier.
 """
 from __future__ import annotations
 
+import operator
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -62,14 +63,31 @@ def broadcast_shapes(a, b, what: str = "broadcast") -> tuple[int, ...]:
     return tuple(out)
 
 
+def as_int(x, what: str, kind: str = "dimension") -> int:
+    """`x` as a Python int when it is an integer (int, NumPy integer); else TypeError.
+
+    NumPy's rule: floats are rejected even when integral (3.0), never truncated."""
+    try:
+        return operator.index(x)
+    except TypeError:
+        raise TypeError(f"{what}: {kind} {x!r} is not an integer "
+                        f"({type(x).__name__})") from None
+
+
+def as_dims(shape, what: str) -> tuple[int, ...]:
+    """A user's shape (an int or a sequence of ints) as a tuple of Python ints."""
+    dims = tuple(shape) if hasattr(shape, "__iter__") else (shape,)
+    return tuple(as_int(d, f"{what}: shape {dims}") for d in dims)
+
+
 def normalize_axes(axes, rank: int, what: str) -> tuple[int, ...]:
     if axes is None:
         return tuple(range(rank))
-    if isinstance(axes, int):
+    if not hasattr(axes, "__iter__"):
         axes = (axes,)
     out = []
     for a in axes:
-        a = int(a)
+        a = as_int(a, what, "axis")
         if not -rank <= a < rank:
             raise ShapeError(f"{what}: axis {a} out of range for rank {rank}")
         out.append(a % rank)
@@ -102,7 +120,7 @@ def dense_bytes(array, dtype: str | None = None) -> tuple[tuple, str, bytes]:
 
 def _i64(v) -> int:
     """An op's integer parameter: stored as a signed 64-bit IR attribute."""
-    i = int(v)
+    i = as_int(v, "op parameter", "value")
     if not -2 ** 63 <= i < 2 ** 63:
         raise ValueError(f"integer parameter {i} does not fit in 64 bits")
     return i

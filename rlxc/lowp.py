@@ -14,20 +14,45 @@ A format is described by a triple ``(exp_bits, man_bits, max_normal)``:
 * ``man_bits`` (M >= 0): stored mantissa bits; a normal number has M+1
   significant bits, and subnormals below 2**emin have spacing 2**(emin - M).
 * ``max_normal``: the largest finite value.  It is given explicitly because
-  it depends on how the format spends its top exponent code:
+  it depends on how the format spends its top exponent code.
 
-  - IEEE-like formats (f16, bf16, e5m2) reserve the top exponent for inf/NaN,
-    so the largest exponent is ``bias`` and
-    ``max_normal = (2 - 2**-M) * 2**bias``.  This is the rule applied to
-    generic names (``fXeZmY`` / ``fXmYeZ``); it reproduces f16 (65504),
-    bf16 (3.3895314e38) and e5m2 (57344).
-  - "fn" (finite) formats use the top exponent for numbers.  E4M3FN keeps
-    only the all-ones code as NaN, so its max is 1.75 * 2**8 = 448 (the IEEE
-    rule would give 240); E2M1FN (max 6, IEEE rule 3) and E3M2FN (max 28,
-    IEEE rule 14) have no inf/NaN at all.  These are available only under
-    their builtin names (``e4m3``, ``nvf4``, ``f6e3m2``, ...); note that a
-    builtin name always wins over the generic rule, so ``f8e4m3`` is the fn
-    format (448) while ``f8m3e4`` is the IEEE-like one (240).
+Named formats (OCP 8-bit floats, OCP MX element formats, IEEE half, bfloat16)
+match ``ml_dtypes`` bit for bit on every float32 input inside the range:
+
+  =========  ==========================================  ==========  ==============
+  format     names                                       max         ml_dtypes type
+  =========  ==========================================  ==========  ==============
+  f16        f16 fp16 float16 half                       65504       float16
+  bf16       bf16 bfloat16                               3.3895e38   bfloat16
+  e4m3fn     f8e4m3 e4m3 e4m3fn fp8 f8 fp8_e4m3          448         float8_e4m3fn
+  e5m2       f8e5m2 e5m2 bf8 fp8_e5m2                    57344       float8_e5m2
+  e3m2fn     f6e3m2 e3m2 e3m2fn fp6_e3m2                 28          float6_e3m2fn
+  e2m3fn     f6e2m3 e2m3 e2m3fn fp6_e2m3                 7.5         float6_e2m3fn
+  e2m1fn     f4e2m1 e2m1 e2m1fn fp4 f4 nvf4 mxfp4        6           float4_e2m1fn
+  =========  ==========================================  ==========  ==============
+
+  (``fn`` = finite: no inf.)  f16, bf16 and e5m2 are IEEE-like: the top
+  exponent is inf/NaN, so ``max_normal = (2 - 2**-M) * 2**bias``.  The "fn"
+  formats use the top exponent for numbers: E4M3FN keeps only the all-ones
+  code as NaN (max 1.75 * 2**8 = 448; the IEEE rule would give 240), and the
+  MX element formats E3M2, E2M3 and E2M1 have no inf/NaN at all (all 64 or
+  16 codes finite: max 28, 7.5 and 6, where the IEEE rule gives 14, 3.75 and
+  3).  ``mxfp4`` names the MX element format only: the shared E8M0 block
+  scale of MX is not applied (``quantize_scaled`` scales per tensor).
+
+  Out of range, every format here *saturates*: a magnitude at or above
+  max_normal, and +-inf, become +-max_normal (OCP's saturating conversion).
+  That is where they differ from ml_dtypes: its float16 / bfloat16 /
+  float8_e5m2 casts round values past the last midpoint (65520, ~3.4e38,
+  61440) and inf to inf, and its fn types map NaN to their NaN (or, with no
+  NaN code, to -0); here NaN passes through as NaN.
+
+Generic names keep RLX's IEEE-like rule: ``fXeZmY`` or ``fXmYeZ`` (X total
+bits, Z exponent, Y mantissa, ``1 + Z + Y == X``) get the IEEE-like
+``max_normal`` above.  A named format wins over the generic rule, so
+``f8e4m3`` is OCP E4M3FN (448) while the generic ``f8m3e4`` is IEEE-like
+(240, like ``ml_dtypes.float8_e4m3``); likewise ``f6e2m3`` is 7.5 but
+``f6m3e2`` is 3.75.
 
 Algorithm (``quantize``)
 ------------------------
@@ -67,16 +92,20 @@ _F16: Format = (5, 10, 65504.0)
 _BF16: Format = (8, 7, 3.3895314e38)
 _E4M3FN: Format = (4, 3, 448.0)
 _E5M2: Format = (5, 2, 57344.0)
-_E2M1FN: Format = (2, 1, 6.0)
 _E3M2FN: Format = (3, 2, 28.0)
+_E2M3FN: Format = (2, 3, 7.5)
+_E2M1FN: Format = (2, 1, 6.0)
 
 BUILTIN_FORMATS: dict[str, Format] = {
-    "f16": _F16,
-    "bf16": _BF16,
-    "f8e4m3": _E4M3FN, "fp8": _E4M3FN, "f8": _E4M3FN, "e4m3": _E4M3FN,
-    "bf8": _E5M2, "e5m2": _E5M2,
-    "nvf4": _E2M1FN, "fp4": _E2M1FN, "f4": _E2M1FN, "e2m1": _E2M1FN,
-    "f6e3m2": _E3M2FN,
+    "f16": _F16, "fp16": _F16, "float16": _F16, "half": _F16,
+    "bf16": _BF16, "bfloat16": _BF16,
+    "f8e4m3": _E4M3FN, "e4m3": _E4M3FN, "e4m3fn": _E4M3FN, "fp8": _E4M3FN, "f8": _E4M3FN,
+    "fp8_e4m3": _E4M3FN,
+    "f8e5m2": _E5M2, "e5m2": _E5M2, "bf8": _E5M2, "fp8_e5m2": _E5M2,
+    "f6e3m2": _E3M2FN, "e3m2": _E3M2FN, "e3m2fn": _E3M2FN, "fp6_e3m2": _E3M2FN,
+    "f6e2m3": _E2M3FN, "e2m3": _E2M3FN, "e2m3fn": _E2M3FN, "fp6_e2m3": _E2M3FN,
+    "f4e2m1": _E2M1FN, "e2m1": _E2M1FN, "e2m1fn": _E2M1FN, "fp4": _E2M1FN, "f4": _E2M1FN,
+    "nvf4": _E2M1FN, "mxfp4": _E2M1FN,
 }
 
 # Generic names: total bits, then exponent and mantissa widths in either order.
@@ -99,7 +128,8 @@ def parse_format(spec: str) -> Format | None:
     """Return ``(exp_bits, man_bits, max_normal)`` for a format name, or None.
 
     The name is trimmed and lowercased.  Builtin names are looked up first
-    (see ``BUILTIN_FORMATS``); otherwise a generic ``fXeZmY`` or ``fXmYeZ``
+    (see ``BUILTIN_FORMATS`` and the module docstring: OCP/MX formats, f16,
+    bf16); otherwise a generic ``fXeZmY`` or ``fXmYeZ``
     name (X total bits, Z exponent bits, Y mantissa bits) is accepted when
     ``1 + Y + Z == X``, ``1 <= Z <= 8`` and ``Y <= 23``, with the IEEE-like
     maximum ``(2 - 2**-Y) * 2**(2**(Z-1) - 1)``.  Anything else is None.

@@ -23,6 +23,8 @@ from rlxc.dialect.shapes import (
     SHAPES,
     ShapeError,
     TType,
+    as_dims,
+    as_int,
     broadcast_shapes,
     dense_bytes,
     normalize_axes,
@@ -59,9 +61,7 @@ class GraphScope:
                              f"{next(a.kind for a in self.args if a.name == name)}")
         if dtype not in DTYPES:
             raise TypeError(f"{kind} {name!r}: unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
-        if isinstance(shape, int):
-            shape = (shape,)
-        shape = tuple(int(d) for d in shape)
+        shape = as_dims(shape, f"{kind} {name!r}")
         if any(d < 0 for d in shape):
             raise ShapeError(f"{kind} {name!r}: negative dimension in {shape}")
         return Tensor(self, self.trace.add_arg(Arg(name, kind, shape, dtype)))
@@ -339,7 +339,7 @@ class Tensor:
     def reshape(self, *shape) -> "Tensor":
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
-        shape = tuple(int(d) for d in shape)
+        shape = as_dims(shape, "reshape")
         if shape.count(-1) > 1:
             raise ShapeError(f"reshape: at most one -1 in {shape}")
         if -1 in shape:
@@ -357,6 +357,7 @@ class Tensor:
         return self.reshape(-1)
 
     def expand_dims(self, axis: int) -> "Tensor":
+        axis = as_int(axis, "expand_dims", "axis")
         r = self.ndim + 1
         if not -r <= axis < r:
             raise ShapeError(f"expand_dims: axis {axis} out of range for rank {self.ndim}")
@@ -378,7 +379,10 @@ class Tensor:
             perm = tuple(perm[0])
         if not perm:
             perm = tuple(reversed(range(self.ndim)))
-        perm = tuple(int(p) % max(self.ndim, 1) for p in perm)
+        perm = tuple(as_int(p, "transpose", "axis") for p in perm)
+        if any(not -self.ndim <= p < self.ndim for p in perm):  # NumPy's AxisError
+            raise ShapeError(f"transpose: axes {perm} out of range for rank {self.ndim}")
+        perm = tuple(p % self.ndim for p in perm)
         if perm == tuple(range(self.ndim)):
             return self
         return self.scope.emit("rlx.transpose", [self], perm=perm)
@@ -388,7 +392,7 @@ class Tensor:
         return self.transpose()
 
     def broadcast_to(self, shape) -> "Tensor":
-        shape = tuple(int(d) for d in shape)
+        shape = as_dims(shape, "broadcast_to")
         if shape == self.shape:
             return self
         return self.scope.emit("rlx.broadcast_to", [self], shape=shape)
@@ -400,6 +404,7 @@ class Tensor:
 
     def narrow(self, axis: int, start: int, length: int) -> "Tensor":
         axis = normalize_axes(axis, self.ndim, "narrow")[0]
+        start, length = as_int(start, "narrow", "start"), as_int(length, "narrow", "length")
         starts = [0] * self.ndim
         limits = list(self.shape)
         starts[axis], limits[axis] = start, start + length
@@ -501,7 +506,8 @@ class Tensor:
         """Softmax cross-entropy of these logits, averaged over the batch.
 
         `targets` is either one-hot/probabilities of the logits' shape, or
-        integer class labels of shape logits.shape[:-1]."""
+        integer class labels of shape logits.shape[:-1]; a label outside
+        [0, classes) raises IndexError when the function runs."""
         if not isinstance(targets, Tensor):
             targets = self.scope.constant(np.asarray(targets))
         if targets.dtype in INT_DTYPES:
@@ -510,7 +516,10 @@ class Tensor:
                                  f"logits {self.shape} without the class axis")
             classes = self.scope.constant(np.arange(self.shape[-1], dtype=np.int64),
                                           targets.dtype)
-            targets = targets.expand_dims(-1).eq(classes).cast(self.dtype)
+            # classes[labels] is the labels themselves, but a gather checks its indices:
+            # a label outside [0, classes) raises IndexError at run time instead of
+            # adding 0 loss and 0 gradient while still counting in the mean
+            targets = classes.gather(targets, 0).expand_dims(-1).eq(classes).cast(self.dtype)
         elif targets.shape != self.shape:
             raise ShapeError(f"cross_entropy: targets {targets.shape} vs logits {self.shape}")
         nll = -(targets * self.log_softmax(-1)).sum(-1)

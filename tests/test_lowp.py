@@ -21,27 +21,48 @@ REFERENCE = {
     "e5m2": ml_dtypes.float8_e5m2,
     "nvf4": ml_dtypes.float4_e2m1fn,
     "f6e3m2": ml_dtypes.float6_e3m2fn,
+    "f6e2m3": ml_dtypes.float6_e2m3fn,
     "bf16": ml_dtypes.bfloat16,
     "f16": np.float16,
     "f8m3e4": ml_dtypes.float8_e4m3,   # generic name, IEEE-like: max 240
     "f8e3m4": ml_dtypes.float8_e3m4,   # generic name, IEEE-like: max 15.5
+}
+# every named (OCP / MX / IEEE) format, by its canonical name
+NAMED = {
+    "e4m3fn": ml_dtypes.float8_e4m3fn,
+    "e5m2": ml_dtypes.float8_e5m2,
+    "e2m3fn": ml_dtypes.float6_e2m3fn,
+    "e3m2fn": ml_dtypes.float6_e3m2fn,
+    "e2m1fn": ml_dtypes.float4_e2m1fn,
+    "bf16": ml_dtypes.bfloat16,
+    "f16": np.float16,
 }
 
 
 # -- names --------------------------------------------------------------------
 
 @pytest.mark.parametrize("names, fmt", [
-    (["f16"], (5, 10, 65504.0)),
-    (["bf16"], (8, 7, 3.3895314e38)),
-    (["f8e4m3", "fp8", "f8", "e4m3"], (4, 3, 448.0)),
-    (["bf8", "e5m2"], (5, 2, 57344.0)),
-    (["nvf4", "fp4", "f4", "e2m1"], (2, 1, 6.0)),
-    (["f6e3m2"], (3, 2, 28.0)),
+    (["f16", "fp16", "float16", "half"], (5, 10, 65504.0)),
+    (["bf16", "bfloat16"], (8, 7, 3.3895314e38)),
+    (["f8e4m3", "fp8", "f8", "e4m3", "e4m3fn", "fp8_e4m3"], (4, 3, 448.0)),
+    (["bf8", "e5m2", "f8e5m2", "fp8_e5m2"], (5, 2, 57344.0)),
+    (["nvf4", "fp4", "f4", "e2m1", "e2m1fn", "f4e2m1", "mxfp4"], (2, 1, 6.0)),
+    (["f6e3m2", "e3m2", "e3m2fn", "fp6_e3m2"], (3, 2, 28.0)),
+    (["f6e2m3", "e2m3", "e2m3fn", "fp6_e2m3"], (2, 3, 7.5)),
 ])
 def test_builtin_names(names, fmt):
     for name in names:
         assert parse_format(name) == fmt
         assert parse_format(f"  {name.upper()}\n") == fmt
+
+
+def test_named_formats_have_ml_dtypes_maxima():
+    """OCP MX: all 64 FP6 codes and all 16 FP4 codes are finite (e2m3fn max 7.5, not 3.75)."""
+    for name, dtype in NAMED.items():
+        assert parse_format(name)[2] == pytest.approx(float(ml_dtypes.finfo(dtype).max),
+                                                      rel=1e-7), name
+    assert parse_format("f6e2m3") == (2, 3, 7.5) and parse_format("f6m3e2") == (2, 3, 3.75)
+    assert parse_format("f4e2m1") == (2, 1, 6.0) and parse_format("f4m1e2") == (2, 1, 3.0)
 
 
 @pytest.mark.parametrize("spec, expected", [
@@ -65,7 +86,7 @@ def test_generic_max_rule_matches_ieee_like_types(spec):
     assert mx == pytest.approx(float(ml_dtypes.finfo(REFERENCE[spec]).max), rel=1e-7)
 
 
-@pytest.mark.parametrize("spec", ["e4m3", "nvf4", "f6e3m2"])
+@pytest.mark.parametrize("spec", ["e4m3", "nvf4", "f6e3m2", "f6e2m3"])
 def test_fn_builtins_use_top_exponent(spec):
     assert parse_format(spec)[2] == float(ml_dtypes.finfo(REFERENCE[spec]).max)
 
@@ -135,7 +156,8 @@ def test_random_inputs_match_ml_dtypes(spec):
     assert subnormal.sum() > 100
 
 
-@pytest.mark.parametrize("spec", ["e4m3", "e5m2", "nvf4", "f6e3m2", "f8m3e4", "f8e3m4"])
+@pytest.mark.parametrize("spec", ["e4m3", "e5m2", "nvf4", "f6e3m2", "f6e2m3", "f8m3e4",
+                                  "f8e3m4"])
 def test_every_grid_point_and_every_tie(spec):
     """Grid points are fixed points; every midpoint rounds like ml_dtypes (to even)."""
     dtype = REFERENCE[spec]
@@ -163,7 +185,8 @@ finite_f32 = st.floats(allow_nan=False, allow_infinity=False, width=32)
 
 
 @settings(max_examples=300, deadline=None)
-@given(x=finite_f32, spec=st.sampled_from(["e4m3", "e5m2", "nvf4", "bf16", "f16", "f6e3m2"]))
+@given(x=finite_f32, spec=st.sampled_from(["e4m3", "e5m2", "nvf4", "bf16", "f16", "f6e3m2",
+                                          "f6e2m3"]))
 def test_properties(x, spec):
     e, m, mx = parse_format(spec)
     q = float(quantize(np.array([x], F32), e, m, mx)[0])
@@ -231,3 +254,108 @@ def test_quantize_named():
 def test_builtin_table_is_consistent():
     for name, (e, m, mx) in BUILTIN_FORMATS.items():
         assert quantize(np.array([mx]), e, m, mx)[0] == F32(mx), name
+
+
+# -- every named format, bit for bit, on the reference, compiled CPU, interp, GPU emulator --
+
+def _codes(dtype) -> np.ndarray:
+    """Every finite value of `dtype` as float32 (both signs), sorted and unique."""
+    bits = ml_dtypes.finfo(dtype).bits
+    codes = np.arange(2 ** bits, dtype=np.uint8 if bits <= 8 else np.uint16)
+    vals = codes.view(dtype).astype(F32)
+    return np.unique(vals[np.isfinite(vals)])
+
+
+def _named_inputs(name: str, n_random: int = 60000) -> np.ndarray:
+    """All representable values, every midpoint and its float32 neighbours, random
+    in-range values (log-uniform and uniform over bit patterns), and out-of-range ones."""
+    dtype = NAMED[name]
+    e, m, mx = parse_format(name)
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    grid = _codes(dtype)
+    mids = ((grid[:-1].astype(np.float64) + grid[1:]) / 2).astype(F32)
+    near = np.concatenate([np.nextafter(mids, F32(np.inf)), np.nextafter(mids, F32(-np.inf))])
+    bits = rng.integers(0, 2 ** 32, n_random, dtype=np.uint64).astype(np.uint32).view(F32)
+    bits = bits[np.isfinite(bits) & (np.abs(bits) < F32(mx))]
+    top = F32(mx)
+    with np.errstate(over="ignore"):   # bf16's max * 2 is inf in float32
+        over = np.array([top, np.nextafter(top, F32(np.inf)), top * F32(1.0625), top * 2,
+                         np.finfo(F32).max, np.inf], F32)
+    return np.concatenate([grid, mids, near, bits, _random_in_range(rng, e, m, mx, n_random),
+                           over, -over, [np.nan, 0.0, -0.0]]).astype(F32)
+
+
+def _want(x: np.ndarray, name: str) -> np.ndarray:
+    """ml_dtypes' rounding inside the range; saturation at +-max outside it; NaN kept."""
+    dtype = NAMED[name]
+    mx = F32(parse_format(name)[2])
+    inside = np.abs(x) < mx
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = np.where(inside, x, 0).astype(dtype).astype(F32)
+    want = np.where(inside, want, np.copysign(mx, x))
+    return np.where(np.isnan(x), x, want).astype(F32)
+
+
+def _check_bits(got, x, name, who):
+    want = _want(x, name)
+    same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
+    assert same.all(), f"{who} {name}: {x[~same][:5]} -> {got[~same][:5]}, want {want[~same][:5]}"
+
+
+_X_NAMED: dict = {}
+
+
+def _x_named(name: str) -> np.ndarray:
+    if name not in _X_NAMED:
+        _X_NAMED[name] = _named_inputs(name)
+    return _X_NAMED[name]
+
+
+@pytest.mark.parametrize("name", list(NAMED))
+def test_named_format_bit_exact_reference(name):
+    x = _x_named(name)
+    assert x.size > 2 * _codes(NAMED[name]).size
+    _check_bits(quantize(x, *parse_format(name)), x, name, "lowp.quantize")
+
+
+def _all_named_func():
+    from rlxc import Func
+
+    x = np.concatenate([_x_named(name) for name in NAMED])
+    return Func("fq_named", lambda s: _fake_quant_all(s.input("x", x.shape))), x
+
+
+def _fake_quant_all(v):
+    return [v.fake_quant(name) for name in NAMED]
+
+
+@pytest.mark.parametrize("device", ["cpu", "interp"])
+def test_named_formats_bit_exact_compiled(device):
+    """rlx.fake_quant through the compiled CPU kernel and the interpreter, every format."""
+    f, x = _all_named_func()
+    for name, got in zip(NAMED, f.run_on(device, x=x)):
+        assert got.dtype == F32 and got.shape == x.shape
+        _check_bits(got, x, name, device)
+
+
+def test_named_formats_bit_exact_gpu_emulator():
+    """The GPU kernels' fake_quant (built for the host) on every code, midpoint and edge."""
+    from rlxc import Func
+    from rlxc.lowering.gpu import emu as gpu_emu
+
+    parts = []
+    for name in NAMED:
+        grid = _codes(NAMED[name])
+        mids = ((grid[:-1].astype(np.float64) + grid[1:]) / 2).astype(F32)
+        mx = F32(parse_format(name)[2])
+        parts += [grid[:: max(1, grid.size // 2048)], mids[:: max(1, mids.size // 2048)],
+                  np.array([mx, np.nextafter(mx, F32(np.inf)), np.inf, -np.inf, np.nan], F32)]
+    x = np.concatenate(parts).astype(F32)
+    f = Func("fq_named_gpu", lambda s: _fake_quant_all(s.input("x", x.shape)))
+    prog = gpu_emu.emulate_program(f.module, gpu_emu.EmuDriver())
+    try:
+        got = prog.run(f._bind((), {"x": x}))
+    finally:
+        prog.close()
+    for name, g in zip(NAMED, got):
+        _check_bits(g, x, name, "gpu emulator")

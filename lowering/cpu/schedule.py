@@ -371,8 +371,9 @@ class Builder:
 
 def build_program(module, name: str, sgemm_threads: int = 1, cpu: str = "native") -> Program:
     from rlxc.lowering.cpu.matvec import rewrite_small_matmuls
+    from rlxc.lowering.shared.empty import rewrite_empty
 
-    return Builder(rewrite_small_matmuls(module), name, sgemm_threads, cpu).build()
+    return Builder(rewrite_small_matmuls(rewrite_empty(module)), name, sgemm_threads, cpu).build()
 
 
 __all__ = ["build_program", "Builder", "collapse", "nest", "identity", "cost", "map_expr"]

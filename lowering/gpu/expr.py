@@ -206,7 +206,8 @@ def _elementwise(fn):
 def _constant(ctx, op, idx):
     dt = dtype_of(op.results[0].type)
     arr = dense_value(op.value)
-    if arr.size != 1 and not np.all(arr == arr.reshape(-1)[0]):
+    flat = arr.reshape(-1)  # splat: all elements the same bits (NaN != NaN, -0.0 == 0.0)
+    if flat.size > 1 and flat.tobytes() != flat[:1].tobytes() * flat.size:
         return load(ctx, op.results[0], idx)   # materialized (non-splat)
     x = arr.reshape(-1)[0].item() if arr.size else 0
     if dt in ("f32", "f64"):

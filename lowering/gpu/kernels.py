@@ -340,7 +340,9 @@ GENERATORS = {
 
 def build_kernels(module, target: str = "gpu"):
     """(llvmlite module, GpuPlan, launches) for an rlx module (or Func)."""
-    plan = plan_module(module)
+    from rlxc.lowering.shared.empty import rewrite_empty
+
+    plan = plan_module(rewrite_empty(getattr(module, "module", module), checked_indices=False))
     if target == "gpu":
         mod = nvptx.new_module(plan.func.sym_name.data)
     else:
