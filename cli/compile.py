@@ -41,6 +41,43 @@ CPU_NAMES = (
     "sapphirerapids", "emeraldrapids", "graniterapids", "sierraforest", "grandridge",
     "znver1", "znver2", "znver3", "znver4", "znver5",
 )
+# LLVM AArch64 CPU names accepted by --cpu with --target aarch64-linux-gnu.
+AARCH64_CPU_NAMES = (
+    "generic", "cortex-a53", "cortex-a55", "cortex-a72", "cortex-a76", "cortex-a78",
+    "cortex-x1", "neoverse-n1", "neoverse-n2", "neoverse-v1", "neoverse-v2", "apple-m1",
+    "apple-m2", "ampere1", "a64fx",
+)
+
+
+def cpu_targets() -> tuple[str, ...]:
+    """The CPU target names --target accepts besides cpu and cuda (lowering's TARGETS)."""
+    from rlxc.lowering.cpu.target import TARGETS
+
+    return tuple(TARGETS)
+
+
+def resolve_cpu_target(target: str, cpu: str) -> tuple[str, str]:
+    """(--target, --cpu) -> (artifact target "cpu"|"cuda", the backend's cpu string)."""
+    if target in ("cpu", "cuda"):
+        if cpu not in ("native",) + CPU_NAMES:
+            raise click.BadParameter(f"unknown CPU {cpu!r}; valid: native, "
+                                     f"{', '.join(CPU_NAMES)}", param_hint="'--cpu'")
+        return target, cpu
+    from rlxc.lowering.cpu.target import TARGETS, host_target
+
+    tgt = TARGETS.get(target)
+    if tgt is None:
+        raise click.BadParameter(f"unknown target {target!r}; valid: cpu, cuda, "
+                                 f"{', '.join(TARGETS)}", param_hint="'--target'")
+    names = AARCH64_CPU_NAMES if tgt.arch == "aarch64" else CPU_NAMES
+    if cpu == "native":
+        if tgt.arch == host_target().arch:
+            return "cpu", "native"
+        return "cpu", tgt.name
+    if cpu not in names:
+        raise click.BadParameter(f"unknown CPU {cpu!r} for {tgt.name}; valid: native, "
+                                 f"{', '.join(names)}", param_hint="'--cpu'")
+    return "cpu", f"{tgt.name}:{cpu}"
 
 
 # -- transform expressions ------------------------------------------------------------
@@ -372,9 +409,12 @@ class _Command(click.Command):
 @click.option("-o", "--output", "outdir", type=click.Path(file_okay=False),
               help="Output directory for libNAME.so, NAME.h, NAME.json and NAME/.")
 @click.option("--name", help="Artifact name (a C identifier); default: the Func's name.")
-@click.option("--target", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--target", default="cpu", show_default=True,
+              help="cpu (this machine's architecture), cuda, or a CPU target to "
+                   "cross-compile for: x86_64-linux-gnu, aarch64-linux-gnu.")
 @click.option("--cpu", "cpu", default="native", show_default=True,
-              help="LLVM CPU name: native, x86-64-v3, skylake-avx512, znver4, ...")
+              help="LLVM CPU name: native, x86-64-v3, skylake-avx512, znver4, ...; with "
+                   "--target aarch64-linux-gnu: generic, neoverse-n1, cortex-a72, ...")
 @click.option("--transform", "transforms", multiple=True, metavar="EXPR",
               help="grad(wrt=[w]), value_and_grad(wrt=[w]), grad_all, value_and_grad_all, "
                    "vmap(x, 8), jvp(tangent_for=[x]), hvp(wrt=[x]); repeatable, in order.")
@@ -401,9 +441,7 @@ def compile_cmd(src, outdir, name, target, cpu, transforms, params_file, emit, t
 
     if emit is None and not outdir:
         raise click.UsageError("missing -o OUTDIR (or pass --emit STAGE to print a stage)")
-    if cpu not in ("native",) + CPU_NAMES:
-        raise click.BadParameter(f"unknown CPU {cpu!r}; valid: native, {', '.join(CPU_NAMES)}",
-                                 param_hint="'--cpu'")
+    target, cpu = resolve_cpu_target(target, cpu)
     if emit == "ptx" and target != "cuda":
         raise click.UsageError("--emit ptx needs --target cuda")
     if train and target == "cuda":

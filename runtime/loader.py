@@ -438,6 +438,23 @@ class _CudaImpl:
         raise RlxError("train_step needs a cpu artifact")
 
 
+def _host_arch() -> str:
+    import platform
+
+    m = platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(m, m)
+
+
+def _check_arch(meta: dict, lib_path: str) -> None:
+    """A library for another architecture (rlxc compile --target aarch64-linux-gnu)
+    cannot be loaded here: say so instead of letting dlopen fail obscurely."""
+    arch = meta.get("cpu_arch")
+    if arch and arch != _host_arch():
+        raise ArtifactError(f"{lib_path} is built for {arch} (cpu {meta.get('cpu')!r}); this "
+                            f"machine is {_host_arch()}: run it on a {arch} machine or under "
+                            "an emulator, or recompile it for this one")
+
+
 class CompiledModule:
     """A loaded artifact: `.run(**inputs)`, `.set_param`, `.get_param`, metadata.
 
@@ -457,6 +474,7 @@ class CompiledModule:
         lib_path = os.path.join(self.path, meta["library"])
         if not os.path.isfile(lib_path):
             raise ArtifactError(f"{json_path}: library {lib_path!r} is missing")
+        _check_arch(meta, lib_path)
         digest = sha256_file(lib_path)
         if digest != meta["library_sha256"]:
             raise ArtifactError(f"{lib_path}: sha256 {digest[:16]}... does not match the JSON "

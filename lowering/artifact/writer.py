@@ -976,13 +976,14 @@ def emit_metadata(spec: ArtifactSpec, lib_sha256: str) -> dict:
                  "slots": list(tr.program.slots), "scalars": tr.scalar_names,
                  "max_grad_norm": tr.program.max_grad_norm,
                  "step_ir_hash": tr.program.func.ir_hash()}
-    cpu_name = spec.cpu
-    if spec.cpu in ("native", "host", ""):
-        try:
-            from rlxc.lowering.cpu.target import host_cpu_name
-            cpu_name = host_cpu_name()
-        except Exception:  # pragma: no cover
-            pass
+    cpu_name, arch = spec.cpu, None
+    try:
+        from rlxc.lowering.cpu.target import resolve_target
+
+        tgt, cpu_name, _ = resolve_target(spec.cpu)
+        arch = tgt.arch
+    except Exception:  # pragma: no cover
+        pass
     n = spec.name
     return {
         "format": ARTIFACT_FORMAT,
@@ -992,6 +993,7 @@ def emit_metadata(spec: ArtifactSpec, lib_sha256: str) -> dict:
         "target": spec.target,
         "cpu": spec.cpu,
         "cpu_name": cpu_name,
+        "cpu_arch": arch,
         "ir_hash": spec.ir_hash(),
         "library": f"lib{n}.so",
         "library_sha256": lib_sha256,
@@ -1018,11 +1020,11 @@ def dump_metadata(meta: dict) -> str:
 
 
 # -- building --------------------------------------------------------------------------
-def _cc() -> str:
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if not cc:
-        raise RuntimeError("no C compiler found (looked for $CC, cc, gcc, clang)")
-    return cc
+def _cc(cpu: str = "native") -> str:
+    """The C compiler for `cpu`'s target (a cross compiler for another architecture)."""
+    from rlxc.lowering.cpu.target import _cc as target_cc
+
+    return target_cc(cpu)
 
 
 def _run_cc(args: list, what: str) -> None:
@@ -1101,7 +1103,7 @@ def build_artifact(spec: ArtifactSpec, outdir: str, progress: Progress | None = 
                 f.write(header)
             with open(os.path.join(tmp, "glue.c"), "w") as f:
                 f.write(emit_glue(spec, n, step_sym, errors))
-            _run_cc([_cc(), "-std=c99", "-O2", "-fPIC", "-fvisibility=hidden", "-Wall",
+            _run_cc([_cc(spec.cpu), "-std=c99", "-O2", "-fPIC", "-fvisibility=hidden", "-Wall",
                      "-Wextra", "-Werror", "-Wno-unused-function", "-c",
                      os.path.join(tmp, "glue.c"), "-I", tmp, "-o",
                      os.path.join(tmp, "glue.o")], "compiling the C glue")
@@ -1121,7 +1123,7 @@ def build_artifact(spec: ArtifactSpec, outdir: str, progress: Progress | None = 
                             pos = layout[t.name] + len(data)
                 with open(os.path.join(tmp, "blob.s"), "w") as f:
                     f.write(emit_blob_asm(f"rlx_{n}_blob", blob, size))
-                _run_cc([_cc(), "-c", os.path.join(tmp, "blob.s"), "-o",
+                _run_cc([_cc(spec.cpu), "-c", os.path.join(tmp, "blob.s"), "-o",
                          os.path.join(tmp, "blob.o")], "assembling the baked params")
                 with open(os.path.join(tmp, "blob.o"), "rb") as f:
                     objects.append(f.read())
@@ -1129,7 +1131,7 @@ def build_artifact(spec: ArtifactSpec, outdir: str, progress: Progress | None = 
             from rlxc.lowering.cpu.target import link_shared
 
             lib = os.path.join(outdir, f"lib{n}.so")
-            link_shared(objects, lib)
+            link_shared(objects, lib, cpu=spec.cpu)
         with progress.stage("write header, package, json"):
             _write_atomic(os.path.join(outdir, f"{n}.h"), header)
             pkg = os.path.join(outdir, n)

@@ -279,16 +279,24 @@ def _splat(b, x, lanes: int):
                             ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
 
 
-def _sfence(b):
+def _sfence(b, cpu: str):
+    """Order non-temporal stores before returning: sfence on x86-64, a full fence
+    (dmb ish) on other targets."""
+    from rlxc.lowering.cpu.target import resolve_target
+
+    if resolve_target(cpu)[0].arch != "x86_64":
+        b.fence("seq_cst")
+        return
     fn = b.module.globals.get("llvm.x86.sse.sfence") or ir.Function(
         b.module, ir.FunctionType(VOID, []), "llvm.x86.sse.sfence")
     b.call(fn, [])
 
 
-def _avx512(cpu: str) -> bool:
+def _lanes(cpu: str) -> int:
+    """f32 lanes of one vector register of ``cpu`` (16 AVX-512, 8 AVX2, 4 NEON)."""
     from rlxc.lowering.cpu.sgemm_kernels import sgemm_config
 
-    return sgemm_config(cpu).isa == "avx512"
+    return sgemm_config(cpu).vl
 
 
 def _align(dt: str) -> int:
@@ -306,7 +314,7 @@ class ModuleGen:
         self.p = program
         self.cpu = cpu
         self.sym = f"rlx_{program.name}"
-        self.m = module if module is not None else ir_module(program.name)
+        self.m = module if module is not None else ir_module(program.name, cpu)
         parallel.thread_control(self.m)
         self.globals: dict = {}
         self.uses_sgemm = False  # set by llvmmatmul: link sgemmlib's object
@@ -328,15 +336,14 @@ class ModuleGen:
             else None
         fn = self._fn(k.name, VOID, [_ptr_type(x.dtype) for x in bufs] + ([I64, I64] if par
                                                                           else []))
-        body = _Body(fn, {id(x): a for x, a in zip(bufs, fn.args)},
-                     16 if _avx512(self.cpu) else 8)
+        body = _Body(fn, {id(x): a for x, a in zip(bufs, fn.args)}, _lanes(self.cpu))
         b = ir.IRBuilder(fn.entry_basic_block)
         for s in walk(k.body):  # accumulators live in entry-block allocas (SROA -> phis)
             if isinstance(s, AccDecl) and id(s.acc) not in body.accs:
                 body.accs[id(s.acc)] = b.alloca(vtype(s.acc.dtype), name=s.acc.name)
         body.stmts(b, k.body, {}, (fn.args[-2], fn.args[-1]) if par else None)
         if body.streamed:  # order the weakly ordered non-temporal stores before returning
-            _sfence(b)
+            _sfence(b, self.cpu)
         b.ret_void()
         return fn, bufs, par
 
@@ -434,7 +441,7 @@ class ModuleGen:
             else:
                 raise TypeError(k)
         b.ret(ir.Constant(I32, 0))
-        if _avx512(self.cpu):
+        if _lanes(self.cpu) == 16:
             # LLVM defaults to 256-bit loop vectors on AVX-512 cores; 512 bits measured ~15%
             # faster on fused transcendental loops.  Every defined function carries it, or the
             # attribute is lost when kernels are inlined into openmp.py's outlined workers.

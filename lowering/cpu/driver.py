@@ -155,14 +155,14 @@ def compile_cpu(func_module, name: str | None = None, cpu: str = "native", opt: 
                        if isinstance(k, MatmulKernel)})
     if variants:  # the shared sgemm entry points it calls (sgemm_object.py)
         t0 = time.perf_counter()
-        obj = relocatable_link([obj] + [sgemm_object(cpu, v) for v in variants])
+        obj = relocatable_link([obj] + [sgemm_object(cpu, v) for v in variants], cpu)
         t["sgemm object + ld -r"] = time.perf_counter() - t0
     path = None
     if link:
         t0 = time.perf_counter()
         if so_path is None:
             so_path = os.path.join(tempfile.mkdtemp(prefix="rlxc-"), f"lib{name}.so")
-        path = link_shared([obj], so_path)
+        path = link_shared([obj], so_path, cpu=cpu)
         t["link"] = time.perf_counter() - t0
     args = [{"name": a.name, "kind": a.kind, "shape": list(a.shape), "dtype": a.dtype}
             for a in prog.args]

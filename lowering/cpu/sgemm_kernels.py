@@ -100,7 +100,7 @@ VOID = ir.VoidType()
 
 @dataclasses.dataclass(frozen=True)
 class SgemmConfig:
-    isa: str          # "avx512" | "avx2"
+    isa: str          # "avx512" | "avx2" | "neon"
     vl: int           # floats per vector
     mr: int           # register tile rows
     nr: int           # register tile columns (multiple of vl)
@@ -149,12 +149,23 @@ class SgemmConfig:
 # 14x32 tiles all land within a few percent of OpenBLAS; 6x64 was best.
 AVX512 = SgemmConfig("avx512", 16, 6, 64, kc=256, mc=6 * 48, nc=4096, unroll=4)
 AVX2 = SgemmConfig("avx2", 8, 6, 16, kc=256, mc=6 * 24, nc=4096, unroll=4)
+# AArch64 NEON (32 x 128-bit registers): an 8x12 tile is 24 accumulators + 3 B
+# vectors + 1 broadcast.  Correctness is what is tested (under qemu); the blocking
+# follows the usual 32-64 KiB L1 / 1 MiB L2 of Neoverse-class cores.
+NEON = SgemmConfig("neon", 4, 8, 12, kc=256, mc=8 * 16, nc=4080, unroll=4)
 
 
 def sgemm_config(cpu: str = "native", **overrides) -> SgemmConfig:
     """Block sizes for ``cpu``: AVX-512 when ``cpu`` is "native" and the host
     has avx512f (or when the cpu name is an AVX-512 one), else AVX2."""
-    if cpu in ("native", "host", ""):
+    from rlxc.lowering.cpu.target import resolve_target
+
+    arch = resolve_target(cpu)[0].arch
+    if arch == "aarch64":
+        base = NEON
+    elif arch != "x86_64":
+        raise NotImplementedError(f"sgemm: no kernel configuration for {arch}")
+    elif cpu in ("native", "host", ""):
         base = AVX512 if host_has_avx512() else AVX2
     elif cpu in ("avx512", "x86-64-v4") or "avx512" in cpu or cpu in (
             "skylake-avx512", "cascadelake", "cooperlake", "icelake-server",

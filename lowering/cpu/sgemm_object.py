@@ -53,8 +53,12 @@ def _key(cpu: str) -> tuple[str, str]:
     from rlxc.lowering.cpu.sgemm_kernels import sgemm_config
     from rlxc.lowering.cpu.target import _resolve_cpu
 
+    from rlxc.lowering.cpu.target import resolve_target
+
     name, feats = _resolve_cpu(cpu)
-    h = hashlib.sha256(f"{name}|{feats}|{sgemm_config(cpu)}|{version('llvmlite')}".encode())
+    triple = resolve_target(cpu)[0].triple
+    h = hashlib.sha256(f"{triple}|{name}|{feats}|{sgemm_config(cpu)}|{version('llvmlite')}"
+                       .encode())
     d = os.path.dirname(__file__)
     for n in SOURCES:
         with open(os.path.join(d, n), "rb") as f:
@@ -118,7 +122,7 @@ def _build(cpu: str, variant: str) -> bytes:
     name = symbols(cpu)[VARIANTS.index(variant)]
     hook, extra = (None, ()) if variant == "plain" else (_callback_hook, (I8P, I8P))
     _slots.clear()
-    m = ir_module(f"rlxc_sgemm_{variant}")
+    m = ir_module(f"rlxc_sgemm_{variant}", cpu)
     fn = emit_sgemm(m, name, cpu=cpu, epilogue=hook, epilogue_arg_types=extra)
     fn.linkage = "weak_odr"
     text = str(m).replace(f'define weak_odr void @"{name}"',
@@ -189,8 +193,9 @@ def sgemm_object(cpu: str = "native", variant: str = "cb") -> bytes:
     return obj
 
 
-def relocatable_link(objects: list[bytes]) -> bytes:
-    """Combine object files into one relocatable object (`cc -nostdlib -r`)."""
+def relocatable_link(objects: list[bytes], cpu: str = "native") -> bytes:
+    """Combine object files into one relocatable object (`cc -nostdlib -r`, with the
+    C compiler of `cpu`'s target)."""
     import subprocess
 
     from rlxc.lowering.cpu.target import _cc, write_objects
@@ -198,7 +203,7 @@ def relocatable_link(objects: list[bytes]) -> bytes:
     with tempfile.TemporaryDirectory(prefix="rlxc-r-") as tmp:
         paths = write_objects(tmp, objects)
         out = os.path.join(tmp, "all.o")
-        proc = subprocess.run([_cc(), "-nostdlib", "-r", "-o", out, *paths],
+        proc = subprocess.run([_cc(cpu), "-nostdlib", "-r", "-o", out, *paths],
                               capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"relocatable link failed: {proc.stderr.strip()}")

@@ -11,11 +11,19 @@
           ▼
     libNAME.so (plain C ABI, loadable with ctypes)
 
-Target machines are cached per (cpu, features, opt).  ``cpu="native"`` means
-the host CPU name plus the host feature string (so AVX-512 is used where the
-machine has it); any other name (``"x86-64-v3"``, ``"skylake-avx512"``) takes
+Target machines are cached per (triple, cpu, features, opt).  ``cpu="native"``
+means the host CPU name plus the host feature string (so AVX-512 is used where
+the machine has it); any other name (``"x86-64-v3"``, ``"skylake-avx512"``) takes
 LLVM's features for that CPU.  All objects are position independent (they go
 into shared libraries).
+
+CPU targets: one ``CpuTarget`` entry per architecture in ``TARGETS`` (LLVM
+triple, the C compiler that links for it, the sysroot an emulator needs).  A
+``cpu`` string names a target and a CPU of it: ``"native"`` (the host), an
+x86-64 CPU name (``"x86-64-v3"``: the host's x86-64 target), a target name
+(``"aarch64-linux-gnu"``: that target's baseline CPU) or ``"TARGET:CPU"``
+(``"aarch64-linux-gnu:neoverse-n1"``).  ``resolve_target(cpu)`` does the parsing,
+so every stage (target machine, sgemm blocking, linking) agrees on it.
 
 llvmlite 0.50 notes: ``llvm.initialize()`` raises, so only the
 ``initialize_all_*`` calls are made; O3 runs through the new pass manager
@@ -24,8 +32,10 @@ llvmlite 0.50 notes: ``llvm.initialize()`` raises, so only the
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -38,6 +48,11 @@ __all__ = [
     "host_cpu_name",
     "host_cpu_features",
     "host_has_avx512",
+    "CpuTarget",
+    "TARGETS",
+    "host_target",
+    "resolve_target",
+    "is_host",
     "target_machine",
     "optimize",
     "parse_module",
@@ -96,28 +111,79 @@ def host_has_avx512() -> bool:
     return "+avx512f" in host_cpu_features().split(",")
 
 
-def _resolve_cpu(cpu: str) -> tuple[str, str]:
+@dataclasses.dataclass(frozen=True)
+class CpuTarget:
+    """One CPU architecture the backend can generate code for."""
+    name: str            # what --target / a cpu string names: "aarch64-linux-gnu"
+    triple: str          # LLVM target triple
+    arch: str            # "x86_64" | "aarch64" (picks ISA-specific code: sgemm tile, sfence)
+    cc: str              # C compiler driver that links for this target ($CC for the host)
+    baseline_cpu: str    # the CPU used when only the target is named
+    sysroot: str = ""    # where an emulator finds the target's libc (qemu -L)
+    emulator: str = ""   # user-mode emulator that runs its programs on another host
+
+
+TARGETS: dict[str, CpuTarget] = {
+    t.name: t for t in (
+        CpuTarget("x86_64-linux-gnu", "x86_64-unknown-linux-gnu", "x86_64", "cc", "x86-64-v3"),
+        CpuTarget("aarch64-linux-gnu", "aarch64-unknown-linux-gnu", "aarch64",
+                  "aarch64-linux-gnu-gcc", "generic", sysroot="/usr/aarch64-linux-gnu",
+                  emulator="qemu-aarch64"),
+    )
+}
+
+
+def host_target() -> CpuTarget:
+    """The entry of TARGETS this process runs on."""
+    arch = platform.machine().lower()
+    arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(arch, arch)
+    for t in TARGETS.values():
+        if t.arch == arch:
+            return t
+    raise RuntimeError(f"rlxc: no CPU target for this host's architecture {arch!r}; "
+                       f"known: {', '.join(TARGETS)}")
+
+
+@functools.lru_cache(maxsize=None)
+def resolve_target(cpu: str = "native") -> tuple[CpuTarget, str, str]:
+    """(target, LLVM CPU name, feature string) for a cpu string (see the header)."""
     if cpu in ("native", "host", ""):
-        return host_cpu_name(), host_cpu_features()
-    return cpu, ""
+        return host_target(), host_cpu_name(), host_cpu_features()
+    tname, sep, cname = cpu.partition(":")
+    if tname in TARGETS:
+        t = TARGETS[tname]
+        return t, (cname if sep and cname else t.baseline_cpu), ""
+    if sep:
+        raise ValueError(f"unknown CPU target {tname!r} in {cpu!r}; known: {', '.join(TARGETS)}")
+    return host_target(), cpu, ""   # a bare name is a CPU of the host architecture
 
 
-_tm_cache: dict[tuple[str, str, int], llvm.TargetMachine] = {}
+def is_host(cpu: str = "native") -> bool:
+    """True when code for ``cpu`` runs in this process (same architecture)."""
+    return resolve_target(cpu)[0].arch == host_target().arch
+
+
+def _resolve_cpu(cpu: str) -> tuple[str, str]:
+    _, name, features = resolve_target(cpu)
+    return name, features
+
+
+_tm_cache: dict[tuple[str, str, str, int], llvm.TargetMachine] = {}
 _tm_lock = threading.Lock()
 
 
 def target_machine(cpu: str = "native", opt: int = 3) -> llvm.TargetMachine:
-    """A cached x86-64 (host triple) TargetMachine for ``cpu``.
+    """A cached TargetMachine for ``cpu`` (a cpu string, see the header).
 
-    ``cpu="native"`` → host CPU name + host features; otherwise an LLVM CPU
-    name such as ``"x86-64-v3"`` with that CPU's default features."""
+    ``cpu="native"`` → host triple, CPU name and features; otherwise the named
+    target's triple with that CPU's default features."""
     _ensure_init()
-    name, features = _resolve_cpu(cpu)
-    key = (name, features, int(opt))
+    tgt, name, features = resolve_target(cpu)
+    key = (tgt.triple, name, features, int(opt))
     with _tm_lock:
         tm = _tm_cache.get(key)
         if tm is None:
-            target = llvm.Target.from_triple(llvm.get_process_triple())
+            target = llvm.Target.from_triple(tgt.triple)
             tm = target.create_target_machine(
                 cpu=name, features=features, opt=int(opt),
                 reloc="pic", codemodel="default")
@@ -200,7 +266,15 @@ def emit_asm(m, cpu: str = "native", opt: int = 3) -> str:
     return target_machine(cpu, opt).emit_assembly(mod)
 
 
-def _cc() -> str:
+def _cc(cpu: str = "native") -> str:
+    """The C compiler driver that links for ``cpu``'s target ($CC/cc for the host)."""
+    tgt = resolve_target(cpu)[0]
+    if tgt.arch != host_target().arch:
+        cc = shutil.which(tgt.cc)
+        if not cc:
+            raise RuntimeError(f"no C compiler for target {tgt.name}: {tgt.cc!r} not found "
+                               f"(Debian: apt-get install gcc-{tgt.name})")
+        return cc
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if not cc:
         raise RuntimeError("link_shared: no C compiler found (looked for $CC, cc, gcc, clang)")
@@ -218,7 +292,8 @@ def write_objects(folder: str, objects: list[bytes]) -> list[str]:
     return paths
 
 
-def link_shared(objects: list[bytes], out_path: str, extra_libs=("gomp",)) -> str:
+def link_shared(objects: list[bytes], out_path: str, extra_libs=("gomp",),
+                cpu: str = "native") -> str:
     """Link object-file bytes into the shared library ``out_path``.
 
     Uses the system ``cc -shared``; ``"gomp"`` in ``extra_libs`` adds
@@ -230,7 +305,7 @@ def link_shared(objects: list[bytes], out_path: str, extra_libs=("gomp",)) -> st
     out_path = os.path.abspath(out_path)
     out_dir = os.path.dirname(out_path) or "."
     os.makedirs(out_dir, exist_ok=True)
-    cc = _cc()
+    cc = _cc(cpu)
     with tempfile.TemporaryDirectory(prefix="rlxc-link-") as tmp:
         obj_paths = write_objects(tmp, objects)
         libs = []
@@ -264,12 +339,13 @@ def build_shared(modules, out_path: str, cpu: str = "native", opt: int = 3,
         modules = [modules]
     objs = [emit_object(compile_ir(m, cpu, opt) if not isinstance(m, llvm.ModuleRef) else m,
                         cpu, opt) for m in modules]
-    return link_shared(objs, out_path, extra_libs)
+    return link_shared(objs, out_path, extra_libs, cpu)
 
 
-def ir_module(name: str = "rlxc") -> ir.Module:
-    """A fresh llvmlite.ir.Module with the host triple set."""
+def ir_module(name: str = "rlxc", cpu: str = "native") -> ir.Module:
+    """A fresh llvmlite.ir.Module with ``cpu``'s target triple set."""
     _ensure_init()
     m = ir.Module(name=name)
-    m.triple = llvm.get_process_triple()
+    m.triple = resolve_target(cpu)[0].triple if cpu not in ("native", "host", "") \
+        else llvm.get_process_triple()
     return m
