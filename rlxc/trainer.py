@@ -24,7 +24,8 @@ Engines
   next step's state arrays.
 
 The Trainer owns `opt` while it trains: `opt.t` advances every step (it
-drives bias correction, and `schedule.lr_at(opt.t)` gives the lr), while the
+drives bias correction, and `opt.set_lr(schedule.lr_at(opt.t))` sets the lr,
+which persists and is saved in `state_dict`), while the
 slots live in the engine; `opt.state` is refreshed by `state_dict()` and
 `sync_optimizer()`.
 """
@@ -214,21 +215,21 @@ class Trainer:
         self._data_pos = list(range(d0, d1))
         self._fwd_pos = list(range(q0, q1))
         if self._fwd_pos:
-            from .lowp import quantize_named
+            from .train import qat_hook
 
-            self._qf = quantize_named(self.quant)
+            self._qf = qat_hook(self.quant)
         self._scal = np.zeros(len(prog.scalar_names), np.float32)
         args = [None] * q1
         for i, n in zip(range(p0, p1), prog.params):
             args[i] = np.array(params[n], np.float32, copy=True)
         for i, (p, s) in zip(range(s0, s1), prog.slot_args):
             buf = slots.get(p, {}).get(s)
-            shape = args[p0 + prog.params.index(p)].shape
+            shape = self.opt.slot_shape(s, args[p0 + prog.params.index(p)].shape)
             if buf is None:
                 buf = np.zeros(shape, np.float32)
             elif buf.shape != shape:
                 raise ValueError(f"trainer: optimizer state {s!r} of {p!r} has shape "
-                                 f"{buf.shape}, the param has {shape}")
+                                 f"{buf.shape}, expected {shape}")
             args[i] = np.array(buf, np.float32, copy=True)
         args[c0] = self._scal
         state_pos = [p0 + prog.params.index(n) for n in prog.wrt] + list(range(s0, s1))
@@ -260,8 +261,9 @@ class Trainer:
             self._rebuild()
         prog = self._prog
         t = opt.t + 1
-        lr = self.schedule.lr_at(opt.t) if self.schedule is not None else opt.lr
-        prog.scalar_vector(opt, t, lr, out=self._scal)
+        if self.schedule is not None:  # persists, as RLX's `_at` variants do
+            opt.set_lr(self.schedule.lr_at(opt.t))
+        prog.scalar_vector(opt, t, opt.lr, out=self._scal)
         eng = self._engine
         for i, a in zip(self._data_pos, coerce_data(prog, self._f, inputs)):
             eng.set_arg(i, a)
