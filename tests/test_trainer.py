@@ -211,3 +211,26 @@ def test_state_stays_resident_between_steps(device):
     assert phases == [1, 0, 1, 0]
     assert [[b.ctypes.data for b in s] for s in eng.bufs] == sets
     assert tr._engine is eng
+
+
+# -- issue 13 item 2: the schedule sets opt.lr, which persists and is saved ------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_trainer_schedule_sets_lr_and_the_checkpoint_keeps_it(device, tmp_path):
+    sched = LrSchedule.warmup(0.1, 4)  # lr_at(i) = 0.1 * (i + 1) / 4
+    tr = quadratic().trainer(Adam(1.0), schedule=sched, device=device)
+    for _ in range(3):
+        tr.step({})
+    assert tr.opt.lr == sched.lr_at(2)
+    assert tr.state_dict()["optim.hp.lr"].tolist() == [sched.lr_at(2)]
+    tr.save(tmp_path / "ck.safetensors")
+    again = quadratic().trainer(Adam(1.0), device=device)  # no schedule
+    again.load(tmp_path / "ck.safetensors")
+    assert again.opt.lr == sched.lr_at(2)
+    again.step({})
+    # RLX: the last scheduled lr stays in force for a step without a schedule
+    opt, g = Adam(1.0), quadratic()
+    for i in range(3):
+        g, _ = g.train_step(opt, {}, schedule=sched, step=i, device=device)
+    g, _ = g.train_step(opt, {}, device=device)
+    np.testing.assert_array_equal(again.func.params()["x"], g.params()["x"])
