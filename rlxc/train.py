@@ -302,7 +302,10 @@ def _build(f, opt, wrt, max_grad_norm, qkey, norm_dtype) -> StepProgram:
 
     def build(sc: GraphScope, vg):
         data = {a.name: sc.input(a.name, a.shape, a.dtype) for a in sig if a.kind == "input"}
-        params = {a.name: sc.param(a.name, a.shape, a.dtype) for a in sig if a.kind == "param"}
+        # frozen params keep their dtype: an imported model may hold integer params,
+        # which GraphScope.param (the tracing API) does not declare
+        params = {a.name: sc._arg(a.name, a.shape, a.dtype, "param")
+                  for a in sig if a.kind == "param"}
         st = {}
         for (p, s), n in zip(slot_args, slot_arg_names):
             st.setdefault(p, {})[s] = sc.input(n, opt.slot_shape(s, params[p].shape), "f32")
@@ -537,9 +540,14 @@ def save_params(f, path, metadata=None) -> None:
 
 
 def load_params(f, path, strict: bool = True):
-    """A new Func with params read from `path` (names and declared shapes checked)."""
-    from .checkpoint import load_tensors
+    """A new Func with params read from `path` (names and declared shapes checked;
+    a tensor whose conversion to its param's dtype changes values warns)."""
+    from rlxc.runtime.signature import NP_DTYPES
+
+    from .checkpoint import load_tensors, to_param_dtype
 
     expected = {n: f.param_shape_of(n) for n in f.param_names()}
     arrays = load_tensors(path, expected, strict=strict)
-    return f.with_params(arrays)
+    dtypes = {a.name: NP_DTYPES[a.dtype] for a in f.signature() if a.kind == "param"}
+    return f.with_params({n: to_param_dtype(f"load_params({str(path)!r})", n, a, dtypes[n])
+                          for n, a in arrays.items()})

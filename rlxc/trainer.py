@@ -220,8 +220,11 @@ class Trainer:
             self._qf = qat_hook(self.quant)
         self._scal = np.zeros(len(prog.scalar_names), np.float32)
         args = [None] * q1
+        dtypes = self._param_dtypes()
         for i, n in zip(range(p0, p1), prog.params):
-            args[i] = np.array(params[n], np.float32, copy=True)
+            args[i] = np.array(params[n], dtypes[n], copy=True)  # f64 frozen params stay f64
+        self._frozen = {n: args[i] for i, n in zip(range(p0, p1), prog.params)
+                        if n not in prog.wrt}
         for i, (p, s) in zip(range(s0, s1), prog.slot_args):
             buf = slots.get(p, {}).get(s)
             shape = self.opt.slot_shape(s, args[p0 + prog.params.index(p)].shape)
@@ -287,8 +290,16 @@ class Trainer:
             slots.setdefault(p, {})[s] = a
         return params, slots
 
+    def _param_dtypes(self) -> dict:
+        from rlxc.runtime.signature import NP_DTYPES
+
+        return {a.name: NP_DTYPES[a.dtype] for a in self._f.signature() if a.kind == "param"}
+
     def _read_params(self) -> dict:
-        return {n: self._engine.get_arg(i) for n, i in self._param_pos.items()}
+        """Copies of every param: trained ones from the engine, frozen ones as bound
+        (in their declared dtype)."""
+        return {n: self._frozen[n].copy() if n in self._frozen else self._engine.get_arg(i)
+                for n, i in self._param_pos.items()}
 
     def _rebuild(self):
         params = self._read_params()
@@ -335,8 +346,13 @@ class Trainer:
             if tuple(np.shape(params[n])) != want:
                 raise ValueError(f"trainer.load_state_dict: param {n!r} expects shape "
                                  f"{want}, got {tuple(np.shape(params[n]))}")
+        from .checkpoint import to_param_dtype
+
+        dtypes = self._param_dtypes()
+        params = {n: to_param_dtype("trainer.load_state_dict", n, params[n], dtypes[n])
+                  for n in names}
         self.opt.load_state_dict(optim, params=params)
-        self._build({n: np.asarray(params[n], np.float32) for n in names}, self.opt.state)
+        self._build(params, self.opt.state)
 
     def save(self, path) -> None:
         """Write `state_dict()` to a safetensors file."""
