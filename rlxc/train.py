@@ -431,8 +431,15 @@ _SIGNATURE = ("f.train_step(opt, inputs, wrt=None, schedule=None, step=0, device
               "max_grad_norm=0.0, quant=None)")
 
 
-def check_call_shape(inputs, wrt) -> None:
+def check_schedule(schedule, what: str = "train_step") -> None:
+    if schedule is not None and not callable(getattr(schedule, "lr_at", None)):
+        raise TypeError(f"{what}: schedule must be an rlxc.LrSchedule (with lr_at(step)), got "
+                        f"{type(schedule).__name__}")
+
+
+def check_call_shape(inputs, wrt, schedule=None) -> None:
     """Refuse RLX's argument order `train_step(opt, wrt, inputs)` with the signature."""
+    check_schedule(schedule)
     names = isinstance(inputs, str) or (isinstance(inputs, (list, tuple)) and inputs
                                         and all(isinstance(x, str) for x in inputs))
     if names or isinstance(wrt, dict):
@@ -488,7 +495,7 @@ def train_step(f, opt: Optimizer, inputs, wrt=None, schedule=None, step: int = 0
     sets the optimizer's lr first (it persists, as in RLX's `_at` variants)."""
     from .func import default_device
 
-    check_call_shape(inputs, wrt)
+    check_call_shape(inputs, wrt, schedule)
     device = device or default_device()
     prog = step_program(f, opt, wrt, max_grad_norm, quant, device=device)
     if schedule is not None:

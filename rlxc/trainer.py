@@ -194,6 +194,9 @@ class Trainer:
         if not isinstance(opt, Optimizer):
             raise TypeError(f"trainer: opt must be an rlxc.optim optimizer, got "
                             f"{type(opt).__name__}")
+        from .train import check_schedule
+
+        check_schedule(schedule, "trainer")
         self._f = func
         self.opt = opt
         self.schedule = schedule

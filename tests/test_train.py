@@ -359,6 +359,10 @@ def test_rlx_argument_order_is_refused_with_the_signature():
         f.train_step(SGD(0.1), "w1", b, device="interp")
     with pytest.raises(TypeError, match="a dict as wrt"):
         f.train_step(SGD(0.1), b, b, device="interp")
+    with pytest.raises(TypeError, match="schedule must be an rlxc.LrSchedule"):
+        f.train_step(SGD(0.1), b, None, 0.1, device="interp")
+    with pytest.raises(TypeError, match="trainer: schedule must be an rlxc.LrSchedule"):
+        f.trainer(SGD(0.1), ["w1"])
 
 
 def _quarter_inplace(arr):  # RLX's in-place form: rewrite the array, return None
@@ -389,3 +393,18 @@ def test_qat_callable_in_rlx_in_place_form(device):
         tr.step(d)
     for n in master:
         np.testing.assert_array_equal(tr.func.params()[n], b.params()[n])
+
+
+def test_clip_huge_gradient_in_the_c_train_step(tmp_path):
+    """`rlxc compile --train --max-grad-norm`: the same f64 norm and f32 scale in C."""
+    aot = pytest.importorskip("rlxc.lowering.aot")
+    from rlxc.runtime import load
+
+    f = linear()
+    spec = aot.spec_from_func(f, "lin")
+    spec.train = aot.train_spec(f, SGD(1.0), max_grad_norm=1.0)
+    aot.build_artifact(spec, str(tmp_path))
+    m = load(tmp_path)
+    m.train_step(c=HUGE)
+    want, _ = clip_reference({"w": HUGE}, 1.0)
+    np.testing.assert_array_equal(m.get_param("w"), -want["w"])
