@@ -64,6 +64,7 @@ state.  Loading it into a fresh optimizer of the same kind resumes bit-exactly.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Mapping
 from typing import ClassVar
 
@@ -171,6 +172,9 @@ def select(cond, a, b):
         return a if cond else b
     return _Sym(f"({_ctext(cond)} ? {_ctext(a)} : {_ctext(b)})",
                 lambda t, lr: _val(a, t, lr) if _val(cond, t, lr) else _val(b, t, lr))
+
+
+_CLASS_IDENT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _code_fingerprint(fn) -> str:
@@ -322,10 +326,13 @@ class Optimizer:
         cls = type(self)
         hp = tuple((k, (v != 0.0) if k in cls.numeric_hps else v)
                    for k, v in self._hp.items() if k != "lr")
-        code = tuple(_code_fingerprint(getattr(cls, m, None))
-                     for m in ("update", "slot_shape", "_slots_for"))
-        return (f"{cls.__module__}.{cls.__qualname__}", code, self.kind,
-                tuple(self.slots()), hp)
+        ident = _CLASS_IDENT.get(cls)
+        if ident is None:  # once per class: Trainer.step asks every step
+            ident = _CLASS_IDENT[cls] = (
+                f"{cls.__module__}.{cls.__qualname__}",
+                tuple(_code_fingerprint(getattr(cls, m, None))
+                      for m in ("update", "slot_shape", "_slots_for")))
+        return (*ident, self.kind, tuple(self.slots()), hp)
 
     def scalars(self, t, lr) -> dict:
         """The per-step constants of update number `t` (>= 1) at learning rate
