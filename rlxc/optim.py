@@ -203,7 +203,7 @@ class Optimizer:
     and the public extension point ``update`` that emits the rule as graph ops.
 
     A subclass sets ``kind`` (stored in state dicts), ``slot_names`` (or
-    overrides ``_slots_for``), calls ``super().__init__(lr=lr, **hyperparams)``
+    overrides ``_slots_for``), calls ``super().__init__(lr, **hyperparams)``
     and defines ``scalars(t, lr)`` and ``update(b, p, g, state, s)``:
 
     >>> class SignMomentum(Optimizer):
@@ -242,8 +242,8 @@ class Optimizer:
         if not cls.kind:
             cls.kind = cls.__name__.lower()
 
-    def __init__(self, **hp):
-        self._hp: dict[str, float] = self._validate_hp(hp)
+    def __init__(self, lr, **hp):
+        self._hp: dict[str, float] = self._validate_hp({"lr": lr, **hp})
         self._t = 0
         # param name -> slot name -> float32 array shaped slot_shape(slot, param shape)
         self.state: dict[str, dict[str, np.ndarray]] = {}
