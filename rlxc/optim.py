@@ -70,6 +70,8 @@ from typing import ClassVar
 
 import numpy as np
 
+from .optim_recipe import Sym, code_fingerprint, select
+
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "Lion", "NAdamW", "RAdam", "LAMB",
            "Adafactor", "Muon", "BUILTINS", "select"]
 
@@ -105,97 +107,8 @@ def _hp_property(name: str, doc: str) -> property:
     return property(lambda self: self._hp[name], doc=doc)
 
 
-# -- symbolic per-step scalars (for the C train step of `rlxc compile --train`) ----
-
-def _val(x, t, lr):
-    return x.ev(t, lr) if isinstance(x, _Sym) else x
-
-
-def _ctext(x) -> str:
-    if isinstance(x, _Sym):
-        return x.c
-    if isinstance(x, bool):
-        return "1.0" if x else "0.0"
-    return float(x).hex()  # a C99 hexadecimal double literal: exact
-
-
-class _Sym:
-    """A value of `scalars(t, lr)` that depends on t or lr: a C double expression
-    (`c`) and the same computation in Python (`ev(t, lr)`, Python's own number
-    semantics, so it reproduces `scalars` exactly)."""
-
-    __slots__ = ("c", "ev")
-
-    def __init__(self, c: str, ev):
-        self.c, self.ev = c, ev
-
-    def _bin(self, other, op: str, fn, swap=False):
-        if not isinstance(other, (_Sym, int, float)):
-            return NotImplemented
-        a, b = (other, self) if swap else (self, other)
-        c = f"pow({_ctext(a)}, {_ctext(b)})" if op == "**" else f"({_ctext(a)} {op} {_ctext(b)})"
-        return _Sym(c, lambda t, lr: fn(_val(a, t, lr), _val(b, t, lr)))
-
-    def __add__(self, o): return self._bin(o, "+", lambda a, b: a + b)
-    def __radd__(self, o): return self._bin(o, "+", lambda a, b: a + b, True)
-    def __sub__(self, o): return self._bin(o, "-", lambda a, b: a - b)
-    def __rsub__(self, o): return self._bin(o, "-", lambda a, b: a - b, True)
-    def __mul__(self, o): return self._bin(o, "*", lambda a, b: a * b)
-    def __rmul__(self, o): return self._bin(o, "*", lambda a, b: a * b, True)
-    def __truediv__(self, o): return self._bin(o, "/", lambda a, b: a / b)
-    def __rtruediv__(self, o): return self._bin(o, "/", lambda a, b: a / b, True)
-    def __pow__(self, o): return self._bin(o, "**", lambda a, b: a ** b)
-    def __rpow__(self, o): return self._bin(o, "**", lambda a, b: a ** b, True)
-    def __lt__(self, o): return self._bin(o, "<", lambda a, b: a < b)
-    def __le__(self, o): return self._bin(o, "<=", lambda a, b: a <= b)
-    def __gt__(self, o): return self._bin(o, ">", lambda a, b: a > b)
-    def __ge__(self, o): return self._bin(o, ">=", lambda a, b: a >= b)
-
-    def __neg__(self):
-        return _Sym(f"(-{self.c})", lambda t, lr: -self.ev(t, lr))
-
-    def __abs__(self):
-        return _Sym(f"fabs({self.c})", lambda t, lr: abs(self.ev(t, lr)))
-
-    def _refuse(self, *_):
-        raise TypeError("a value that depends on the update number t or on lr was used as a "
-                        "plain number (if/min/max/math.*/float()); write it with arithmetic, "
-                        "** and optim.select(cond, a, b)")
-
-    __bool__ = __float__ = __int__ = __index__ = __round__ = _refuse
-
-
-def select(cond, a, b):
-    """`a if cond else b`, also for a `cond` that depends on t or lr in `scalars`
-    (where it becomes C's `cond ? a : b`).  Both `a` and `b` are computed."""
-    if not any(isinstance(x, _Sym) for x in (cond, a, b)):
-        return a if cond else b
-    return _Sym(f"({_ctext(cond)} ? {_ctext(a)} : {_ctext(b)})",
-                lambda t, lr: _val(a, t, lr) if _val(cond, t, lr) else _val(b, t, lr))
-
-
+# class -> (qualified name, code fingerprints): computed once per class
 _CLASS_IDENT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def _code_fingerprint(fn) -> str:
-    """A process-independent hash of a function's code (nested code objects included)."""
-    import hashlib
-
-    h = hashlib.sha256()
-
-    def add(code):
-        h.update(code.co_code)
-        h.update(repr(code.co_names).encode())
-        for c in code.co_consts:
-            if hasattr(c, "co_code"):
-                add(c)
-            else:
-                h.update(repr(c).encode())
-
-    code = getattr(fn, "__code__", None)
-    if code is not None:
-        add(code)
-    return h.hexdigest()[:16]
 
 
 class Optimizer:
@@ -330,7 +243,7 @@ class Optimizer:
         if ident is None:  # once per class: Trainer.step asks every step
             ident = _CLASS_IDENT[cls] = (
                 f"{cls.__module__}.{cls.__qualname__}",
-                tuple(_code_fingerprint(getattr(cls, m, None))
+                tuple(code_fingerprint(getattr(cls, m, None))
                       for m in ("update", "slot_shape", "_slots_for")))
         return (*ident, self.kind, tuple(self.slots()), hp)
 
@@ -355,8 +268,8 @@ class Optimizer:
         expression).  Found by calling `scalars` on symbolic t and lr, and
         checked against `step_scalars` for a few (t, lr)."""
         name = type(self).__name__
-        T = _Sym("((double)t)", lambda t, lr: t)
-        LR = _Sym("((double)lr)", lambda t, lr: lr)
+        T = Sym("((double)t)", lambda t, lr: t)
+        LR = Sym("((double)lr)", lambda t, lr: lr)
         try:
             sym = self.scalars(T, LR)
         except TypeError as e:
@@ -365,14 +278,14 @@ class Optimizer:
         for n, v in sym.items():
             if v is LR:
                 out[n] = ("lr",)
-            elif isinstance(v, _Sym):
+            elif isinstance(v, Sym):
                 out[n] = ("expr", v.c)
             else:
                 out[n] = ("const", float(_F32(v)))
         for t, lr in ((1, 1e-3), (2, 0.5), (7, 0.1), (1000, 3.0)):
             want = self.step_scalars(t, lr)
             for n, v in sym.items():
-                got = _F32(v.ev(t, lr) if isinstance(v, _Sym) else v)
+                got = _F32(v.ev(t, lr) if isinstance(v, Sym) else v)
                 if not (got == want[n] or (np.isnan(got) and np.isnan(want[n]))):
                     raise ValueError(f"{name}.scalars: {n!r} is not a function of t and lr "
                                      f"alone (at t={t}: {want[n]!r}, recipe {got!r})")
