@@ -31,7 +31,7 @@ import click
 from .main import main
 
 EMIT_STAGES = ("rlx", "loops", "llvm", "asm", "ptx")
-OPTIMIZERS = ("sgd", "adam", "adamw", "lion")
+OPTIMIZERS = ("sgd", "adam", "adamw", "lion", "nadamw", "radam", "lamb", "adafactor", "muon")
 # LLVM x86 CPU names accepted by --cpu (besides "native").
 CPU_NAMES = (
     "x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4", "generic", "nehalem", "westmere",
@@ -358,21 +358,58 @@ def _load_params(f, path: str) -> dict:
 
 
 def _optimizer(kind: str, lr: float, weight_decay, momentum):
+    """A built-in optimizer by name, or `path/file.py:NAME` (an rlxc.optim.Optimizer
+    subclass or factory, called as NAME(lr, weight_decay=..., momentum=...))."""
+    import inspect
+
     from rlxc import optim
 
+    path, sep, attr = kind.rpartition(":")
+    if sep and path.endswith(".py"):
+        cls = _optimizer_from_file(path, attr)
+    elif kind in optim.BUILTINS:
+        cls = optim.BUILTINS[kind]
+    else:
+        raise click.BadParameter(f"unknown optimizer {kind!r}; valid: {', '.join(OPTIMIZERS)}, "
+                                 "or path/file.py:CLASS (an rlxc.optim.Optimizer subclass)",
+                                 param_hint="'--optimizer'")
     kw = {}
     if weight_decay is not None:
         kw["weight_decay"] = weight_decay
     if momentum is not None:
-        if kind != "sgd":
-            raise click.BadParameter("--momentum applies to --optimizer sgd only",
+        try:
+            takes = "momentum" in inspect.signature(cls).parameters
+        except (TypeError, ValueError):
+            takes = True
+        if not takes:
+            raise click.BadParameter(f"--momentum does not apply to --optimizer {kind}",
                                      param_hint="'--momentum'")
         kw["momentum"] = momentum
-    cls = {"sgd": optim.SGD, "adam": optim.Adam, "adamw": optim.AdamW, "lion": optim.Lion}[kind]
     try:
-        return cls(lr, **kw)
-    except ValueError as e:
+        opt = cls(lr, **kw)
+    except (ValueError, TypeError) as e:
         raise click.BadParameter(str(e), param_hint="'--optimizer'")
+    if not isinstance(opt, optim.Optimizer):
+        raise click.BadParameter(f"{kind}(...) returned {type(opt).__name__}, not an "
+                                 "rlxc.optim.Optimizer", param_hint="'--optimizer'")
+    return opt
+
+
+def _optimizer_from_file(path: str, attr: str):
+    if not os.path.isfile(path):
+        raise click.BadParameter(f"file {path!r} not found", param_hint="'--optimizer'")
+    modname = "rlxc_optim_" + re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
+    spec = importlib.util.spec_from_file_location(modname, path)
+    mod = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(mod)
+    except Exception as e:
+        raise click.ClickException(f"importing {path} failed: {type(e).__name__}: {e}")
+    obj = getattr(mod, attr, None)
+    if not callable(obj):
+        raise click.BadParameter(f"{path!r} has no optimizer class {attr!r}",
+                                 param_hint="'--optimizer'")
+    return obj
 
 
 # -- stages ---------------------------------------------------------------------------------
@@ -423,7 +460,8 @@ class _Command(click.Command):
 @click.option("--emit", type=click.Choice(EMIT_STAGES),
               help="Print this stage to stdout instead of building.")
 @click.option("--train", is_flag=True, help="Also export NAME_train_step (first output = loss).")
-@click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adamw", show_default=True)
+@click.option("--optimizer", default="adamw", show_default=True,
+              help=f"{', '.join(OPTIMIZERS)}, or path/file.py:CLASS (an Optimizer subclass).")
 @click.option("--lr", type=float, default=1e-3, show_default=True,
               help="Default learning rate of the train step.")
 @click.option("--weight-decay", type=float, default=None, help="Optimizer weight decay.")

@@ -20,11 +20,17 @@ Algorithm
   path; with ``expected`` (name -> shape) every missing tensor, wrongly
   shaped tensor and (in strict mode) unexpected tensor is reported in one
   CheckpointError.
+* into a Func (``to_param_dtype``, used by load_params and Trainer.load_state_dict):
+  a tensor whose dtype differs from its param's declared dtype is converted to
+  it; if that changes any value (float64 -> float32 rounding, an integer above
+  2**24, an overflow) a LossyConversionWarning names the tensor.  Saving never
+  converts: every tensor keeps its dtype (float64, int32, ...).
 """
 from __future__ import annotations
 
 import os
 import tempfile
+import warnings
 from collections.abc import Mapping
 
 import numpy as np
@@ -32,11 +38,40 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import load_file
 from safetensors.numpy import save as _serialize
 
-__all__ = ["CheckpointError", "save_tensors", "load_tensors", "read_metadata"]
+__all__ = ["CheckpointError", "LossyConversionWarning", "save_tensors", "load_tensors",
+           "read_metadata", "to_param_dtype"]
 
 
 class CheckpointError(ValueError):
     """A checkpoint file is unreadable or does not match what was expected."""
+
+
+class LossyConversionWarning(UserWarning):
+    """A loaded tensor changed value when converted to its param's declared dtype."""
+
+
+def to_param_dtype(where: str, name: str, arr, dtype) -> np.ndarray:
+    """`arr` converted to `dtype` (a param's declared NumPy dtype); warns with
+    LossyConversionWarning, naming `name`, when the conversion changes a value."""
+    a = np.asarray(arr)
+    dt = np.dtype(dtype)
+    if a.dtype == dt:
+        return a
+    if a.dtype.kind not in "biuf":
+        raise CheckpointError(f"{where}: tensor {name!r} has dtype {a.dtype}; param "
+                              f"{name!r} is {dt}")
+    with np.errstate(all="ignore"):
+        out = a.astype(dt)
+        back = out.astype(a.dtype)
+    same = back == a
+    if a.dtype.kind == "f":
+        same |= np.isnan(a) & np.isnan(back)
+    if not np.all(same):
+        i = int(np.argmin(same.reshape(-1)))
+        warnings.warn(f"{where}: tensor {name!r} converted from {a.dtype} to the param's "
+                      f"{dt} changes values (e.g. {a.reshape(-1)[i].item()!r} -> "
+                      f"{out.reshape(-1)[i].item()!r})", LossyConversionWarning, stacklevel=3)
+    return out
 
 
 def save_tensors(path: str | os.PathLike, tensors: Mapping[str, np.ndarray],

@@ -17,38 +17,40 @@ Step graph
       w_p  = fake_quant(p)  (quant = a format name: straight-through),
              fwd_p           (quant = a callable run on the host), else p
       loss, g_p... = inline(value_and_grad(f, wrt))(data, w_p / frozen params)
-      clip (max > 0):  ss = sum_p sum((f64)g_p * (f64)g_p);  n = sqrt(ss)
-             scale = (f32)(max / n)  if  max < n <= FLT_MAX  (so NaN/inf: 1;
-             FLT_MAX, not DBL_MAX, also works where f64 is evaluated as f32)
+      clip (max > 0):  ss = sum_p sum((f64)g_p * (f64)g_p);  n = sqrt(ss)   (f64)
+             scale = (f32)max / (f32)n   (RLX's f32 division)  if  max < n <= FLT_MAX
+                     (f32)(max / n)                             if  FLT_MAX < n < inf
+                     1                                          otherwise (NaN, inf)
              g_p = g_p * scale        (exact when scale = 1)
-      update: the formulas of rlxc/optim.py, op by op in the same order, with
-             the scalars read from opt_scalars (opt.step_scalars(t, lr), which
-             rounds the float64 values to float32 once)
+      update: opt.update(b, p, g, state, s) of rlxc/optim.py (the NumPy formulas,
+             op by op in the same order), with the scalars read from
+             opt_scalars (opt.step_scalars(t, lr), which rounds the float64
+             values to float32 once)
     outputs: loss, new p (wrt order)..., new slots (param-major, slot order)
 
 Quantization applies to the trained params (their float32 values are the
 master weights); frozen params enter the forward as they are.
 
-The optimizer's hyperparameters that change the *structure* of the formula
-(kind, slot set, weight decay on/off, Nesterov) are part of the cache key;
+The optimizer's `structure()` (class, kind, slot set, weight decay on/off,
+Nesterov, ...) is part of the cache key;
 everything numeric (lr from a schedule, betas, eps, bias corrections, the
 weight-decay value) travels in opt_scalars, so a schedule never recompiles.
 
 Norm precision: the clip norm is accumulated in float64 ("f64" casts in the
-graph) where the device computes f64 (`NORM_DTYPES`).  The native CPU backend
-computes f32 only, so there the sums of squares are f32 reductions: the
-backend sums blocks of 4096 elements in f32 and the blocks in f64, and the
-per-param totals are added in f32, so the relative error of the squared norm
-is below (4096 + number of params) * 2**-24 (about 2.5e-4 in the worst case,
-typically far less), and that of the norm and of the clip scale below half of
-it; the clipped direction is unchanged.  (The reference interpreter evaluates
-f64 tensors in f32 too, so on "interp" the f64 graph gives f32 sums today.)
+graph), so it cannot overflow: a sum of squares of float32 values stays far
+below DBL_MAX.  The interpreter and the native CPU backend compute f64
+exactly (the CPU sums blocks of 4096 elements, so the f64 sum may differ from
+NumPy's in its last bits, which the f32 rounding of the norm absorbs).  Where
+a device computes f32 only (`NORM_DTYPES`: "cuda"), the norm is
+m * sqrt(sum((g / m)**2)) with m = max |g| over all grads: no term exceeds 1,
+so nothing overflows either, at f32 accuracy.
 
 Also here: `save_params` / `load_params` (params as a safetensors file, names
 and declared shapes checked strictly by rlxc.checkpoint).
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -60,83 +62,28 @@ from rlxc.runtime.signature import coerce
 from .optim import Optimizer
 from .tensor import GraphScope, where
 
-__all__ = ["StepProgram", "step_program", "train_step", "update_rule", "save_params",
-           "load_params", "UPDATE_RULES", "clip_reference"]
+__all__ = ["StepProgram", "step_program", "train_step", "save_params", "load_params",
+           "clip_reference", "qat_hook", "check_call_shape"]
 
 _FLT_MAX = float(np.finfo(np.float32).max)
+_DBL_MAX = float(np.finfo(np.float64).max)
 
 # dtype of the clip-norm accumulation per device (None: an AOT build for the CPU)
-NORM_DTYPES = {"interp": "f64", "cpu": "f32", "cuda": "f32", None: "f32"}
-
-
-# -- optimizer formulas as graph ops (one row per optimizer kind) --------------
-# Each rule mirrors `_update` of rlxc/optim.py: same operations, same order.
-# `s` maps scalar names to rank-0 f32 tensors; `hp` holds the Python
-# hyperparameters (used only for structure: wd on/off, nesterov, slots).
-
-def _sgd(p, g, st, s, hp):
-    d = g + s["wd"] * p if hp["weight_decay"] else g
-    out = {}
-    if "v" in st:
-        v = st["v"] * s["mu"]
-        v = v + d
-        out["v"] = v
-        upd = d + s["mu"] * v if hp["nesterov"] else v
-    else:
-        upd = d
-    return p - s["lr"] * upd, out
-
-
-def _adam(decoupled):
-    def rule(p, g, st, s, hp):
-        wd = hp["weight_decay"]
-        if wd and not decoupled:
-            g = g + s["wd"] * p
-        m = st["m"] * s["b1"]
-        m = m + s["omb1"] * g
-        v = st["v"] * s["b2"]
-        v = v + s["omb2"] * (g * g)
-        m_hat = m / s["bc1"]
-        v_hat = v / s["bc2"]
-        u = m_hat / (v_hat.sqrt() + s["eps"])
-        if wd and decoupled:
-            u = u + s["wd"] * p
-        return p - s["lr"] * u, {"m": m, "v": v}
-    return rule
-
-
-def _lion(p, g, st, s, hp):
-    m = st["m"]
-    u = (s["b1"] * m + s["omb1"] * g).sign()
-    if hp["weight_decay"]:
-        u = u + s["wd"] * p
-    new_p = p - s["lr"] * u
-    m = m * s["b2"]
-    m = m + s["omb2"] * g
-    return new_p, {"m": m}
-
-
-UPDATE_RULES = {"sgd": _sgd, "adam": _adam(False), "adamw": _adam(True), "lion": _lion}
-
-
-def update_rule(opt: Optimizer):
-    rule = UPDATE_RULES.get(opt.kind)
-    if rule is None:
-        raise NotImplementedError(f"train step: no graph rule for optimizer kind {opt.kind!r}; "
-                                  f"known: {sorted(UPDATE_RULES)}")
-    return rule
+NORM_DTYPES = {"interp": "f64", "cpu": "f64", "cuda": "f32", None: "f64"}
 
 
 def _structure(opt: Optimizer) -> tuple:
-    hp = opt.hyperparams()
-    return (opt.kind, tuple(opt.slots()), bool(hp.get("weight_decay", 0.0)),
-            bool(hp.get("nesterov", 0.0)))
+    return opt.structure()
 
 
 # -- clipping reference (NumPy), the contract the graph follows ---------------
 
 def clip_reference(grads: dict, max_norm: float) -> tuple[dict, float]:
-    """Clip like the step graph: float64 norm, float32 scale, one multiply."""
+    """Clip like the step graph: float64 norm, RLX's float32 scale, one multiply.
+
+    Returns (grads, norm); the grads are scaled by (f32)max / (f32)norm when
+    max < norm <= FLT_MAX, by (f32)(max / norm) when FLT_MAX < norm < inf, and
+    left alone otherwise (norm within max, NaN or inf: RLX's scale 1)."""
     if not max_norm > 0:
         return grads, float("nan")
     ss = 0.0
@@ -144,8 +91,11 @@ def clip_reference(grads: dict, max_norm: float) -> tuple[dict, float]:
         g64 = np.asarray(g, np.float64)
         ss += float(np.sum(g64 * g64))
     norm = float(np.sqrt(ss))
-    if max_norm < norm <= _FLT_MAX:
-        scale = np.float32(max_norm / norm)
+    if math.isfinite(norm) and norm > max_norm:
+        if norm <= _FLT_MAX:
+            scale = np.float32(max_norm) / np.float32(norm)
+        else:
+            scale = np.float32(max_norm / norm)
         grads = {k: (np.asarray(g, np.float32) * scale).astype(np.float32)
                  for k, g in grads.items()}
     return grads, norm
@@ -341,8 +291,6 @@ def step_program(f, opt: Optimizer, wrt=None, max_grad_norm: float = 0.0, quant=
 def _build(f, opt, wrt, max_grad_norm, qkey, norm_dtype) -> StepProgram:
     from .func import Func
 
-    rule = update_rule(opt)
-    hp = opt.hyperparams()
     slots = opt.slots()
     scalar_names = list(opt.step_scalars(1, opt.lr).keys())
     sig = f.signature()
@@ -354,10 +302,13 @@ def _build(f, opt, wrt, max_grad_norm, qkey, norm_dtype) -> StepProgram:
 
     def build(sc: GraphScope, vg):
         data = {a.name: sc.input(a.name, a.shape, a.dtype) for a in sig if a.kind == "input"}
-        params = {a.name: sc.param(a.name, a.shape, a.dtype) for a in sig if a.kind == "param"}
+        # frozen params keep their dtype: an imported model may hold integer params,
+        # which GraphScope.param (the tracing API) does not declare
+        params = {a.name: sc._arg(a.name, a.shape, a.dtype, "param")
+                  for a in sig if a.kind == "param"}
         st = {}
         for (p, s), n in zip(slot_args, slot_arg_names):
-            st.setdefault(p, {})[s] = sc.input(n, params[p].shape, "f32")
+            st.setdefault(p, {})[s] = sc.input(n, opt.slot_shape(s, params[p].shape), "f32")
         vec = sc.input(scal_name, (len(scalar_names),), "f32")
         fwd = {p: sc.input(n, params[p].shape, "f32") for p, n in zip(wrt, fwd_names)}
         scal = {n: vec[i] for i, n in enumerate(scalar_names)}
@@ -377,7 +328,7 @@ def _build(f, opt, wrt, max_grad_norm, qkey, norm_dtype) -> StepProgram:
             grads = _clip(sc, grads, max_grad_norm, norm_dtype)
         new_p, new_s = [], []
         for name, g in zip(wrt, grads):
-            p2, s2 = rule(params[name], g, st.get(name, {}), scal, hp)
+            p2, s2 = opt.checked_update(sc, params[name], g, st.get(name, {}), scal)
             new_p.append(p2)
             new_s.extend(s2[s] for s in slots)
         return [loss, *new_p, *new_s]
@@ -397,17 +348,37 @@ def _build(f, opt, wrt, max_grad_norm, qkey, norm_dtype) -> StepProgram:
 
 
 def _clip(sc: GraphScope, grads, max_norm: float, nd: str):
+    """The scaled grads (see the module docstring: clip, and Norm precision)."""
+    one = sc.scalar(1.0, "f32")
+    mx32 = sc.scalar(max_norm, "f32")
+    if nd == "f64":
+        total = None
+        for g in grads:
+            g2 = g.cast("f64")
+            ss = (g2 * g2).sum()
+            total = ss if total is None else total + ss
+        norm = total.sqrt()
+        mx = sc.scalar(max_norm, "f64")
+        ratio = where(norm.le(sc.scalar(_FLT_MAX, "f64")), mx32 / norm.cast("f32"),
+                      (mx / norm).cast("f32"))
+        # NaN compares false and inf fails `<= DBL_MAX`, so neither scales
+        scale = where(norm.le(sc.scalar(_DBL_MAX, "f64")), where(norm.gt(mx), ratio, one), one)
+        return [g * scale for g in grads]
+    # f32 only: scale by m = max |g| first, so no square exceeds 1
+    m = None
+    for g in grads:
+        a = g.abs().max()
+        m = a if m is None else m.maximum(a)
     total = None
     for g in grads:
-        g2 = g.cast(nd)
-        ss = (g2 * g2).sum()
+        q = g / m
+        ss = (q * q).sum()
         total = ss if total is None else total + ss
-    norm = total.sqrt()
-    mx = sc.scalar(max_norm, nd)
-    ratio = (mx / norm).cast("f32")
-    one = sc.scalar(1.0, "f32")
-    # NaN compares false and inf fails `<= FLT_MAX`, so neither scales
-    scale = where(norm.le(sc.scalar(_FLT_MAX, nd)), where(norm.gt(mx), ratio, one), one)
+    rn = total.sqrt()          # norm / m, in [1, sqrt(size)]
+    norm = m * rn              # inf when the norm exceeds FLT_MAX
+    ratio = where(norm.le(sc.scalar(_FLT_MAX, "f32")), mx32 / norm, (mx32 / m) / rn)
+    # m = 0 gives rn = NaN, NaN grads give NaN: both compare false, scale 1
+    scale = where(m.le(sc.scalar(_FLT_MAX, "f32")), where(norm.gt(mx32), ratio, one), one)
     return [g * scale for g in grads]
 
 
@@ -456,17 +427,80 @@ def _loss_value(x):
     return float(a.reshape(())) if a.size == 1 else a.copy()
 
 
+_SIGNATURE = ("f.train_step(opt, inputs, wrt=None, schedule=None, step=0, device=None, "
+              "max_grad_norm=0.0, quant=None)")
+
+
+def check_schedule(schedule, what: str = "train_step") -> None:
+    if schedule is not None and not callable(getattr(schedule, "lr_at", None)):
+        raise TypeError(f"{what}: schedule must be an rlxc.LrSchedule (with lr_at(step)), got "
+                        f"{type(schedule).__name__}")
+
+
+def check_call_shape(inputs, wrt, schedule=None) -> None:
+    """Refuse RLX's argument order `train_step(opt, wrt, inputs)` with the signature."""
+    check_schedule(schedule)
+    names = isinstance(inputs, str) or (isinstance(inputs, (list, tuple)) and inputs
+                                        and all(isinstance(x, str) for x in inputs))
+    if names or isinstance(wrt, dict):
+        got = (f"the list of names {list(inputs) if not isinstance(inputs, str) else inputs!r} "
+               f"where the inputs belong" if names else "a dict as wrt")
+        raise TypeError(f"train_step: got {got}; the signature is {_SIGNATURE}: the inputs "
+                        f"dict comes second and the params to train go in wrt=[...] "
+                        f"(RLX's order train_step(opt, wrt, inputs) is not accepted)")
+
+
+def _positional_arity(fn) -> int:
+    """How many positional arguments `fn` requires (2 when it cannot be told)."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return 2
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return 2
+    return sum(1 for p in params if p.default is p.empty
+               and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+
+
+def qat_hook(quant):
+    """The `(name, array) -> float32 array` quantizer of a train step's `quant`.
+
+    `quant` is a format name, a callable `fn(name, arr) -> arr`, or RLX's
+    in-place form `fn(arr)` that rewrites `arr` and returns None.  A callable
+    gets a float32 copy of the master weights (they are never modified); when
+    it returns None the copy, as it left it, is the quantized value."""
+    from .lowp import quantize_named
+
+    if isinstance(quant, str) or not callable(quant):
+        return quantize_named(quant)
+    user = quant
+    one_arg = _positional_arity(user) == 1
+
+    def hook(name, arr):
+        a = np.array(arr, np.float32, copy=True)
+        out = user(a) if one_arg else user(name, a)
+        return a if out is None else out
+
+    return quantize_named(hook)
+
+
 def train_step(f, opt: Optimizer, inputs, wrt=None, schedule=None, step: int = 0,
                device=None, max_grad_norm: float = 0.0, quant=None):
     """One update of `f`'s params; returns (new Func, loss before the update).
 
     The optimizer's state (opt.state, opt.t) is read and advanced, exactly as
-    `opt.step` would; `step` only selects the learning rate of `schedule`."""
+    `opt.step` would; with a `schedule`, `opt.set_lr(schedule.lr_at(step))`
+    sets the optimizer's lr first (it persists, as in RLX's `_at` variants)."""
     from .func import default_device
 
+    check_call_shape(inputs, wrt, schedule)
     device = device or default_device()
     prog = step_program(f, opt, wrt, max_grad_norm, quant, device=device)
-    lr = schedule.lr_at(step) if schedule is not None else opt.lr
+    if schedule is not None:
+        opt.set_lr(schedule.lr_at(step))
+    lr = opt.lr
     t = opt.t + 1
     scal = prog.scalar_vector(opt, t, lr)
     bound = _bound_params(f)
@@ -474,18 +508,17 @@ def train_step(f, opt: Optimizer, inputs, wrt=None, schedule=None, step: int = 0
     args += [bound[n] for n in prog.params]
     for p, s in prog.slot_args:
         buf = opt.state.get(p, {}).get(s)
-        shape = bound[p].shape
+        shape = opt.slot_shape(s, bound[p].shape)
         if buf is None:
             buf = np.zeros(shape, np.float32)
         elif buf.shape != shape:
             raise ValueError(f"train step: optimizer state {s!r} of {p!r} has shape "
-                             f"{buf.shape}, the param has {shape}")
+                             f"{buf.shape}, expected {shape} (the param has "
+                             f"{bound[p].shape})")
         args.append(np.ascontiguousarray(buf, np.float32))
     args.append(scal)
     if prog.quant == "callable":
-        from .lowp import quantize_named
-
-        qf = quantize_named(quant)
+        qf = qat_hook(quant)
         args += [qf(n, bound[n]) for n in prog.wrt]
     outs = prog.executor(device).run(args)
     nw = len(prog.wrt)
@@ -514,9 +547,14 @@ def save_params(f, path, metadata=None) -> None:
 
 
 def load_params(f, path, strict: bool = True):
-    """A new Func with params read from `path` (names and declared shapes checked)."""
-    from .checkpoint import load_tensors
+    """A new Func with params read from `path` (names and declared shapes checked;
+    a tensor whose conversion to its param's dtype changes values warns)."""
+    from rlxc.runtime.signature import NP_DTYPES
+
+    from .checkpoint import load_tensors, to_param_dtype
 
     expected = {n: f.param_shape_of(n) for n in f.param_names()}
     arrays = load_tensors(path, expected, strict=strict)
-    return f.with_params(arrays)
+    dtypes = {a.name: NP_DTYPES[a.dtype] for a in f.signature() if a.kind == "param"}
+    return f.with_params({n: to_param_dtype(f"load_params({str(path)!r})", n, a, dtypes[n])
+                          for n, a in arrays.items()})

@@ -24,7 +24,8 @@ Engines
   next step's state arrays.
 
 The Trainer owns `opt` while it trains: `opt.t` advances every step (it
-drives bias correction, and `schedule.lr_at(opt.t)` gives the lr), while the
+drives bias correction, and `opt.set_lr(schedule.lr_at(opt.t))` sets the lr,
+which persists and is saved in `state_dict`), while the
 slots live in the engine; `opt.state` is refreshed by `state_dict()` and
 `sync_optimizer()`.
 """
@@ -193,6 +194,9 @@ class Trainer:
         if not isinstance(opt, Optimizer):
             raise TypeError(f"trainer: opt must be an rlxc.optim optimizer, got "
                             f"{type(opt).__name__}")
+        from .train import check_schedule
+
+        check_schedule(schedule, "trainer")
         self._f = func
         self.opt = opt
         self.schedule = schedule
@@ -214,21 +218,24 @@ class Trainer:
         self._data_pos = list(range(d0, d1))
         self._fwd_pos = list(range(q0, q1))
         if self._fwd_pos:
-            from .lowp import quantize_named
+            from .train import qat_hook
 
-            self._qf = quantize_named(self.quant)
+            self._qf = qat_hook(self.quant)
         self._scal = np.zeros(len(prog.scalar_names), np.float32)
         args = [None] * q1
+        dtypes = self._param_dtypes()
         for i, n in zip(range(p0, p1), prog.params):
-            args[i] = np.array(params[n], np.float32, copy=True)
+            args[i] = np.array(params[n], dtypes[n], copy=True)  # f64 frozen params stay f64
+        self._frozen = {n: args[i] for i, n in zip(range(p0, p1), prog.params)
+                        if n not in prog.wrt}
         for i, (p, s) in zip(range(s0, s1), prog.slot_args):
             buf = slots.get(p, {}).get(s)
-            shape = args[p0 + prog.params.index(p)].shape
+            shape = self.opt.slot_shape(s, args[p0 + prog.params.index(p)].shape)
             if buf is None:
                 buf = np.zeros(shape, np.float32)
             elif buf.shape != shape:
                 raise ValueError(f"trainer: optimizer state {s!r} of {p!r} has shape "
-                                 f"{buf.shape}, the param has {shape}")
+                                 f"{buf.shape}, expected {shape}")
             args[i] = np.array(buf, np.float32, copy=True)
         args[c0] = self._scal
         state_pos = [p0 + prog.params.index(n) for n in prog.wrt] + list(range(s0, s1))
@@ -260,8 +267,9 @@ class Trainer:
             self._rebuild()
         prog = self._prog
         t = opt.t + 1
-        lr = self.schedule.lr_at(opt.t) if self.schedule is not None else opt.lr
-        prog.scalar_vector(opt, t, lr, out=self._scal)
+        if self.schedule is not None:  # persists, as RLX's `_at` variants do
+            opt.set_lr(self.schedule.lr_at(opt.t))
+        prog.scalar_vector(opt, t, opt.lr, out=self._scal)
         eng = self._engine
         for i, a in zip(self._data_pos, coerce_data(prog, self._f, inputs)):
             eng.set_arg(i, a)
@@ -285,8 +293,16 @@ class Trainer:
             slots.setdefault(p, {})[s] = a
         return params, slots
 
+    def _param_dtypes(self) -> dict:
+        from rlxc.runtime.signature import NP_DTYPES
+
+        return {a.name: NP_DTYPES[a.dtype] for a in self._f.signature() if a.kind == "param"}
+
     def _read_params(self) -> dict:
-        return {n: self._engine.get_arg(i) for n, i in self._param_pos.items()}
+        """Copies of every param: trained ones from the engine, frozen ones as bound
+        (in their declared dtype)."""
+        return {n: self._frozen[n].copy() if n in self._frozen else self._engine.get_arg(i)
+                for n, i in self._param_pos.items()}
 
     def _rebuild(self):
         params = self._read_params()
@@ -333,8 +349,13 @@ class Trainer:
             if tuple(np.shape(params[n])) != want:
                 raise ValueError(f"trainer.load_state_dict: param {n!r} expects shape "
                                  f"{want}, got {tuple(np.shape(params[n]))}")
+        from .checkpoint import to_param_dtype
+
+        dtypes = self._param_dtypes()
+        params = {n: to_param_dtype("trainer.load_state_dict", n, params[n], dtypes[n])
+                  for n in names}
         self.opt.load_state_dict(optim, params=params)
-        self._build({n: np.asarray(params[n], np.float32) for n in names}, self.opt.state)
+        self._build(params, self.opt.state)
 
     def save(self, path) -> None:
         """Write `state_dict()` to a safetensors file."""

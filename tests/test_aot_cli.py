@@ -143,7 +143,7 @@ def _invoke(args):
     (["{d}/models.py:mlp", "--target", "tpu", "--emit", "rlx"], "unknown target 'tpu'; valid: cpu, cuda, x86_64-linux-gnu, aarch64-linux-gnu"),
     (["{d}/models.py:mlp", "--cpu", "pentium9", "--emit", "rlx"], "x86-64-v3"),
     (["{d}/models.py:mlp", "--optimizer", "adagrad", "--train", "--emit", "rlx"],
-     "'sgd', 'adam', 'adamw', 'lion'"),
+     "valid: sgd, adam, adamw, lion, nadamw, radam, lamb, adafactor, muon"),
     (["{d}/models.py:mlp", "--params", "{d}/none.safetensors", "--emit", "rlx"],
      ".safetensors files in"),
     (["{d}/models.py:mlp"], "missing -o OUTDIR"),

@@ -176,7 +176,7 @@ def test_train_step_matches_python_step(arts):
     rlxc.optim.Adam(0.05, weight_decay=0.1), rlxc.optim.Lion(0.01, weight_decay=0.1)],
     ids=["sgd", "sgd-nesterov-wd", "adam-l2", "lion-wd"])
 def test_train_step_every_optimizer(opt, tmp_path):
-    """The C scalar recipe (T_SCALAR_EXPRS + constants) of each optimizer kind."""
+    """The C scalar recipe (Optimizer.scalar_recipe) of each optimizer kind."""
     from rlxc.train import train_step
 
     def lin(s):

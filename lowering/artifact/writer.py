@@ -60,22 +60,10 @@ from rlxc.runtime.loader import (ABI_VERSION, ARTIFACT_FORMAT, ERROR_CODES, ERRO
 from rlxc.runtime.signature import NP_DTYPES
 
 __all__ = ["ArtifactSpec", "TrainSpec", "Progress", "spec_from_func", "build_artifact",
-           "emit_header", "emit_glue", "emit_package", "emit_metadata", "check_header",
-           "T_SCALAR_EXPRS"]
+           "emit_header", "emit_glue", "emit_package", "emit_metadata", "check_header"]
 
 C_TYPES = {"f32": "float", "f64": "double", "i1": "uint8_t", "i32": "int32_t", "i64": "int64_t"}
 BLOB_ALIGN = 64
-
-# t-dependent optimizer scalars as C double expressions of `t` (update number,
-# >= 1) and the hyperparameters (hp_<name>).  Mirrors Optimizer._scalars in
-# rlxc/optim.py; every other scalar is constant (or lr) and baked as a hex float.
-T_SCALAR_EXPRS = {
-    "adam": {"bc1": "1.0 - pow(hp_beta1, (double)t)", "bc2": "1.0 - pow(hp_beta2, (double)t)"},
-    "adamw": {"bc1": "1.0 - pow(hp_beta1, (double)t)", "bc2": "1.0 - pow(hp_beta2, (double)t)"},
-    "sgd": {},
-    "lion": {},
-}
-
 
 # -- what goes into an artifact -------------------------------------------------
 @dataclass
@@ -152,26 +140,10 @@ def train_spec(func, optimizer, max_grad_norm: float = 0.0) -> TrainSpec:
     if math.prod(outs[0]) != 1:
         raise ValueError(f"--train: the first output of {func.name} is the loss and must have "
                          f"one element, got shape {outs[0]}")
-    kind = optimizer.kind
-    if kind not in T_SCALAR_EXPRS:
-        raise ValueError(f"--train: optimizer {kind!r} has no C scalar recipe; "
-                         f"valid: {sorted(T_SCALAR_EXPRS)}")
     prog = step_program(func, optimizer, None, max_grad_norm)
     lr = float(optimizer.lr)
-    s1 = optimizer.step_scalars(1, lr)
-    s2 = optimizer.step_scalars(7, lr * 0.5 + 1.0)
-    exprs = T_SCALAR_EXPRS[kind]
-    src = []
-    for n in prog.scalar_names:
-        if n == "lr":
-            src.append(("lr",))
-        elif n in exprs:
-            src.append(("expr", exprs[n]))
-        elif s1[n] == s2[n]:
-            src.append(("const", float(s1[n])))
-        else:
-            raise ValueError(f"--train: optimizer scalar {n!r} of {kind} changes per step but "
-                             "has no C expression (T_SCALAR_EXPRS)")
+    recipe = optimizer.scalar_recipe()  # C expressions of t and lr (rlxc/optim.py)
+    src = [recipe[n] for n in prog.scalar_names]
     return TrainSpec(prog, optimizer, lr, list(prog.scalar_names), src,
                      dict(optimizer.hyperparams()))
 
