@@ -6,7 +6,7 @@
       │ --train --optimizer K --lr X   (adds NAME_train_step from rlxc/train.py's step)
       ├─► --emit rlx|loops|llvm|asm|ptx   print that stage to stdout, build nothing
       ▼
-    lowering/artifact/writer.py: OUTDIR/libNAME.so NAME.h NAME.json NAME/__init__.py
+    rlxc/export.py (spec) → lowering/artifact/writer.py: OUTDIR/libNAME.so NAME.h NAME.json NAME/
 
 Transform expressions are parsed by a tiny recursive-descent parser (no
 eval): `NAME` or `NAME(arg, key=value, ...)` where a value is an identifier
@@ -416,7 +416,7 @@ def compile_cmd(src, outdir, name, target, cpu, transforms, params_file, emit, t
         raise click.BadParameter(f"{name!r} is not a C identifier usable as a Python package "
                                  "name", param_hint="'--name'")
 
-    from rlxc.lowering.artifact import writer as aot
+    from rlxc import export as aot
 
     progress = aot.Progress(name or os.path.basename(src), verbose).start()
     ok = False

@@ -22,7 +22,8 @@ import pytest
 
 pytest.importorskip("rlxc.lowering.cpu.driver", reason="lowering/cpu/driver.py not available")
 
-from rlxc.lowering.artifact import writer as aot  # noqa: E402
+from rlxc import export as aot  # noqa: E402
+from rlxc.lowering.artifact.cc import check_header  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLE = os.path.join(os.path.dirname(HERE), "examples", "embed_c")
@@ -103,8 +104,8 @@ def test_two_threads_two_contexts(build):
 def test_header_is_strict_c99_and_cpp17(build):
     for name in ("mlp", "tiny"):
         h = str(build / name / f"{name}.h")
-        aot.check_header(h, "c")
-        aot.check_header(h, "c++")
+        check_header(h, "c")
+        check_header(h, "c++")
 
 
 ERRORS_C = textwrap.dedent(r"""

@@ -295,7 +295,7 @@ def test_progress_lines(capsys):
     import io
     import time
 
-    from rlxc.lowering.artifact.writer import Progress
+    from rlxc.lowering.artifact.progress import Progress
 
     buf = io.StringIO()
     p = Progress("m", verbose=True, stream=buf, after=0.0).start()

@@ -23,7 +23,7 @@ from rlxc import ArtifactError, NameLookupError, ShapeError
 
 pytest.importorskip("rlxc.lowering.cpu.driver", reason="lowering/cpu/driver.py not available")
 
-from rlxc.lowering.artifact import writer as aot  # noqa: E402
+from rlxc import export as aot  # noqa: E402
 from rlxc.runtime import load  # noqa: E402
 
 

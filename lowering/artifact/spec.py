@@ -1,0 +1,70 @@
+"""What goes into an artifact: ArtifactSpec (+ TrainSpec for --train), as plain data.
+
+The specs are built on the rlxc/ side (rlxc/export.py: `spec_from_func`,
+`train_spec`) and consumed here by the fillers and the writer, which never
+import rlxc's API layer.  `T_SCALAR_EXPRS` is the C side of the optimizers'
+per-step scalars; `blob_layout` places the baked params in the read-only blob.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+__all__ = ["ArtifactSpec", "TrainSpec", "T_SCALAR_EXPRS", "BLOB_ALIGN", "blob_layout"]
+
+BLOB_ALIGN = 64
+
+# t-dependent optimizer scalars as C double expressions of `t` (update number,
+# >= 1) and the hyperparameters (hp_<name>).  Mirrors Optimizer._scalars in
+# rlxc/optim.py; every other scalar is constant (or lr) and baked as a hex float.
+T_SCALAR_EXPRS = {
+    "adam": {"bc1": "1.0 - pow(hp_beta1, (double)t)", "bc2": "1.0 - pow(hp_beta2, (double)t)"},
+    "adamw": {"bc1": "1.0 - pow(hp_beta1, (double)t)", "bc2": "1.0 - pow(hp_beta2, (double)t)"},
+    "sgd": {},
+    "lion": {},
+}
+
+
+@dataclass
+class TrainSpec:
+    """The --train part: the step function and how its arguments map to the context."""
+
+    program: object              # rlxc.train.StepProgram
+    optimizer: object            # rlxc.optim.Optimizer (its hyperparameters)
+    lr: float
+    scalar_names: list           # names in opt_scalars, in order
+    scalar_src: list             # per scalar: ("lr",) | ("const", float32) | ("expr", C text)
+    hp: dict                     # hyperparameters (floats) used by the expressions
+
+
+@dataclass
+class ArtifactSpec:
+    name: str                    # the artifact's C symbol prefix and package name
+    func: object                 # the forward Func
+    inputs: list                 # TensorSpec
+    outputs: list
+    params: list
+    baked: dict = field(default_factory=dict)   # param name -> array (declared dtype)
+    train: TrainSpec | None = None
+    target: str = "cpu"
+    cpu: str = "native"
+    transforms: list = field(default_factory=list)
+    source: str = ""
+    version: str = "unknown"     # the rlxc that builds it (rlxc.__version__)
+
+    def ir_hash(self) -> str:
+        h = hashlib.sha256(self.func.mlir().encode())
+        if self.train is not None:
+            h.update(b"\0train\0" + self.train.program.func.mlir().encode())
+        return h.hexdigest()
+
+
+def blob_layout(spec: ArtifactSpec) -> tuple[dict, int]:
+    """(param name -> byte offset in the blob, blob size): baked params, each BLOB_ALIGN-aligned."""
+    off, layout = 0, {}
+    for t in spec.params:
+        if t.baked:
+            off = -(-off // BLOB_ALIGN) * BLOB_ALIGN
+            layout[t.name] = off
+            off += spec.baked[t.name].nbytes
+    return layout, off

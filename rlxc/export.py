@@ -1,0 +1,91 @@
+"""Func-level orchestration of AOT artifacts: what a Func's artifact holds.
+
+    Func (transformed, params bound or baked)  [+ optimizer for --train]
+          │ spec_from_func: signature → TensorSpecs, baked params checked and cast
+          │ train_spec: rlxc/train.py's step program + the C recipe of its scalars
+          ▼
+    ArtifactSpec ─► rlxc.lowering.artifact.writer.build_artifact(spec, outdir)
+
+This is the API side of `rlxc compile`; lowering/artifact/ only fills
+templates and runs cc from the plain-data spec, and never imports rlxc's API.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from rlxc.lowering.artifact.progress import Progress
+from rlxc.lowering.artifact.spec import T_SCALAR_EXPRS, ArtifactSpec, TrainSpec
+from rlxc.lowering.artifact.writer import build_artifact
+from rlxc.runtime.loader import TensorSpec
+from rlxc.runtime.signature import NP_DTYPES
+
+__all__ = ["spec_from_func", "train_spec", "build_artifact", "Progress", "ArtifactSpec",
+           "TrainSpec"]
+
+
+def spec_from_func(func, name: str, baked: dict | None = None, *, cpu: str = "native",
+                   target: str = "cpu", transforms=(), source: str = "") -> ArtifactSpec:
+    """Describe `func`'s artifact; `baked` (default: the Func's bound params) is checked
+    against the declared shapes and converted to the declared dtypes."""
+    import rlxc
+    from rlxc.dialect import module as M
+    from rlxc.dialect.types import dtype_of, shape_of
+
+    sig = func.signature()
+    inputs = [TensorSpec(a.name, "input", tuple(a.shape), a.dtype)
+              for a in sig if a.kind == "input"]
+    outs = M.outputs(M.get_func(func.module))
+    outputs = [TensorSpec(f"out{i}", "output", shape_of(v.type), dtype_of(v.type))
+               for i, v in enumerate(outs)]
+    baked = dict(func.params() if baked is None else baked)
+    params = []
+    for a in sig:
+        if a.kind != "param":
+            continue
+        if a.name in baked:
+            arr = np.ascontiguousarray(np.asarray(baked[a.name]), NP_DTYPES[a.dtype])
+            if arr.size != math.prod(a.shape):
+                raise ValueError(f"baked param {a.name!r}: {arr.size} elements, declared "
+                                 f"shape {tuple(a.shape)}")
+            baked[a.name] = arr.reshape(tuple(a.shape))
+        params.append(TensorSpec(a.name, "param", tuple(a.shape), a.dtype, a.name in baked))
+    unknown = [k for k in baked if k not in {p.name for p in params}]
+    if unknown:
+        raise ValueError(f"baked params {unknown} are not params of {func.name}; "
+                         f"params: {[p.name for p in params]}")
+    return ArtifactSpec(name, func, inputs, outputs, params, baked, None, target, cpu,
+                        list(transforms), source, rlxc.__version__)
+
+
+def train_spec(func, optimizer, max_grad_norm: float = 0.0) -> TrainSpec:
+    """Build the step program of rlxc/train.py for `func` and the scalar recipe."""
+    from rlxc.train import step_program
+
+    outs = func.output_shapes()
+    if math.prod(outs[0]) != 1:
+        raise ValueError(f"--train: the first output of {func.name} is the loss and must have "
+                         f"one element, got shape {outs[0]}")
+    kind = optimizer.kind
+    if kind not in T_SCALAR_EXPRS:
+        raise ValueError(f"--train: optimizer {kind!r} has no C scalar recipe; "
+                         f"valid: {sorted(T_SCALAR_EXPRS)}")
+    prog = step_program(func, optimizer, None, max_grad_norm)
+    lr = float(optimizer.lr)
+    s1 = optimizer.step_scalars(1, lr)
+    s2 = optimizer.step_scalars(7, lr * 0.5 + 1.0)
+    exprs = T_SCALAR_EXPRS[kind]
+    src = []
+    for n in prog.scalar_names:
+        if n == "lr":
+            src.append(("lr",))
+        elif n in exprs:
+            src.append(("expr", exprs[n]))
+        elif s1[n] == s2[n]:
+            src.append(("const", float(s1[n])))
+        else:
+            raise ValueError(f"--train: optimizer scalar {n!r} of {kind} changes per step but "
+                             "has no C expression (T_SCALAR_EXPRS)")
+    return TrainSpec(prog, optimizer, lr, list(prog.scalar_names), src,
+                     dict(optimizer.hyperparams()))
