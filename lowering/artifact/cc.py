@@ -3,7 +3,12 @@
     glue.c ──cc -c──► glue.o      blob.s ──cc -c──► blob.o
     kernel objects + glue.o + blob.o ──cc -shared (version script)──► libNAME.so
 
-Every failure raises RuntimeError with the command and cc's own message.
+The version script exports the documented ABI (the glue's `API` functions)
+and makes every other symbol local: kernel entry points, the OpenMP thread
+setting, sgemm.  Two rlxc libraries in one process therefore never bind to
+each other's internals (a call through the PLT would otherwise resolve to the
+first library loaded).  Every failure raises RuntimeError with the command
+and cc's own message.
 """
 from __future__ import annotations
 
@@ -12,7 +17,8 @@ import shutil
 import subprocess
 import tempfile
 
-__all__ = ["find_cc", "run_cc", "compile_glue", "assemble", "link_library", "check_header"]
+__all__ = ["find_cc", "run_cc", "compile_glue", "assemble", "link_library", "version_script",
+           "check_header"]
 
 GLUE_FLAGS = ["-std=c99", "-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror",
               "-Wno-unused-function"]
@@ -46,11 +52,41 @@ def assemble(s_path: str, o_path: str) -> bytes:
         return f.read()
 
 
-def link_library(objects: list[bytes], out_path: str) -> str:
-    """Link object bytes into the shared library `out_path` (libgomp, libm); atomic."""
-    from rlxc.lowering.cpu.target import link_shared
+def version_script(exports: list[str]) -> str:
+    """A GNU ld version script exporting `exports` and hiding everything else."""
+    bad = [s for s in exports if not s.isidentifier()]
+    if bad or not exports:
+        raise ValueError(f"version script: exports must be C identifiers, got {bad or exports}")
+    body = "".join(f"    {s};\n" for s in exports)
+    return f"{{\n  global:\n{body}  local:\n    *;\n}};\n"
 
-    return link_shared(objects, out_path)
+
+def link_library(objects: list[bytes], out_path: str, exports: list[str]) -> str:
+    """Link object bytes into the shared library `out_path` exporting only `exports`
+    (libgomp through -fopenmp; libm is recorded only where used); written atomically."""
+    out_path = os.path.abspath(out_path)
+    out_dir = os.path.dirname(out_path)
+    os.makedirs(out_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="rlxc-link-") as tmp:
+        paths = []
+        for i, obj in enumerate(objects):
+            paths.append(os.path.join(tmp, f"part{i}.o"))
+            with open(paths[-1], "wb") as f:
+                f.write(obj)
+        vs = os.path.join(tmp, "exports.map")
+        with open(vs, "w") as f:
+            f.write(version_script(exports))
+        fd, tmp_out = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(out_path), dir=out_dir)
+        os.close(fd)
+        try:
+            run_cc([find_cc(), "-shared", "-fPIC", "-o", tmp_out, *paths, "-fopenmp", "-lm",
+                    f"-Wl,--version-script={vs}"], "linking the library")
+            os.chmod(tmp_out, 0o755)
+            os.replace(tmp_out, out_path)
+        finally:
+            if os.path.exists(tmp_out):
+                os.unlink(tmp_out)
+    return out_path
 
 
 def check_header(header_path: str, lang: str = "c") -> None:

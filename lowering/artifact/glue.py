@@ -26,7 +26,7 @@ from .ctext import c_string, comment, hexd, hexf
 from .spec import BLOB_ALIGN, ArtifactSpec, blob_layout
 from .template import fill
 
-__all__ = ["emit_glue", "emit_blob_asm"]
+__all__ = ["emit_glue", "emit_blob_asm", "exported_symbols"]
 
 
 def _table(prefix: str, lst: list, blob: dict | None = None) -> str:
@@ -88,6 +88,11 @@ def emit_glue(spec: ArtifactSpec, kernel_sym: str, step_sym: str | None = None,
     if spec.train is not None:
         values.update(_train_values(spec), step=step_sym)
     return fill("glue.c.in", values, {"blob": bool(layout), "train": spec.train is not None})
+
+
+def exported_symbols(glue: str, name: str) -> list[str]:
+    """The functions the glue text marks `API` (the documented ABI), in order."""
+    return re.findall(rf"^API [^(\n]*?\b({re.escape(name)}_\w+)\(", glue, re.M)
 
 
 def emit_blob_asm(sym: str, blob_path: str, size: int) -> str:

@@ -29,7 +29,7 @@ import tempfile
 from rlxc.runtime.loader import sha256_file
 
 from . import cc
-from .glue import emit_blob_asm, emit_glue
+from .glue import emit_blob_asm, emit_glue, exported_symbols
 from .header import emit_header
 from .metadata import dump_metadata, emit_metadata
 from .package import emit_package
@@ -105,8 +105,9 @@ def build_artifact(spec: ArtifactSpec, outdir: str, progress: Progress | None = 
             header = emit_header(spec)
             with open(os.path.join(tmp, f"{n}.h"), "w") as f:
                 f.write(header)
+            glue = emit_glue(spec, n, step_sym, errors)
             with open(os.path.join(tmp, "glue.c"), "w") as f:
-                f.write(emit_glue(spec, n, step_sym, errors))
+                f.write(glue)
             objects.append(cc.compile_glue(os.path.join(tmp, "glue.c"), tmp,
                                            os.path.join(tmp, "glue.o")))
         layout, size = blob_layout(spec)
@@ -121,7 +122,7 @@ def build_artifact(spec: ArtifactSpec, outdir: str, progress: Progress | None = 
                                            os.path.join(tmp, "blob.o")))
         with progress.stage("link"):
             lib = os.path.join(outdir, f"lib{n}.so")
-            cc.link_library(objects, lib)
+            cc.link_library(objects, lib, exported_symbols(glue, n))
         with progress.stage("write header, package, json"):
             write_atomic(os.path.join(outdir, f"{n}.h"), header)
             _write_package(spec, outdir)
