@@ -374,7 +374,8 @@ class _Command(click.Command):
 @click.option("--name", help="Artifact name (a C identifier); default: the Func's name.")
 @click.option("--target", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--cpu", "cpu", default="native", show_default=True,
-              help="LLVM CPU name: native, x86-64-v3, skylake-avx512, znver4, ...")
+              help="LLVM CPU name: native (this machine), portable (x86-64-v3: AVX2+FMA, "
+                   "for unknown machines), x86-64-v4, skylake-avx512, znver4, ...")
 @click.option("--transform", "transforms", multiple=True, metavar="EXPR",
               help="grad(wrt=[w]), value_and_grad(wrt=[w]), grad_all, value_and_grad_all, "
                    "vmap(x, 8), jvp(tangent_for=[x]), hvp(wrt=[x]); repeatable, in order.")
@@ -401,8 +402,9 @@ def compile_cmd(src, outdir, name, target, cpu, transforms, params_file, emit, t
 
     if emit is None and not outdir:
         raise click.UsageError("missing -o OUTDIR (or pass --emit STAGE to print a stage)")
-    if cpu not in ("native",) + CPU_NAMES:
-        raise click.BadParameter(f"unknown CPU {cpu!r}; valid: native, {', '.join(CPU_NAMES)}",
+    if cpu not in ("native", "portable") + CPU_NAMES:
+        raise click.BadParameter(f"unknown CPU {cpu!r}; valid: native, portable, "
+                                 f"{', '.join(CPU_NAMES)}",
                                  param_hint="'--cpu'")
     if emit == "ptx" and target != "cuda":
         raise click.UsageError("--emit ptx needs --target cuda")
@@ -445,11 +447,11 @@ def compile_cmd(src, outdir, name, target, cpu, transforms, params_file, emit, t
                 spec.train = aot.train_spec(f, opt, max_grad_norm)
         if emit:
             with progress.stage(f"emit {emit}"):
-                text = emit_stage(emit, f, name, target, cpu)
+                text = emit_stage(emit, f, name, target, spec.cpu)
                 if spec.train is not None:
                     step = spec.train.program.func
                     text += ("\n" if not text.endswith("\n") else "") + \
-                        emit_stage(emit, step, f"{name}_train_step_kernel", target, cpu)
+                        emit_stage(emit, step, f"{name}_train_step_kernel", target, spec.cpu)
             ok = True
             click.echo(text, nl=not text.endswith("\n"))
             return

@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 
+from rlxc.lowering.artifact.isa import PORTABLE_CPU
 from rlxc.lowering.artifact.progress import Progress
 from rlxc.lowering.artifact.spec import T_SCALAR_EXPRS, ArtifactSpec, TrainSpec
 from rlxc.lowering.artifact.writer import build_artifact
@@ -28,11 +29,14 @@ __all__ = ["spec_from_func", "train_spec", "build_artifact", "Progress", "Artifa
 def spec_from_func(func, name: str, baked: dict | None = None, *, cpu: str = "native",
                    target: str = "cpu", transforms=(), source: str = "") -> ArtifactSpec:
     """Describe `func`'s artifact; `baked` (default: the Func's bound params) is checked
-    against the declared shapes and converted to the declared dtypes."""
+    against the declared shapes and converted to the declared dtypes.  `cpu` is an
+    LLVM CPU name, "native" (this machine) or "portable" (PORTABLE_CPU, x86-64-v3)."""
     import rlxc
     from rlxc.dialect import module as M
     from rlxc.dialect.types import dtype_of, shape_of
 
+    if cpu == "portable":
+        cpu = PORTABLE_CPU
     sig = func.signature()
     inputs = [TensorSpec(a.name, "input", tuple(a.shape), a.dtype)
               for a in sig if a.kind == "input"]

@@ -230,7 +230,7 @@ def test_build_py_with_transform(models, tmp_path):
     assert (out / "vg" / "__init__.py").is_file()
     assert "timings for vg" in p.stderr and "link" in p.stderr  # -v: per-stage timings
     meta = json.loads((out / "vg.json").read_text())
-    assert meta["abi_version"] == 1 and meta["target"] == "cpu" and meta["name"] == "vg"
+    assert meta["abi_version"] == 2 and meta["target"] == "cpu" and meta["name"] == "vg"
     assert meta["transforms"] == ["value_and_grad(wrt=[w])"]
     assert meta["library_sha256"] == hashlib.sha256((out / "libvg.so").read_bytes()).hexdigest()
     assert [t["name"] for t in meta["inputs"]] == ["x"]

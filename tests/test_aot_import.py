@@ -90,7 +90,7 @@ def test_load_run_and_metadata(arts):
     m = load(root / "clf")
     assert m.name == "clf" and m.input_names() == ["x", "y"] and m.param_names() == ["w", "b"]
     assert [t.dtype for t in m.inputs] == ["f32", "i32"]
-    assert m.output_shapes() == [(), (6, 3)] and m.metadata["abi_version"] == 1
+    assert m.output_shapes() == [(), (6, 3)] and m.metadata["abi_version"] == 2
     d = _data()
     _close(m.run(**d), f.run_on("interp", **d))
     _close(m.run(d), f.run_on("interp", **d))  # dict form
@@ -232,10 +232,14 @@ def _cc_so(tmp_path, src: str, out):
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(out), str(c)], check=True)
 
 
-def _rehash(d, name="clf"):
+def _rehash(d, name="clf", size=True):
+    """Make the JSON describe the library file as it now is (hash, and size unless told)."""
     from rlxc.runtime.loader import sha256_file
 
-    _edit_json(d, name, lambda m: m.update(library_sha256=sha256_file(d / f"lib{name}.so")))
+    lib = d / f"lib{name}.so"
+    _edit_json(d, name, lambda m: m.update(library_sha256=sha256_file(lib),
+                                           **({"library_size": lib.stat().st_size}
+                                              if size else {})))
 
 
 def _truncate_so(d, tmp_path):
@@ -249,14 +253,19 @@ def _foreign_so(d, tmp_path):
     _rehash(d)
 
 
-def _abi2_so(d, tmp_path):
-    _cc_so(tmp_path, "unsigned clf_abi_version(void) { return 2; }\n", d / "libclf.so")
+def _abi3_so(d, tmp_path):
+    _cc_so(tmp_path, "unsigned clf_abi_version(void) { return 3; }\n", d / "libclf.so")
     _rehash(d)
 
 
 def _half_so(d, tmp_path):  # right ABI symbol, the rest missing
-    _cc_so(tmp_path, "unsigned clf_abi_version(void) { return 1; }\n", d / "libclf.so")
+    _cc_so(tmp_path, "unsigned clf_abi_version(void) { return 2; }\n", d / "libclf.so")
     _rehash(d)
+
+
+def _truncate_rehash(d, tmp_path, size=False):
+    _truncate_so(d, tmp_path)
+    _rehash(d, size=size)
 
 
 def _truncate_json(d, tmp_path):
@@ -265,14 +274,19 @@ def _truncate_json(d, tmp_path):
 
 
 CORRUPTIONS = {
-    "truncated .so": (_truncate_so, "does not match the JSON"),
+    "truncated .so": (_truncate_so, "the JSON records"),
+    "truncated .so, hash edited": (_truncate_rehash, "the JSON records"),
+    "truncated .so, hash and size edited": (lambda d, t: _truncate_rehash(d, t, True),
+                                            "past the end of the file"),
+    "modified .so": (lambda d, t: (d / "libclf.so").write_bytes(
+        (d / "libclf.so").read_bytes()[:-1] + b"\1"), "does not match the JSON"),
     "foreign .so": (_foreign_so, "symbol clf_abi_version missing"),
-    "library ABI 2": (_abi2_so, "library ABI version 2, this runtime supports 1"),
+    "library ABI 3": (_abi3_so, "library ABI version 3, this runtime supports 2"),
     "incomplete .so": (_half_so, "symbol clf_ir_hash missing"),
     "missing .so": (lambda d, t: os.unlink(d / "libclf.so"), "is missing"),
     "truncated json": (_truncate_json, "not valid JSON"),
-    "json ABI 2": (lambda d, t: _edit_json(d, "clf", lambda m: m.update(abi_version=2)),
-                   "artifact ABI version 2, this runtime supports 1"),
+    "json ABI 1": (lambda d, t: _edit_json(d, "clf", lambda m: m.update(abi_version=1)),
+                   "artifact ABI version 1, this runtime supports 2"),
     "foreign json": (lambda d, t: _edit_json(d, "clf", lambda m: m.update(format="onnx")),
                      "not an rlxc artifact"),
     "json missing field": (lambda d, t: _edit_json(d, "clf", lambda m: m.pop("inputs")),
@@ -301,6 +315,20 @@ def test_damaged_artifact_raises(arts, tmp_path, what):
     assert msg in str(e.value), str(e.value)
 
 
+@pytest.mark.parametrize("edit_size", [False, True])
+def test_truncated_library_with_edited_hash_refuses_in_a_subprocess(arts, tmp_path, edit_size):
+    """Issue 13 item 10: dlopen of a truncated .so dies of SIGBUS; the size recorded in the
+    JSON (and, if that was edited too, the ELF segment table) must stop it first."""
+    root, _ = arts
+    d = _copy(root, tmp_path)
+    _truncate_rehash(d, tmp_path, edit_size)
+    script = f"from rlxc.runtime import load; load({str(d)!r})"
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 1, (p.returncode, p.stderr[-500:])
+    assert "ArtifactError" in p.stderr and "truncated" in p.stderr, p.stderr[-500:]
+
+
 def test_damaged_package_import_fails_cleanly(arts, tmp_path):
     root, _ = arts
     d = _copy(root, tmp_path)
@@ -308,7 +336,7 @@ def test_damaged_package_import_fails_cleanly(arts, tmp_path):
     script = f"import sys; sys.path.insert(0, {str(d)!r}); import clf"
     p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                        timeout=120)
-    assert p.returncode == 1 and "ArtifactError" in p.stderr and "sha256" in p.stderr
+    assert p.returncode == 1 and "ArtifactError" in p.stderr and "truncated" in p.stderr
 
 
 def test_rebuild_in_place_loads_the_new_library(arts, tmp_path):

@@ -19,6 +19,7 @@ import re
 
 import numpy as np
 
+from rlxc.runtime.cpufeatures import FEATURES
 from rlxc.runtime.loader import ABI_VERSION
 from rlxc.runtime.signature import NP_DTYPES
 
@@ -66,12 +67,25 @@ def _train_values(spec: ArtifactSpec) -> dict:
             "hp_lines": hp, "scalar_lines": "\n".join(sc), "nw": len(prog.wrt)}
 
 
+def _cpu_rows(features) -> str:
+    rows = []
+    for f in features:
+        _, (leaf, sub, reg, bit), xcr0 = FEATURES[f]
+        rows.append(f"    {{{c_string(f)}, {leaf:#x}u, {sub}u, {reg}, {bit}, {xcr0:#x}u}},")
+    return "\n".join(rows)
+
+
 def emit_glue(spec: ArtifactSpec, kernel_sym: str, step_sym: str | None = None,
-              errors: dict | None = None) -> str:
+              errors: dict | None = None, cpu_features=(), cpu_label: str | None = None) -> str:
     """The C glue implementing NAME.h on top of the kernel entry points.
 
-    `errors` maps (kernel symbol, return code) to the message of that code."""
+    `errors` maps (kernel symbol, return code) to the message of that code;
+    `cpu_features` (runtime/cpufeatures.py names) are checked with cpuid before
+    any kernel runs, and `cpu_label` names the CPU in the refusal."""
     n = spec.name
+    unknown = [f for f in cpu_features if f not in FEATURES]
+    if unknown:
+        raise ValueError(f"emit_glue: unknown CPU features {unknown}")
     layout, _ = blob_layout(spec)
     ke = []
     for (sym, code), msg in sorted((errors or {}).items()):
@@ -84,10 +98,14 @@ def emit_glue(spec: ArtifactSpec, kernel_sym: str, step_sym: str | None = None,
         "par_table": _table("PAR", spec.params, layout),
         "blob_ptr": f"rlx_{n}_blob + PAR[i].blob_off" if layout else "NULL",
         "kernel_errors": "".join(ke), "abi": ABI_VERSION, "ir_hash": c_string(spec.ir_hash()),
+        "cpu_name": c_string(cpu_label or spec.cpu),
     }
+    if cpu_features:
+        values["cpu_rows"] = _cpu_rows(cpu_features)
     if spec.train is not None:
         values.update(_train_values(spec), step=step_sym)
-    return fill("glue.c.in", values, {"blob": bool(layout), "train": spec.train is not None})
+    return fill("glue.c.in", values, {"blob": bool(layout), "train": spec.train is not None,
+                                      "cpu_check": bool(cpu_features)})
 
 
 def exported_symbols(glue: str, name: str) -> list[str]:

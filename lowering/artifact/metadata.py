@@ -26,7 +26,10 @@ def _tensors(lst, baked=False):
     return out
 
 
-def emit_metadata(spec: ArtifactSpec, lib_sha256: str) -> dict:
+def emit_metadata(spec: ArtifactSpec, lib_sha256: str, lib_size: int = 0,
+                  cpu_features=()) -> dict:
+    """The JSON object of NAME.json; `lib_size` and `lib_sha256` describe the library
+    file, `cpu_features` the instruction-set features its code may use."""
     train = None
     if spec.train is not None:
         tr = spec.train
@@ -53,6 +56,8 @@ def emit_metadata(spec: ArtifactSpec, lib_sha256: str) -> dict:
         "ir_hash": spec.ir_hash(),
         "library": f"lib{n}.so",
         "library_sha256": lib_sha256,
+        "library_size": lib_size,
+        "cpu_features": list(cpu_features),
         "header": f"{n}.h",
         "package": n,
         "inputs": _tensors(spec.inputs),

@@ -28,7 +28,7 @@ import tempfile
 
 from rlxc.runtime.loader import sha256_file
 
-from . import cc
+from . import cc, isa
 from .glue import emit_blob_asm, emit_glue, exported_symbols
 from .header import emit_header
 from .metadata import dump_metadata, emit_metadata
@@ -89,6 +89,12 @@ def build_artifact(spec: ArtifactSpec, outdir: str, progress: Progress | None = 
         raise ValueError(f"unknown target {spec.target!r}; valid: cpu, cuda")
     n = spec.name
     os.makedirs(outdir, exist_ok=True)
+    features = isa.required_features(spec.cpu)
+    label = spec.cpu
+    if spec.cpu in ("native", "host", ""):
+        from rlxc.lowering.cpu.target import host_cpu_name
+
+        label = f"native ({host_cpu_name()})"
     arts = [_compile_kernel(spec.func.module, n, spec.cpu, progress)]
     step_sym = None
     if spec.train is not None:
@@ -105,7 +111,7 @@ def build_artifact(spec: ArtifactSpec, outdir: str, progress: Progress | None = 
             header = emit_header(spec)
             with open(os.path.join(tmp, f"{n}.h"), "w") as f:
                 f.write(header)
-            glue = emit_glue(spec, n, step_sym, errors)
+            glue = emit_glue(spec, n, step_sym, errors, features, label)
             with open(os.path.join(tmp, "glue.c"), "w") as f:
                 f.write(glue)
             objects.append(cc.compile_glue(os.path.join(tmp, "glue.c"), tmp,
@@ -126,7 +132,7 @@ def build_artifact(spec: ArtifactSpec, outdir: str, progress: Progress | None = 
         with progress.stage("write header, package, json"):
             write_atomic(os.path.join(outdir, f"{n}.h"), header)
             _write_package(spec, outdir)
-            meta = emit_metadata(spec, sha256_file(lib))
+            meta = emit_metadata(spec, sha256_file(lib), os.path.getsize(lib), features)
             write_atomic(os.path.join(outdir, f"{n}.json"), dump_metadata(meta))
     return meta
 
@@ -154,7 +160,7 @@ def build_cuda_artifact(spec: ArtifactSpec, outdir: str, progress: Progress | No
         lib = os.path.join(outdir, f"{n}.rlxcuda")
         write_atomic(lib, dump_artifact(art.meta, blobs))
         _write_package(spec, outdir)
-        meta = emit_metadata(spec, sha256_file(lib))
+        meta = emit_metadata(spec, sha256_file(lib), os.path.getsize(lib))
         meta.update(library=f"{n}.rlxcuda", header=None, cpu=None, cpu_name=None,
                     arch=art.meta.get("arch"), cubin=art.cubin is not None,
                     cuda_params={k: [off, spec.baked[k].nbytes] for k, off in layout.items()})
