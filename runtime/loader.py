@@ -5,7 +5,7 @@ Purpose
 `load(OUTDIR)` returns a `CompiledModule` whose `.run(**inputs)` calls the
 native library through its C ABI (`NAME_create`, `NAME_run`, ...) and returns
 a list of NumPy arrays, like `Func.run`.  The generated `import NAME` package
-is a thin wrapper over it.  Only NumPy, ctypes and the standard library are
+is a thin wrapper over the same object (one per artifact and process).  Only NumPy, ctypes and the standard library are
 used: importing this module never imports xdsl or llvmlite.
 
 Algorithm (check everything before handing the .so to the dynamic loader)
@@ -598,7 +598,26 @@ class CompiledModule:
                f"outputs={len(self.outputs)})"
 
 
-def load(outdir, name: str | None = None) -> CompiledModule:
+_SHARED: dict[str, CompiledModule] = {}  # real path of NAME.json -> the module loaded from it
+_SHARED_LOCK = threading.Lock()
+
+
+def load(outdir, name: str | None = None, *, new: bool = False) -> CompiledModule:
     """Load the artifact in `outdir` (a directory written by `rlxc compile -o`, or
-    its NAME.json).  Raises ArtifactError for anything missing, damaged or foreign."""
-    return CompiledModule(find_metadata(outdir, name))
+    its NAME.json).  Raises ArtifactError for anything missing, damaged or foreign.
+
+    Like `import NAME`, it gives one module per artifact and process: the same
+    object as the package's `NAME.module` (same params, same context), until
+    the artifact is rebuilt.  `new=True` gives a module of its own (a fresh
+    context: params set on it do not show elsewhere)."""
+    path = find_metadata(outdir, name)
+    if new:
+        return CompiledModule(path)
+    key = os.path.realpath(path)
+    with _SHARED_LOCK:
+        mod = _SHARED.get(key)
+        if mod is not None and read_metadata(path)["library_sha256"] == \
+                mod.metadata["library_sha256"]:
+            return mod
+        mod = _SHARED[key] = CompiledModule(path)
+        return mod

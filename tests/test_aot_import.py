@@ -136,13 +136,71 @@ def test_unset_params_and_set_param(arts):
 
 def test_contexts_are_independent(arts):
     root, f = arts
-    a, b = load(root / "clf"), load(root / "clf")
+    a, b = load(root / "clf", new=True), load(root / "clf", new=True)
     d = _data()
     before = a.run(**d)
     b.set_param("b", np.array([5.0, -5.0, 0.0], np.float32))
     _close(a.run(**d), before)
     _close(b.run(**d), f.with_param("b", [5.0, -5.0, 0.0]).run_on("interp", **d))
     np.testing.assert_array_equal(a.get_param("b"), f.params()["b"])  # baked data untouched
+
+
+def test_load_returns_the_module_import_gives(arts, tmp_path, monkeypatch):
+    """Issue 13 item 11: one module per artifact, whether loaded or imported."""
+    root, f = arts
+    d = _copy(root, tmp_path, "clfu")
+    m = load(d)
+    assert load(d) is m and load(d / "clfu.json") is m and load(d, new=True) is not m
+    m.set_param("w", f.params()["w"])
+    monkeypatch.syspath_prepend(str(d))
+    monkeypatch.delitem(sys.modules, "clfu", raising=False)
+    import clfu
+
+    try:
+        assert clfu.module is m and clfu.run == m.run
+        assert clfu.module.unset_params() == ["b"]  # the param set through load() shows
+    finally:
+        sys.modules.pop("clfu", None)
+
+
+NUMPY_ONLY = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    sys.path.insert(0, sys.argv[1])
+    import clf
+    x = np.asarray(json.loads(sys.argv[2]), np.float32)
+    y = np.asarray(json.loads(sys.argv[3]), np.int32)
+    outs = clf.run(x=x, y=y)
+    print(json.dumps({"outs": [o.tolist() for o in outs],
+                      "runtime": type(clf.module).__module__,
+                      "rlxc": sorted(m for m in sys.modules if m.split(".")[0] == "rlxc")}))
+""")
+
+
+@pytest.mark.slow
+def test_import_with_numpy_only(arts, tmp_path):
+    """Issue 13 item 9: a fresh venv holding NumPy and nothing else imports and runs the
+    package (it carries its runtime in NAME/_runtime)."""
+    root, f = arts
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    py = str(venv / "bin" / "python")
+    p = subprocess.run([sys.executable, "-m", "pip", "--python", py, "install", "-q",
+                        "--disable-pip-version-check", f"numpy=={np.__version__}"],
+                       capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        pytest.skip(f"cannot install numpy into a fresh venv: {p.stderr.strip()[-300:]}")
+    probe = subprocess.run([py, "-c", "import rlxc"], capture_output=True, text=True)
+    assert probe.returncode != 0, "the fresh venv must not see rlxc"
+    d = _copy(root, tmp_path)
+    data = _data()
+    p = subprocess.run([py, "-c", NUMPY_ONLY, str(d), json.dumps(data["x"].tolist()),
+                        json.dumps(data["y"].tolist())], capture_output=True, text=True,
+                       timeout=120, cwd=str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout)
+    assert res["rlxc"] == [] and res["runtime"] == "clf._runtime.loader", res
+    _close([np.asarray(o, np.float32) for o in res["outs"]], f.run_on("interp", **data))
 
 
 def test_train_step_matches_python_step(arts):

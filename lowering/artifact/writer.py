@@ -32,7 +32,7 @@ from . import cc, isa
 from .glue import emit_blob_asm, emit_glue, exported_symbols
 from .header import emit_header
 from .metadata import dump_metadata, emit_metadata
-from .package import emit_package
+from .package import emit_package, runtime_files
 from .progress import NoProgress, Progress
 from .spec import ArtifactSpec, blob_layout
 
@@ -75,8 +75,16 @@ def _blob_bytes(spec: ArtifactSpec) -> bytes:
 
 
 def _write_package(spec: ArtifactSpec, outdir: str) -> None:
+    """NAME/__init__.py and NAME/_runtime/ (stale runtime files of an older build removed)."""
     pkg = os.path.join(outdir, spec.name)
-    os.makedirs(pkg, exist_ok=True)
+    rt = os.path.join(pkg, "_runtime")
+    os.makedirs(rt, exist_ok=True)
+    files = runtime_files()
+    for f in os.listdir(rt):
+        if f.endswith(".py") and f not in files:
+            os.unlink(os.path.join(rt, f))
+    for f, data in files.items():
+        write_atomic(os.path.join(rt, f), data)
     write_atomic(os.path.join(pkg, "__init__.py"), emit_package(spec))
 
 
