@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-import keyword
 import os
 import re
 import sys
@@ -262,6 +261,8 @@ def load_source(src: str, verbose: bool = False):
     sys.path.insert(0, d)
     try:
         spec.loader.exec_module(mod)
+    except SystemExit as e:
+        raise click.ClickException(f"importing {path} called sys.exit({e.code!r})") from None
     except Exception as e:
         _user_error(f"importing {path} failed", e, verbose)
     finally:
@@ -277,6 +278,9 @@ def load_source(src: str, verbose: bool = False):
                                  f"{', '.join(names) or '(none)'}", param_hint="SRC")
     try:
         f = fn()
+    except SystemExit as e:
+        raise click.ClickException(f"{path}:{factory}() called sys.exit({e.code!r}) instead "
+                                   "of returning an rlxc.Func") from None
     except Exception as e:
         _user_error(f"{path}:{factory}() failed", e, verbose)
     if not isinstance(f, Func):
@@ -371,7 +375,8 @@ class _Command(click.Command):
 @click.argument("src")
 @click.option("-o", "--output", "outdir", type=click.Path(file_okay=False),
               help="Output directory for libNAME.so, NAME.h, NAME.json and NAME/.")
-@click.option("--name", help="Artifact name (a C identifier); default: the Func's name.")
+@click.option("--name", help="Artifact name (a C identifier, not a Python keyword or a "
+                              "standard module); default: the Func's name made C-safe.")
 @click.option("--target", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--cpu", "cpu", default="native", show_default=True,
               help="LLVM CPU name: native (this machine), portable (x86-64-v3: AVX2+FMA, "
@@ -413,10 +418,13 @@ def compile_cmd(src, outdir, name, target, cpu, transforms, params_file, emit, t
     if emit in ("loops", "llvm", "asm") and target == "cuda":
         raise click.UsageError(f"--emit {emit} is a CPU stage; with --target cuda use "
                                "--emit rlx or --emit ptx")
-    if name is not None and (not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name)
-                             or keyword.iskeyword(name)):
-        raise click.BadParameter(f"{name!r} is not a C identifier usable as a Python package "
-                                 "name", param_hint="'--name'")
+    from rlxc.lowering.artifact.spec import check_name
+
+    if name is not None:
+        try:
+            check_name(name)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="'--name'") from None
 
     from rlxc import export as aot
 
@@ -425,7 +433,12 @@ def compile_cmd(src, outdir, name, target, cpu, transforms, params_file, emit, t
     try:
         with progress.stage("load source"):
             f = load_source(src, verbose)
-        name = name or f.name
+        if name is None:
+            name = f.symbol
+            try:
+                check_name(name)
+            except ValueError as e:
+                raise click.ClickException(f"the Func {f.name!r}: {e}") from None
         progress.label = name
         for t in transforms:
             with progress.stage(f"transform {t}"):

@@ -17,7 +17,7 @@ import numpy as np
 
 from rlxc.lowering.artifact.isa import PORTABLE_CPU
 from rlxc.lowering.artifact.progress import Progress
-from rlxc.lowering.artifact.spec import T_SCALAR_EXPRS, ArtifactSpec, TrainSpec
+from rlxc.lowering.artifact.spec import T_SCALAR_EXPRS, ArtifactSpec, TrainSpec, check_name
 from rlxc.lowering.artifact.writer import build_artifact
 from rlxc.runtime.loader import TensorSpec
 from rlxc.runtime.signature import NP_DTYPES
@@ -26,15 +26,19 @@ __all__ = ["spec_from_func", "train_spec", "build_artifact", "Progress", "Artifa
            "TrainSpec"]
 
 
-def spec_from_func(func, name: str, baked: dict | None = None, *, cpu: str = "native",
-                   target: str = "cpu", transforms=(), source: str = "") -> ArtifactSpec:
-    """Describe `func`'s artifact; `baked` (default: the Func's bound params) is checked
-    against the declared shapes and converted to the declared dtypes.  `cpu` is an
+def spec_from_func(func, name: str | None = None, baked: dict | None = None, *,
+                   cpu: str = "native", target: str = "cpu", transforms=(),
+                   source: str = "") -> ArtifactSpec:
+    """Describe `func`'s artifact named `name` (default: the Func's C-safe symbol, so a
+    Func named "my-model" gives my_model; names that are Python keywords or that would
+    shadow a module raise ValueError); `baked` (default: the Func's bound params) is
+    checked against the declared shapes and converted to the declared dtypes.  `cpu` is an
     LLVM CPU name, "native" (this machine) or "portable" (PORTABLE_CPU, x86-64-v3)."""
     import rlxc
     from rlxc.dialect import module as M
     from rlxc.dialect.types import dtype_of, shape_of
 
+    name = check_name(func.symbol if name is None else name)
     if cpu == "portable":
         cpu = PORTABLE_CPU
     sig = func.signature()

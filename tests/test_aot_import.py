@@ -203,6 +203,34 @@ def test_import_with_numpy_only(arts, tmp_path):
     _close([np.asarray(o, np.float32) for o in res["outs"]], f.run_on("interp", **data))
 
 
+@pytest.mark.parametrize("fname, art", [("tensor", "tensor"), ("layer.0", "layer_0"),
+                                        ("my-model", "my_model")])
+def test_any_func_name_builds(tmp_path, fname, art):
+    """Issue 13 item 11: Func names are any string; the artifact takes a C-safe symbol
+    (and "tensor" once collided with a type of the glue)."""
+    f = rlxc.Func(fname, lambda s: (s.input("x", (3,)) * s.param("w", (3,))).sum()
+                  ).init_randn(seed=1, stddev=1.0)
+    assert f.symbol == art
+    aot.build_artifact(aot.spec_from_func(f), str(tmp_path))
+    m = load(tmp_path)
+    x = np.array([1.0, 2.0, 3.0], np.float32)
+    assert m.name == art
+    _close(m.run(x=x), f.run_on("interp", x=x))
+    _close(f.run(x=x), f.run_on("interp", x=x))
+
+
+@pytest.mark.parametrize("name, msg", [("for", "Python keyword"), ("json", "shadow"),
+                                       ("numpy", "shadow"), ("a-b", "not a C identifier")])
+def test_bad_artifact_names_are_rejected(name, msg):
+    """Issue 13 item 20: a package named like a keyword or a module cannot be imported."""
+    f = rlxc.Func("f", lambda s: s.input("x", (3,)) * 2.0)
+    with pytest.raises(ValueError, match=msg):
+        aot.spec_from_func(f, name)
+    with pytest.raises(ValueError, match=msg if name != "a-b" else "keyword"):
+        aot.spec_from_func(rlxc.Func(name if name != "a-b" else "if", lambda s: s.input(
+            "x", (3,)) * 2.0))
+
+
 def test_train_step_matches_python_step(arts):
     from rlxc.train import train_step
 

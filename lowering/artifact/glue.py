@@ -43,7 +43,7 @@ def _table(prefix: str, lst: list, blob: dict | None = None) -> str:
                     f"{prefix}_dims{i}, {t.numel}u, {esz}u, {off}}},")
     if not rows:
         rows.append("    {\"\", \"\", 0, NULL, 0u, 0u, -1},")
-    lines.append(f"static const rlx_tensor {prefix}[] = {{\n" + "\n".join(rows) + "\n};")
+    lines.append(f"static const tensor_info {prefix}[] = {{\n" + "\n".join(rows) + "\n};")
     return "\n".join(lines)
 
 

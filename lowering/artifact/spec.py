@@ -8,9 +8,18 @@ per-step scalars; `blob_layout` places the baked params in the read-only blob.
 from __future__ import annotations
 
 import hashlib
+import keyword
+import re
+import sys
 from dataclasses import dataclass, field
 
-__all__ = ["ArtifactSpec", "TrainSpec", "T_SCALAR_EXPRS", "BLOB_ALIGN", "blob_layout"]
+__all__ = ["ArtifactSpec", "TrainSpec", "T_SCALAR_EXPRS", "BLOB_ALIGN", "blob_layout",
+           "check_name"]
+
+# Package names an artifact must not take: `import NAME` would find the module
+# instead, or hide it from everything else on the path (the standard library,
+# and what the package itself imports).
+SHADOWED = frozenset(sys.stdlib_module_names) | {"numpy", "rlxc"}
 
 BLOB_ALIGN = 64
 
@@ -57,6 +66,21 @@ class ArtifactSpec:
         if self.train is not None:
             h.update(b"\0train\0" + self.train.program.func.mlir().encode())
         return h.hexdigest()
+
+
+def check_name(name: str) -> str:
+    """`name` if it can prefix the C symbols and name the Python package; else ValueError."""
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise ValueError(f"artifact name {name!r} is not a C identifier ([A-Za-z_][A-Za-z0-9_]*); "
+                         "it prefixes every C symbol and names the Python package")
+    if keyword.iskeyword(name):
+        raise ValueError(f"artifact name {name!r} is a Python keyword: `import {name}` could "
+                         "never work; choose another name (rlxc compile --name)")
+    if name in SHADOWED:
+        raise ValueError(f"artifact name {name!r} is the name of the module {name!r} (standard "
+                         "library or numpy/rlxc): the package would shadow it or be shadowed; "
+                         "choose another name (rlxc compile --name)")
+    return name
 
 
 def blob_layout(spec: ArtifactSpec) -> tuple[dict, int]:
