@@ -69,3 +69,23 @@ def test_filler_is_strict(monkeypatch):
     with pytest.raises(ValueError, match="without @if@"):
         template.fill("stray.in", {})
 
+
+
+def test_train_header_comment_is_one_line_per_entry():
+    """Issue 13 item 11: the --train paragraph of the header comment started on the last
+    signature line ("... (baked) *")."""
+    import rlxc
+    from rlxc import export
+    from rlxc.lowering.artifact.header import emit_header
+
+    f = rlxc.Func("t", lambda s: ((s.input("x", (2, 3)) @ s.param("w", (3, 1))) ** 2).sum()
+                  ).init_randn(seed=0, stddev=0.5)
+    spec = export.spec_from_func(f, "t")
+    spec.train = export.train_spec(f, rlxc.optim.SGD(0.1))
+    head = emit_header(spec).split("\n */\n", 1)[0].splitlines()
+    assert head[0].startswith("/* t.h") and all(ln.startswith(" *") for ln in head[1:]), head
+    sig = [ln for ln in head if ln.startswith(" *   param ")]
+    assert sig == [" *   param   0  w                f32 [3, 1] (baked)"], sig
+    i = head.index(sig[-1])
+    assert head[i + 1:i + 3] == [" *", " * Training (compiled with --train --optimizer sgd, "
+                                       "lr 0.1):"], head[i:i + 3]
