@@ -6,7 +6,7 @@
       │ --train --optimizer K --lr X   (adds NAME_train_step from rlxc/train.py's step)
       ├─► --emit rlx|loops|llvm|asm|ptx   print that stage to stdout, build nothing
       ▼
-    lowering/artifact/writer.py: OUTDIR/libNAME.so NAME.h NAME.json NAME/__init__.py
+    rlxc/export.py (spec) → lowering/artifact/writer.py: OUTDIR/libNAME.so NAME.h NAME.json NAME/
 
 Transform expressions are parsed by a tiny recursive-descent parser (no
 eval): `NAME` or `NAME(arg, key=value, ...)` where a value is an identifier
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-import keyword
 import os
 import re
 import sys
@@ -59,8 +58,8 @@ def cpu_targets() -> tuple[str, ...]:
 def resolve_cpu_target(target: str, cpu: str) -> tuple[str, str]:
     """(--target, --cpu) -> (artifact target "cpu"|"cuda", the backend's cpu string)."""
     if target in ("cpu", "cuda"):
-        if cpu not in ("native",) + CPU_NAMES:
-            raise click.BadParameter(f"unknown CPU {cpu!r}; valid: native, "
+        if cpu not in ("native", "portable") + CPU_NAMES:
+            raise click.BadParameter(f"unknown CPU {cpu!r}; valid: native, portable, "
                                      f"{', '.join(CPU_NAMES)}", param_hint="'--cpu'")
         return target, cpu
     from rlxc.lowering.cpu.target import TARGETS, host_target
@@ -69,11 +68,13 @@ def resolve_cpu_target(target: str, cpu: str) -> tuple[str, str]:
     if tgt is None:
         raise click.BadParameter(f"unknown target {target!r}; valid: cpu, cuda, "
                                  f"{', '.join(TARGETS)}", param_hint="'--target'")
-    names = AARCH64_CPU_NAMES if tgt.arch == "aarch64" else CPU_NAMES
+    names = AARCH64_CPU_NAMES if tgt.arch == "aarch64" else ("portable",) + CPU_NAMES
     if cpu == "native":
         if tgt.arch == host_target().arch:
             return "cpu", "native"
         return "cpu", tgt.name
+    if cpu == "portable" and tgt.arch == "x86_64":
+        cpu = "x86-64-v3"
     if cpu not in names:
         raise click.BadParameter(f"unknown CPU {cpu!r} for {tgt.name}; valid: native, "
                                  f"{', '.join(names)}", param_hint="'--cpu'")
@@ -299,6 +300,8 @@ def load_source(src: str, verbose: bool = False):
     sys.path.insert(0, d)
     try:
         spec.loader.exec_module(mod)
+    except SystemExit as e:
+        raise click.ClickException(f"importing {path} called sys.exit({e.code!r})") from None
     except Exception as e:
         _user_error(f"importing {path} failed", e, verbose)
     finally:
@@ -314,6 +317,9 @@ def load_source(src: str, verbose: bool = False):
                                  f"{', '.join(names) or '(none)'}", param_hint="SRC")
     try:
         f = fn()
+    except SystemExit as e:
+        raise click.ClickException(f"{path}:{factory}() called sys.exit({e.code!r}) instead "
+                                   "of returning an rlxc.Func") from None
     except Exception as e:
         _user_error(f"{path}:{factory}() failed", e, verbose)
     if not isinstance(f, Func):
@@ -445,12 +451,14 @@ class _Command(click.Command):
 @click.argument("src")
 @click.option("-o", "--output", "outdir", type=click.Path(file_okay=False),
               help="Output directory for libNAME.so, NAME.h, NAME.json and NAME/.")
-@click.option("--name", help="Artifact name (a C identifier); default: the Func's name.")
+@click.option("--name", help="Artifact name (a C identifier, not a Python keyword or a "
+                              "standard module); default: the Func's name made C-safe.")
 @click.option("--target", default="cpu", show_default=True,
               help="cpu (this machine's architecture), cuda, or a CPU target to "
                    "cross-compile for: x86_64-linux-gnu, aarch64-linux-gnu.")
 @click.option("--cpu", "cpu", default="native", show_default=True,
-              help="LLVM CPU name: native, x86-64-v3, skylake-avx512, znver4, ...; with "
+              help="LLVM CPU name: native (this machine), portable (x86-64-v3: AVX2+FMA, "
+                   "for unknown machines), x86-64-v4, skylake-avx512, znver4, ...; with "
                    "--target aarch64-linux-gnu: generic, neoverse-n1, cortex-a72, ...")
 @click.option("--transform", "transforms", multiple=True, metavar="EXPR",
               help="grad(wrt=[w]), value_and_grad(wrt=[w]), grad_all, value_and_grad_all, "
@@ -487,19 +495,27 @@ def compile_cmd(src, outdir, name, target, cpu, transforms, params_file, emit, t
     if emit in ("loops", "llvm", "asm") and target == "cuda":
         raise click.UsageError(f"--emit {emit} is a CPU stage; with --target cuda use "
                                "--emit rlx or --emit ptx")
-    if name is not None and (not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name)
-                             or keyword.iskeyword(name)):
-        raise click.BadParameter(f"{name!r} is not a C identifier usable as a Python package "
-                                 "name", param_hint="'--name'")
+    from rlxc.lowering.artifact.spec import check_name
 
-    from rlxc.lowering.artifact import writer as aot
+    if name is not None:
+        try:
+            check_name(name)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="'--name'") from None
+
+    from rlxc import export as aot
 
     progress = aot.Progress(name or os.path.basename(src), verbose).start()
     ok = False
     try:
         with progress.stage("load source"):
             f = load_source(src, verbose)
-        name = name or f.name
+        if name is None:
+            name = f.symbol
+            try:
+                check_name(name)
+            except ValueError as e:
+                raise click.ClickException(f"the Func {f.name!r}: {e}") from None
         progress.label = name
         for t in transforms:
             with progress.stage(f"transform {t}"):
@@ -521,11 +537,11 @@ def compile_cmd(src, outdir, name, target, cpu, transforms, params_file, emit, t
                 spec.train = aot.train_spec(f, opt, max_grad_norm)
         if emit:
             with progress.stage(f"emit {emit}"):
-                text = emit_stage(emit, f, name, target, cpu)
+                text = emit_stage(emit, f, name, target, spec.cpu)
                 if spec.train is not None:
                     step = spec.train.program.func
                     text += ("\n" if not text.endswith("\n") else "") + \
-                        emit_stage(emit, step, f"{name}_train_step_kernel", target, cpu)
+                        emit_stage(emit, step, f"{name}_train_step_kernel", target, spec.cpu)
             ok = True
             click.echo(text, nl=not text.endswith("\n"))
             return

@@ -269,7 +269,7 @@ def _compile_entry(d, key, func, cpu, opt, threads) -> CpuLibrary:
     tmp_so = os.path.join(work, f".tmp-{key[:16]}-{os.getpid()}-{uuid.uuid4().hex[:8]}.so")
     try:
         with _compile_lock:  # LLVM's global context is not thread-safe
-            art = compile_cpu(func.module, func.name, cpu=cpu, opt=opt, so_path=tmp_so,
+            art = compile_cpu(func.module, func.symbol, cpu=cpu, opt=opt, so_path=tmp_so,
                               max_threads=threads)
         STATS["compiles"] += 1
         sha, size = _sha256(tmp_so)
@@ -305,7 +305,7 @@ def cuda_program(func, arch: str | None = None):
         from rlxc.lowering.gpu.driver import compile_cuda
 
         STATS["compiles"] += 1
-        prog = _cuda_programs[key] = compile_cuda(func.module, func.name, arch=arch).program()
+        prog = _cuda_programs[key] = compile_cuda(func.module, func.symbol, arch=arch).program()
     return prog
 
 

@@ -34,8 +34,8 @@ class Func:
     Tensor or a tuple/list of Tensors (several outputs)."""
 
     def __init__(self, name: str, build=None, *, module=None, params=None):
-        if not isinstance(name, str) or not name.isidentifier():
-            raise ValueError(f"Func name must be a C identifier, got {name!r}")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"Func name must be a non-empty string, got {name!r}")
         if (build is None) == (module is None):
             raise TypeError("Func(name, build): give a build function")
         self.name = name
@@ -53,6 +53,11 @@ class Func:
         self._hash = None
         for k, v in (params or {}).items():
             self._bound[k] = self._coerce_param(k, v)
+
+    @property
+    def symbol(self) -> str:
+        """The C-safe symbol of this Func's compiled code and artifacts (`c_symbol(name)`)."""
+        return c_symbol(self.name)
 
     # -- construction ------------------------------------------------------
     @classmethod
@@ -369,6 +374,14 @@ def default_device() -> str:
     except ImportError:
         return "interp"
     return "cpu"
+
+
+def c_symbol(name: str) -> str:
+    """A C identifier for any Func name: every character outside [A-Za-z0-9_] becomes
+    "_", and a leading digit gets a "_" prefix ("my-model" -> "my_model", "layer.0" ->
+    "layer_0")."""
+    sym = "".join(c if c.isascii() and (c.isalnum() or c == "_") else "_" for c in name)
+    return "_" + sym if not sym or sym[0].isdigit() else sym
 
 
 def _trace(name: str, build):

@@ -5,26 +5,33 @@ Purpose
 `load(OUTDIR)` returns a `CompiledModule` whose `.run(**inputs)` calls the
 native library through its C ABI (`NAME_create`, `NAME_run`, ...) and returns
 a list of NumPy arrays, like `Func.run`.  The generated `import NAME` package
-is a thin wrapper over it.  Only NumPy, ctypes and the standard library are
+is a thin wrapper over the same object (one per artifact and process).  Only NumPy, ctypes and the standard library are
 used: importing this module never imports xdsl or llvmlite.
 
 Algorithm (check everything before handing the .so to the dynamic loader)
 -------------------------------------------------------------------------
 1. Find `NAME.json` in OUTDIR (or the one given), parse it and validate its
    schema field by field: format marker, ABI version, names/shapes/dtypes of
-   every input, output and param, the library file name and its sha256.
-2. Hash the library file and compare with the JSON: a truncated, replaced or
-   foreign `.so` is rejected here, before `dlopen` could crash the process.
-3. `dlopen` it, look up every ABI symbol, compare `NAME_abi_version()` with
-   ours and the library's own metadata tables (counts, names, ranks, dims)
-   with the JSON.  Any mismatch raises `ArtifactError`.
-4. Create one C context per `CompiledModule` (its own workspace and params).
+   every input, output and param, the library file name, size and sha256,
+   the CPU features its code uses.
+2. Compare the library's size with the JSON, check that its ELF header and
+   every loadable segment lie inside the file, then hash it: a truncated,
+   replaced or foreign `.so` is rejected here, before `dlopen` could crash
+   the process (a truncated mapping dies of SIGBUS).
+3. Compare the CPU features with this CPU's (runtime/cpufeatures.py): a
+   library built for a newer CPU refuses, naming the missing features,
+   instead of dying of SIGILL at its first call.
+4. `dlopen` it, look up every ABI symbol, compare `NAME_abi_version()` with
+   ours, ask the library's own cpuid check (`NAME_check_cpu`), and compare
+   its metadata tables (counts, names, ranks, dims) with the JSON.  Any
+   mismatch raises `ArtifactError`.
+5. Create one C context per `CompiledModule` (its own workspace and params).
    Calls into the library release the GIL (ctypes), so two modules can run
    concurrently from two threads; calls on one module are serialized by a lock.
 
 A `--target cuda` artifact has no C library: its "library" is NAME.rlxcuda,
 runtime/cuda.py's container (PTX, cubin, launch plan) plus a "params" blob of
-the baked params; steps 1-2 are the same, then runtime/cuda.py loads it on
+the baked params; steps 1-2 (less the ELF check) are the same, then runtime/cuda.py loads it on
 the GPU (CudaUnavailable, an RlxError, where there is none).
 """
 from __future__ import annotations
@@ -36,16 +43,18 @@ import math
 import os
 import re
 import shutil
+import struct
 import tempfile
 import threading
 from dataclasses import dataclass
 
 import numpy as np
 
+from .cpufeatures import missing_features
 from .errors import ArtifactError, NameLookupError, RlxError, ShapeError
 from .signature import NP_DTYPES, coerce
 
-ABI_VERSION = 1
+ABI_VERSION = 2  # 2: NAME_check_cpu, RLX_ERR_CPU
 ARTIFACT_FORMAT = "rlxc-artifact"
 TARGETS = ("cpu", "cuda")
 
@@ -59,6 +68,7 @@ ERROR_CODES = {
     "RLX_ERR_NOMEM": 5,
     "RLX_ERR_KERNEL": 6,
     "RLX_ERR_ARG": 7,
+    "RLX_ERR_CPU": 8,
 }
 ERROR_DOCS = {
     "RLX_ERR_NULL": "a required pointer argument is NULL",
@@ -68,6 +78,7 @@ ERROR_DOCS = {
     "RLX_ERR_NOMEM": "out of memory",
     "RLX_ERR_KERNEL": "the compiled code reported a failure (e.g. index out of range)",
     "RLX_ERR_ARG": "invalid argument value (lr < 0 or NaN; ABI/header mismatch)",
+    "RLX_ERR_CPU": "this CPU lacks an instruction-set feature the library was built for",
 }
 _CODE_NAMES = {v: k for k, v in ERROR_CODES.items()}
 
@@ -151,6 +162,11 @@ def validate_metadata(meta, path: str = "<metadata>") -> dict:
     sha = _req(meta, "library_sha256", str, path)
     if not _HEX64.match(sha):
         _fail(path, "library_sha256 must be 64 lowercase hex digits")
+    if _req(meta, "library_size", int, path) < 0:
+        _fail(path, "library_size must be >= 0")
+    feats = _req(meta, "cpu_features", list, path)
+    if not all(isinstance(f, str) for f in feats):
+        _fail(path, "cpu_features must be a list of strings")
     _tensor_list(meta, "inputs", "input", path)
     _tensor_list(meta, "outputs", "output", path)
     _tensor_list(meta, "params", "param", path)
@@ -206,6 +222,30 @@ def read_metadata(path: str) -> dict:
     return validate_metadata(meta, path)
 
 
+def check_elf(path: str, size: int) -> None:
+    """Raise ArtifactError unless `path` is a 64-bit little-endian ELF shared object whose
+    header tables and loadable segments all lie within its `size` bytes."""
+    with open(path, "rb") as f:
+        hdr = f.read(64)
+        if len(hdr) < 64 or hdr[:4] != b"\x7fELF":
+            _fail(path, "not an ELF file (truncated or foreign)")
+        if hdr[4] != 2 or hdr[5] != 1 or struct.unpack_from("<H", hdr, 16)[0] != 3:
+            _fail(path, "not a 64-bit little-endian ELF shared object")
+        phoff, shoff = struct.unpack_from("<QQ", hdr, 32)
+        phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", hdr, 54)
+        if phentsize != 56 or phoff + phnum * phentsize > size or \
+                (shnum and shoff + shnum * shentsize > size):
+            _fail(path, f"ELF header tables extend past the end of the file ({size} bytes): "
+                        "truncated")
+        f.seek(phoff)
+        table = f.read(phnum * phentsize)
+    for i in range(phnum):
+        ptype, _, off, _, _, filesz = struct.unpack_from("<IIQQQQ", table, i * phentsize)
+        if ptype == 1 and off + filesz > size:  # PT_LOAD
+            _fail(path, f"loadable segment {i} ends at byte {off + filesz}, past the end of "
+                        f"the file ({size} bytes): truncated")
+
+
 def sha256_file(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -227,6 +267,7 @@ _SIGS = {  # symbol suffix -> (restype, argtypes)
     "get_param": (ctypes.c_int, [_P, ctypes.c_char_p, _P, ctypes.c_size_t]),
     "param_is_set": (ctypes.c_int, [_P, ctypes.c_int]),
     "set_num_threads": (None, [ctypes.c_int]),
+    "check_cpu": (ctypes.c_int, []),
     "num_inputs": (ctypes.c_int, []),
     "num_outputs": (ctypes.c_int, []),
     "num_params": (ctypes.c_int, []),
@@ -325,6 +366,9 @@ class _CpuImpl:
             raise ArtifactError(f"{lib_path}: library ABI version {abi}, this runtime supports "
                                 f"{ABI_VERSION}; recompile it")
         self.fns = _bind(self.lib, name, lib_path, mod.trainable)
+        if self.fns["check_cpu"]() != RLX_OK:
+            msg = (self.fns["last_error"](None) or b"").decode(errors="replace")
+            raise ArtifactError(f"{lib_path}: {msg}")
         ir = (self.fns["ir_hash"]() or b"").decode(errors="replace")
         if ir != mod.metadata["ir_hash"]:
             raise ArtifactError(f"{lib_path}: library built from IR {ir[:16]}..., the JSON "
@@ -337,7 +381,8 @@ class _CpuImpl:
         self.lock = threading.Lock()
         self.ctx = self.fns["create"]()
         if not self.ctx:
-            raise MemoryError(f"{name}_create() failed (out of memory)")
+            msg = (self.fns["last_error"](None) or b"").decode(errors="replace")
+            raise MemoryError(f"{name}_create() failed: {msg or 'out of memory'}")
         self._destroy = self.fns["destroy"]
 
     def __del__(self):
@@ -475,11 +520,23 @@ class CompiledModule:
         if not os.path.isfile(lib_path):
             raise ArtifactError(f"{json_path}: library {lib_path!r} is missing")
         _check_arch(meta, lib_path)
+        size = os.path.getsize(lib_path)
+        if size != meta["library_size"]:
+            raise ArtifactError(f"{lib_path}: {size} bytes, the JSON records "
+                                f"{meta['library_size']}: truncated, modified or from another "
+                                "build; recompile it")
+        if self.target == "cpu":
+            check_elf(lib_path, size)
         digest = sha256_file(lib_path)
         if digest != meta["library_sha256"]:
             raise ArtifactError(f"{lib_path}: sha256 {digest[:16]}... does not match the JSON "
                                 f"({meta['library_sha256'][:16]}...): truncated, modified or "
                                 "from another build; recompile it")
+        missing = missing_features(meta["cpu_features"])
+        if missing:
+            raise ArtifactError(f"{lib_path}: built for CPU {meta.get('cpu_name') or meta['cpu']} "
+                                f"and uses {', '.join(missing)}, which this CPU lacks; rebuild "
+                                "it with rlxc compile --cpu native (or --cpu portable)")
         self._impl = (_CpuImpl if self.target == "cpu" else _CudaImpl)(self, lib_path)
 
     # -- metadata ------------------------------------------------------------
@@ -559,7 +616,26 @@ class CompiledModule:
                f"outputs={len(self.outputs)})"
 
 
-def load(outdir, name: str | None = None) -> CompiledModule:
+_SHARED: dict[str, CompiledModule] = {}  # real path of NAME.json -> the module loaded from it
+_SHARED_LOCK = threading.Lock()
+
+
+def load(outdir, name: str | None = None, *, new: bool = False) -> CompiledModule:
     """Load the artifact in `outdir` (a directory written by `rlxc compile -o`, or
-    its NAME.json).  Raises ArtifactError for anything missing, damaged or foreign."""
-    return CompiledModule(find_metadata(outdir, name))
+    its NAME.json).  Raises ArtifactError for anything missing, damaged or foreign.
+
+    Like `import NAME`, it gives one module per artifact and process: the same
+    object as the package's `NAME.module` (same params, same context), until
+    the artifact is rebuilt.  `new=True` gives a module of its own (a fresh
+    context: params set on it do not show elsewhere)."""
+    path = find_metadata(outdir, name)
+    if new:
+        return CompiledModule(path)
+    key = os.path.realpath(path)
+    with _SHARED_LOCK:
+        mod = _SHARED.get(key)
+        if mod is not None and read_metadata(path)["library_sha256"] == \
+                mod.metadata["library_sha256"]:
+            return mod
+        mod = _SHARED[key] = CompiledModule(path)
+        return mod

@@ -22,7 +22,8 @@ import pytest
 
 pytest.importorskip("rlxc.lowering.cpu.driver", reason="lowering/cpu/driver.py not available")
 
-from rlxc.lowering.artifact import writer as aot  # noqa: E402
+from rlxc import export as aot  # noqa: E402
+from rlxc.lowering.artifact.cc import check_header  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLE = os.path.join(os.path.dirname(HERE), "examples", "embed_c")
@@ -100,11 +101,30 @@ def test_two_threads_two_contexts(build):
     assert "threads: OK" in p.stdout
 
 
+def _needed(lib) -> set[str]:
+    """The short names (gomp, c, m) of the libraries `lib` records as DT_NEEDED."""
+    out = subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True,
+                         check=True).stdout
+    return set(re.findall(r"\(NEEDED\)\s+Shared library: \[lib(\w+)\.so", out))
+
+
+@pytest.mark.skipif(shutil.which("readelf") is None, reason="readelf not found")
+def test_readme_names_the_libraries_the_model_needs(build):
+    """examples/embed_c/README.md's line on libmlp.so names exactly its dependencies
+    (issue 13 item 11: it said libm, which the library does not record)."""
+    text = open(os.path.join(EXAMPLE, "README.md")).read()
+    line = next(ln for ln in text.splitlines() if ln.strip().startswith("libmlp.so"))
+    named = set(re.findall(r"\blib(\w+)\b", line.split(None, 1)[1]))
+    assert named == _needed(build / "mlp" / "libmlp.so"), (line, _needed(build / "mlp" /
+                                                                         "libmlp.so"))
+    assert "m" in _needed(build / "tiny" / "libtiny.so")  # AdamW's pow: "only when it calls it"
+
+
 def test_header_is_strict_c99_and_cpp17(build):
     for name in ("mlp", "tiny"):
         h = str(build / name / f"{name}.h")
-        aot.check_header(h, "c")
-        aot.check_header(h, "c++")
+        check_header(h, "c")
+        check_header(h, "c++")
 
 
 ERRORS_C = textwrap.dedent(r"""

@@ -40,6 +40,17 @@ MODEL_SRC = textwrap.dedent('''
 
     def boom():
         raise RuntimeError("model bug")
+
+    def keyword_name():
+        return rlxc.Func("for", lambda s: s.input("x", (2,)) * 2.0)
+
+    def exits():
+        import sys
+        sys.exit(3)
+
+    def dashed():
+        return rlxc.Func("my-model.v2", lambda s: (s.input("x", (3,)) * s.param("w", (3,))).sum()
+                         ).init_randn(seed=1, stddev=1.0)
 ''')
 
 
@@ -132,8 +143,9 @@ def _invoke(args):
 
 @pytest.mark.parametrize("args, listing", [
     (["{d}/nope.py:mlp", "--emit", "rlx"], "models.py"),
-    (["{d}/models.py:nope", "--emit", "rlx"], "functions in it: boom, mlp, not_a_func, unbound"),
-    (["{d}/models.py", "--emit", "rlx"], "functions in it: boom, mlp"),
+    (["{d}/models.py:nope", "--emit", "rlx"],
+     "functions in it: boom, dashed, exits, keyword_name, mlp, not_a_func, unbound"),
+    (["{d}/models.py", "--emit", "rlx"], "functions in it: boom, dashed, exits"),
     (["{d}/models.py:mlp", "--emit", "rlx", "--transform", "gard(w)"],
      "valid transforms: grad, value_and_grad, grad_all"),
     (["{d}/models.py:mlp", "--emit", "rlx", "--transform", "grad(wrt=[q])"], "valid: x, w, b"),
@@ -148,7 +160,10 @@ def _invoke(args):
      ".safetensors files in"),
     (["{d}/models.py:mlp"], "missing -o OUTDIR"),
     (["{d}/models.py:mlp", "--emit", "ptx"], "--target cuda"),
-    (["{d}/models.py:mlp", "--name", "class", "--emit", "rlx"], "not a C identifier"),
+    (["{d}/models.py:mlp", "--name", "class", "--emit", "rlx"], "is a Python keyword"),
+    (["{d}/models.py:mlp", "--name", "my-model", "--emit", "rlx"], "not a C identifier"),
+    (["{d}/models.py:mlp", "--name", "json", "--emit", "rlx"], "would shadow it"),
+    (["{d}/models.py:mlp", "--name", "numpy", "--emit", "rlx"], "would shadow it"),
     (["{d}/models.py:mlp", "--target", "cuda", "--train", "-o", "{d}/x"], "use --target cpu"),
 ])
 def test_usage_errors(models, args, listing):
@@ -159,12 +174,34 @@ def test_usage_errors(models, args, listing):
     assert "Usage:" in r.output and "Traceback" not in r.output
 
 
-@pytest.mark.parametrize("factory, msg", [("not_a_func", "returned int, not an rlxc.Func"),
-                                          ("boom", "RuntimeError: model bug")])
+@pytest.mark.parametrize("factory, msg", [
+    ("not_a_func", "returned int, not an rlxc.Func"), ("boom", "RuntimeError: model bug"),
+    ("keyword_name", "the Func 'for': artifact name 'for' is a Python keyword"),
+    ("exits", "exits() called sys.exit(3) instead of returning an rlxc.Func")])
 def test_model_errors_exit_1(models, factory, msg):
     d, _ = models
     r = _invoke([f"{d}/models.py:{factory}", "--emit", "rlx"])
     assert r.exit_code == 1 and msg in r.output and "Traceback" not in r.output
+
+
+def test_sys_exit_in_factory_is_reported_in_subprocess(models):
+    d, _ = models
+    p = _rlxc("compile", f"{d}/models.py:exits", "--emit", "rlx", check=False)
+    assert p.returncode == 1 and "called sys.exit(3)" in p.stderr, (p.returncode, p.stderr)
+
+
+@needs_cpu
+def test_any_func_name_gets_a_c_safe_artifact_name(models, tmp_path):
+    d, _ = models
+    out = tmp_path / "dash"
+    _rlxc("compile", f"{d}/models.py:dashed", "-o", str(out))
+    assert sorted(os.listdir(out)) == ["libmy_model_v2.so", "my_model_v2", "my_model_v2.h",
+                                       "my_model_v2.json"]
+    import rlxc.runtime
+
+    m = rlxc.runtime.load(out)
+    assert m.name == "my_model_v2"
+    assert m.run(x=np.ones(3, np.float32))[0].shape == ()
 
 
 def test_usage_error_in_subprocess(models):
@@ -230,7 +267,7 @@ def test_build_py_with_transform(models, tmp_path):
     assert (out / "vg" / "__init__.py").is_file()
     assert "timings for vg" in p.stderr and "link" in p.stderr  # -v: per-stage timings
     meta = json.loads((out / "vg.json").read_text())
-    assert meta["abi_version"] == 1 and meta["target"] == "cpu" and meta["name"] == "vg"
+    assert meta["abi_version"] == 2 and meta["target"] == "cpu" and meta["name"] == "vg"
     assert meta["transforms"] == ["value_and_grad(wrt=[w])"]
     assert meta["library_sha256"] == hashlib.sha256((out / "libvg.so").read_bytes()).hexdigest()
     assert [t["name"] for t in meta["inputs"]] == ["x"]
@@ -295,7 +332,7 @@ def test_progress_lines(capsys):
     import io
     import time
 
-    from rlxc.lowering.artifact.writer import Progress
+    from rlxc.lowering.artifact.progress import Progress
 
     buf = io.StringIO()
     p = Progress("m", verbose=True, stream=buf, after=0.0).start()

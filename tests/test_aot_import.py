@@ -23,7 +23,7 @@ from rlxc import ArtifactError, NameLookupError, ShapeError
 
 pytest.importorskip("rlxc.lowering.cpu.driver", reason="lowering/cpu/driver.py not available")
 
-from rlxc.lowering.artifact import writer as aot  # noqa: E402
+from rlxc import export as aot  # noqa: E402
 from rlxc.runtime import load  # noqa: E402
 
 
@@ -90,7 +90,7 @@ def test_load_run_and_metadata(arts):
     m = load(root / "clf")
     assert m.name == "clf" and m.input_names() == ["x", "y"] and m.param_names() == ["w", "b"]
     assert [t.dtype for t in m.inputs] == ["f32", "i32"]
-    assert m.output_shapes() == [(), (6, 3)] and m.metadata["abi_version"] == 1
+    assert m.output_shapes() == [(), (6, 3)] and m.metadata["abi_version"] == 2
     d = _data()
     _close(m.run(**d), f.run_on("interp", **d))
     _close(m.run(d), f.run_on("interp", **d))  # dict form
@@ -136,13 +136,99 @@ def test_unset_params_and_set_param(arts):
 
 def test_contexts_are_independent(arts):
     root, f = arts
-    a, b = load(root / "clf"), load(root / "clf")
+    a, b = load(root / "clf", new=True), load(root / "clf", new=True)
     d = _data()
     before = a.run(**d)
     b.set_param("b", np.array([5.0, -5.0, 0.0], np.float32))
     _close(a.run(**d), before)
     _close(b.run(**d), f.with_param("b", [5.0, -5.0, 0.0]).run_on("interp", **d))
     np.testing.assert_array_equal(a.get_param("b"), f.params()["b"])  # baked data untouched
+
+
+def test_load_returns_the_module_import_gives(arts, tmp_path, monkeypatch):
+    """Issue 13 item 11: one module per artifact, whether loaded or imported."""
+    root, f = arts
+    d = _copy(root, tmp_path, "clfu")
+    m = load(d)
+    assert load(d) is m and load(d / "clfu.json") is m and load(d, new=True) is not m
+    m.set_param("w", f.params()["w"])
+    monkeypatch.syspath_prepend(str(d))
+    monkeypatch.delitem(sys.modules, "clfu", raising=False)
+    import clfu
+
+    try:
+        assert clfu.module is m and clfu.run == m.run
+        assert clfu.module.unset_params() == ["b"]  # the param set through load() shows
+    finally:
+        sys.modules.pop("clfu", None)
+
+
+NUMPY_ONLY = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    sys.path.insert(0, sys.argv[1])
+    import clf
+    x = np.asarray(json.loads(sys.argv[2]), np.float32)
+    y = np.asarray(json.loads(sys.argv[3]), np.int32)
+    outs = clf.run(x=x, y=y)
+    print(json.dumps({"outs": [o.tolist() for o in outs],
+                      "runtime": type(clf.module).__module__,
+                      "rlxc": sorted(m for m in sys.modules if m.split(".")[0] == "rlxc")}))
+""")
+
+
+@pytest.mark.slow
+def test_import_with_numpy_only(arts, tmp_path):
+    """Issue 13 item 9: a fresh venv holding NumPy and nothing else imports and runs the
+    package (it carries its runtime in NAME/_runtime)."""
+    root, f = arts
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    py = str(venv / "bin" / "python")
+    p = subprocess.run([sys.executable, "-m", "pip", "--python", py, "install", "-q",
+                        "--disable-pip-version-check", f"numpy=={np.__version__}"],
+                       capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        pytest.skip(f"cannot install numpy into a fresh venv: {p.stderr.strip()[-300:]}")
+    probe = subprocess.run([py, "-c", "import rlxc"], capture_output=True, text=True)
+    assert probe.returncode != 0, "the fresh venv must not see rlxc"
+    d = _copy(root, tmp_path)
+    data = _data()
+    p = subprocess.run([py, "-c", NUMPY_ONLY, str(d), json.dumps(data["x"].tolist()),
+                        json.dumps(data["y"].tolist())], capture_output=True, text=True,
+                       timeout=120, cwd=str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout)
+    assert res["rlxc"] == [] and res["runtime"] == "clf._runtime.loader", res
+    _close([np.asarray(o, np.float32) for o in res["outs"]], f.run_on("interp", **data))
+
+
+@pytest.mark.parametrize("fname, art", [("tensor", "tensor"), ("layer.0", "layer_0"),
+                                        ("my-model", "my_model")])
+def test_any_func_name_builds(tmp_path, fname, art):
+    """Issue 13 item 11: Func names are any string; the artifact takes a C-safe symbol
+    (and "tensor" once collided with a type of the glue)."""
+    f = rlxc.Func(fname, lambda s: (s.input("x", (3,)) * s.param("w", (3,))).sum()
+                  ).init_randn(seed=1, stddev=1.0)
+    assert f.symbol == art
+    aot.build_artifact(aot.spec_from_func(f), str(tmp_path))
+    m = load(tmp_path)
+    x = np.array([1.0, 2.0, 3.0], np.float32)
+    assert m.name == art
+    _close(m.run(x=x), f.run_on("interp", x=x))
+    _close(f.run(x=x), f.run_on("interp", x=x))
+
+
+@pytest.mark.parametrize("name, msg", [("for", "Python keyword"), ("json", "shadow"),
+                                       ("numpy", "shadow"), ("a-b", "not a C identifier")])
+def test_bad_artifact_names_are_rejected(name, msg):
+    """Issue 13 item 20: a package named like a keyword or a module cannot be imported."""
+    f = rlxc.Func("f", lambda s: s.input("x", (3,)) * 2.0)
+    with pytest.raises(ValueError, match=msg):
+        aot.spec_from_func(f, name)
+    with pytest.raises(ValueError, match=msg if name != "a-b" else "keyword"):
+        aot.spec_from_func(rlxc.Func(name if name != "a-b" else "if", lambda s: s.input(
+            "x", (3,)) * 2.0))
 
 
 def test_train_step_matches_python_step(arts):
@@ -232,10 +318,14 @@ def _cc_so(tmp_path, src: str, out):
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(out), str(c)], check=True)
 
 
-def _rehash(d, name="clf"):
+def _rehash(d, name="clf", size=True):
+    """Make the JSON describe the library file as it now is (hash, and size unless told)."""
     from rlxc.runtime.loader import sha256_file
 
-    _edit_json(d, name, lambda m: m.update(library_sha256=sha256_file(d / f"lib{name}.so")))
+    lib = d / f"lib{name}.so"
+    _edit_json(d, name, lambda m: m.update(library_sha256=sha256_file(lib),
+                                           **({"library_size": lib.stat().st_size}
+                                              if size else {})))
 
 
 def _truncate_so(d, tmp_path):
@@ -249,14 +339,19 @@ def _foreign_so(d, tmp_path):
     _rehash(d)
 
 
-def _abi2_so(d, tmp_path):
-    _cc_so(tmp_path, "unsigned clf_abi_version(void) { return 2; }\n", d / "libclf.so")
+def _abi3_so(d, tmp_path):
+    _cc_so(tmp_path, "unsigned clf_abi_version(void) { return 3; }\n", d / "libclf.so")
     _rehash(d)
 
 
 def _half_so(d, tmp_path):  # right ABI symbol, the rest missing
-    _cc_so(tmp_path, "unsigned clf_abi_version(void) { return 1; }\n", d / "libclf.so")
+    _cc_so(tmp_path, "unsigned clf_abi_version(void) { return 2; }\n", d / "libclf.so")
     _rehash(d)
+
+
+def _truncate_rehash(d, tmp_path, size=False):
+    _truncate_so(d, tmp_path)
+    _rehash(d, size=size)
 
 
 def _truncate_json(d, tmp_path):
@@ -265,14 +360,19 @@ def _truncate_json(d, tmp_path):
 
 
 CORRUPTIONS = {
-    "truncated .so": (_truncate_so, "does not match the JSON"),
+    "truncated .so": (_truncate_so, "the JSON records"),
+    "truncated .so, hash edited": (_truncate_rehash, "the JSON records"),
+    "truncated .so, hash and size edited": (lambda d, t: _truncate_rehash(d, t, True),
+                                            "past the end of the file"),
+    "modified .so": (lambda d, t: (d / "libclf.so").write_bytes(
+        (d / "libclf.so").read_bytes()[:-1] + b"\1"), "does not match the JSON"),
     "foreign .so": (_foreign_so, "symbol clf_abi_version missing"),
-    "library ABI 2": (_abi2_so, "library ABI version 2, this runtime supports 1"),
+    "library ABI 3": (_abi3_so, "library ABI version 3, this runtime supports 2"),
     "incomplete .so": (_half_so, "symbol clf_ir_hash missing"),
     "missing .so": (lambda d, t: os.unlink(d / "libclf.so"), "is missing"),
     "truncated json": (_truncate_json, "not valid JSON"),
-    "json ABI 2": (lambda d, t: _edit_json(d, "clf", lambda m: m.update(abi_version=2)),
-                   "artifact ABI version 2, this runtime supports 1"),
+    "json ABI 1": (lambda d, t: _edit_json(d, "clf", lambda m: m.update(abi_version=1)),
+                   "artifact ABI version 1, this runtime supports 2"),
     "foreign json": (lambda d, t: _edit_json(d, "clf", lambda m: m.update(format="onnx")),
                      "not an rlxc artifact"),
     "json missing field": (lambda d, t: _edit_json(d, "clf", lambda m: m.pop("inputs")),
@@ -301,6 +401,20 @@ def test_damaged_artifact_raises(arts, tmp_path, what):
     assert msg in str(e.value), str(e.value)
 
 
+@pytest.mark.parametrize("edit_size", [False, True])
+def test_truncated_library_with_edited_hash_refuses_in_a_subprocess(arts, tmp_path, edit_size):
+    """Issue 13 item 10: dlopen of a truncated .so dies of SIGBUS; the size recorded in the
+    JSON (and, if that was edited too, the ELF segment table) must stop it first."""
+    root, _ = arts
+    d = _copy(root, tmp_path)
+    _truncate_rehash(d, tmp_path, edit_size)
+    script = f"from rlxc.runtime import load; load({str(d)!r})"
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 1, (p.returncode, p.stderr[-500:])
+    assert "ArtifactError" in p.stderr and "truncated" in p.stderr, p.stderr[-500:]
+
+
 def test_damaged_package_import_fails_cleanly(arts, tmp_path):
     root, _ = arts
     d = _copy(root, tmp_path)
@@ -308,7 +422,7 @@ def test_damaged_package_import_fails_cleanly(arts, tmp_path):
     script = f"import sys; sys.path.insert(0, {str(d)!r}); import clf"
     p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                        timeout=120)
-    assert p.returncode == 1 and "ArtifactError" in p.stderr and "sha256" in p.stderr
+    assert p.returncode == 1 and "ArtifactError" in p.stderr and "truncated" in p.stderr
 
 
 def test_rebuild_in_place_loads_the_new_library(arts, tmp_path):

@@ -319,7 +319,7 @@ def test_scalar_recipe_is_c_of_t_and_lr_and_refuses_python_branches():
         Stateful(0.1).scalar_recipe()
 
 
-aot = pytest.importorskip("rlxc.lowering.artifact.writer")
+from rlxc import export as aot
 
 
 def test_custom_optimizer_in_the_c_train_step(tmp_path):
