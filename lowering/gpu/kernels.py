@@ -143,8 +143,7 @@ def _finish_row(ctx, k, op, m, acc):
     dt = dtype_of(op.results[0].type)
     b = ctx.b
     if op.name == "rlx.mean":
-        acc = b.fdiv(acc, ir.Constant(S.REG_TYPE[dt], float(K))) if dt in ("f32", "f64") \
-            else b.sdiv(acc, ir.Constant(S.REG_TYPE[dt], K))
+        acc = S.shared.combine(b, "div", acc, S.shared.const(S.REG_TYPE[dt], K), dt)
     ctx.memo = {}
     ctx.hooks = {op.results[0]: lambda idx: [acc]}
     root = k.root

@@ -37,15 +37,17 @@ from xdsl.dialects import func
 from xdsl.ir import OpResult
 
 from rlxc.dialect import module as M
+from rlxc.dialect.shapes import ELEMENTWISE_FAMILIES, ops_where
 from rlxc.dialect.types import dense_value, dtype_of, is_splat, numel, shape_of
 
-ELEMENTWISE_FAMILIES = ("unary", "binary", "compare", "select", "cast")
+# name sets derived from the op properties (dialect/shapes.py)
 ALIAS_OPS = ("rlx.reshape", "rlx.stop_gradient")
-FREE_VIEWS = ("rlx.broadcast_to", "rlx.reshape", "rlx.transpose", "rlx.slice",
-              "rlx.stop_gradient")
+FREE_VIEWS = ops_where(lambda s: s.view) | {"rlx.stop_gradient"}
 MULTI = ("multi",)      # site of a value inlined at several places
-HEAVY_OPS = ("rlx.matmul", "rlx.sum", "rlx.mean", "rlx.max", "rlx.min", "rlx.prod")
-REDUCE_OPS = ("rlx.sum", "rlx.mean", "rlx.max", "rlx.min", "rlx.prod")
+# accumulations: a kernel of their own whose consumers can fuse as its epilogue
+HEAVY_OPS = ops_where(lambda s: s.root and s.family in ("reduce", "matmul"))
+REDUCE_OPS = ops_where(lambda s: s.family == "reduce")
+ROOT_OPS = ops_where(lambda s: s.root)
 DTYPE_BYTES = {"f32": 4, "f64": 8, "i1": 1, "i32": 4, "i64": 8}
 ALIGN = 256
 
@@ -143,7 +145,7 @@ def plan_module(module) -> GpuPlan:
         v = op.results[0]
         if op.name == "rlx.matmul":
             forced.update(matmul_operand_base(o) for o in op.operands)
-        if op.name in HEAVY_OPS or op.name == "rlx.scatter_add":
+        if op.name in ROOT_OPS:
             forced.add(v)
         if op.name == "rlx.constant" and not _is_splat_const(op):
             forced.add(v)
