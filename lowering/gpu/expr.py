@@ -116,6 +116,19 @@ class ExprCtx:
         return self.ptr_of[self.plan.buffer_of[v].id]
 
 
+def check_index(ctx, op, iv, bound: int) -> None:
+    """Index register `iv` (in its own dtype) of gather/scatter_add `op` must lie in
+    [0, bound): otherwise write the op's error code to the error flag (gpu/plan.py step 6;
+    the runtime raises the IndexError the CPU and the interpreter raise)."""
+    code = ctx.plan.error_codes.get(op)
+    if code is None:
+        raise AssertionError(f"{op.name} has no error code in the GPU plan")
+    b = ctx.b
+    bad = b.icmp_unsigned(">=", iv, ir.Constant(iv.type, bound))    # negative: huge unsigned
+    with b.if_then(bad, likely=False):
+        b.store(ir.Constant(I32, code), ctx.ptr_of[ctx.plan.error_buffer.id])
+
+
 # ---------------------------------------------------------------- loads / stores
 
 def element_ptr(ctx, v, lin):
@@ -334,8 +347,10 @@ def _gather(ctx, op, idx):
     k = len(is_)
     b = ctx.b
     (iv,) = value(ctx, ids, Index(ctx, is_, dims=[idx.dim(axis + j) for j in range(k)]))
+    check_index(ctx, op, iv, ts[axis])
     iv = convert(b, iv, dtype_of(ids.type), "i64" if ctx.itype == I64 else "i32")
-    # out-of-range indices are clamped to [0, d) (the interpreter raises IndexError)
+    # out-of-range indices set the error flag (IndexError after the run) and are clamped
+    # to [0, d), so no kernel reads outside the table
     hi = ctx.const(ts[axis] - 1)
     iv = b.select(b.icmp_signed("<", iv, ctx.const(0)), ctx.const(0), iv)
     iv = b.select(b.icmp_signed(">", iv, hi), hi, iv)
