@@ -13,6 +13,11 @@ finds its compiled code in the disk cache never builds IR at all.
 
 `TType` prints as the MLIR type (`tensor<4x3xf32>`), so error messages read
 the same whether they come from the tracer or from the verifier.
+
+Each entry also carries the op's properties (OpShape: cost class, dtypes,
+math kernel, root, combine, view).  Lowering derives every op-name set and the
+transcendentals' lowering rows from them (`ops_where`), so an elementwise op is
+one row here (UNARY_OPS / BINARY_OPS) plus its interpreter and derivative rows.
 """
 from __future__ import annotations
 
