@@ -10,9 +10,11 @@ The NVPTX backend has no lowering for @llvm.exp/log/sin/tanh/pow.f32 (LLVM
 aborts with "no libcall available"), so every transcendental an rlx op needs
 comes from `rlxc.lowering.shared.mathlib` (branch-free Cephes-style kernels, ulp
 bounds in its header) or from this file.  pow(x, y) = exp(y·log|x|), then
-C's / NumPy's rules: y == 0, x == 1 or (x, y) = (-1, +-inf) → 1; an odd integer y keeps the sign of
-x (-0 and -inf included); a finite x < 0 needs an integer y, else NaN.  sqrt is `sqrt.rn`, rsqrt is 1/sqrt.rn (IEEE division),
-so both are correctly rounded or within 1 ulp.
+C's / NumPy's rules: y == 0, x == 1 or (x, y) = (-1, +-inf) → 1; an odd
+integer y keeps the sign of x (-0 and -inf included); a finite x < 0 needs an
+integer y, else NaN.  Error: within 2 + |y·log2|x|| ulp (tests/
+test_edge_semantics.py).  sqrt is `sqrt.rn`, rsqrt is 1/sqrt.rn (IEEE
+division), so both are correctly rounded or within 1 ulp.
 """
 from __future__ import annotations
 
