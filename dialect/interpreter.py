@@ -130,6 +130,20 @@ def _red(fn):
                                                 dtype=x.dtype)
 
 
+def _red_extremum(fn, neg_zero_wins):
+    """np.max/np.min, with -0 < +0 (a zero result's sign does not depend on the order)."""
+    def f(x, axes, keepdims):
+        ax = tuple(axes)
+        r = np.asarray(fn(x, axis=ax, keepdims=keepdims), dtype=x.dtype)
+        if x.dtype.kind != "f" or not x.size:
+            return r
+        z = (x == 0)
+        neg = np.any(z & np.signbit(x), axis=ax, keepdims=keepdims) if neg_zero_wins else \
+            ~np.any(z & ~np.signbit(x), axis=ax, keepdims=keepdims)
+        return np.where(r == 0, np.where(neg, -0.0, 0.0).astype(x.dtype), r)
+    return f
+
+
 EVAL_RULES = {
     # unary
     "rlx.neg": lambda x: -x,
@@ -171,8 +185,8 @@ EVAL_RULES = {
     # reductions
     "rlx.sum": _red(np.sum),
     "rlx.mean": _red(np.mean),
-    "rlx.max": _red(np.max),
-    "rlx.min": _red(np.min),
+    "rlx.max": _red_extremum(np.max, False),
+    "rlx.min": _red_extremum(np.min, True),
     "rlx.prod": _red(np.prod),
     # linear algebra and shape
     "rlx.matmul": np.matmul,

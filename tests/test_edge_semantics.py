@@ -298,8 +298,10 @@ def test_i1_to_float_and_back():
 # ---------------------------------------------------------------- reductions
 
 def test_reductions_propagate_nan_and_inf():
+    """NaN propagates through max/min; -0 < +0 whatever the order of the zeros."""
     x = np.array([[1.0, np.nan, 2.0], [1.0, np.inf, -np.inf], [np.inf, 2.0, 3.0],
-                  [-1e30, -np.inf, 5.0]], np.float32)
+                  [-1e30, -np.inf, 5.0], [-0.0, 0.0, -1.0], [0.0, -0.0, -1.0],
+                  [-0.0, -0.0, 1.0], [0.0, 0.0, 1.0]], np.float32)
     for red in ("max", "min", "sum", "prod"):
         r = Run(f"r_{red}", lambda s, red=red: getattr(s.input("x", x.shape), red)(-1))
         _check_exact(r.all(x=x))

@@ -20,7 +20,8 @@ Edge semantics (decided here once; the NumPy interpreter, dialect/interpreter.py
 implements the same; tests/test_edge_semantics.py runs every op's edge cases
 through the CPU, the GPU emulator and the interpreter):
   compares       ordered (false on NaN) except `ne` (true on NaN); i1 compares unsigned
-  maximum/min    NaN propagates; -0 < +0 (IEEE 754-2019 maximum/minimum, llvm.maximum)
+  maximum/min    NaN propagates; -0 < +0 (IEEE 754-2019 maximum/minimum, llvm.maximum);
+                 the max/min reductions too (so their result does not depend on order)
   relu           NaN passes; relu(-0) = +0
   sign           NaN and +-0 pass through; else +-1
   abs, neg       the sign bit (fabs / fneg); integers wrap (abs(INT_MIN) = INT_MIN)
