@@ -4,6 +4,11 @@ This is the semantic definition of every op and the oracle for every backend
 and transform. `EVAL_RULES` maps an op name to `rule(inputs, **params) -> array`.
 f32 tensors are computed in float32 or, on request, in float64 for gradient
 checks; f64 tensors always in float64; NaN and inf propagate as IEEE says.
+The edge cases NumPy leaves undefined or decides differently follow the rules
+written once in lowering/shared/scalar.py (its header): float -> int casts
+truncate and saturate (NaN -> 0); integer division truncates and saturates,
+x / 0 = 0; integer pow is the f64 pow cast the same way; maximum/minimum order
+-0 < +0; sign keeps +-0.
 """
 from __future__ import annotations
 
@@ -51,6 +56,51 @@ def _fake_quant(x, exp_bits, man_bits, max_normal):
     return quantize(x, exp_bits, man_bits, max_normal).astype(x.dtype)
 
 
+def float_to_int(x, dtype):
+    """Cast float array x to integer dtype: truncate toward zero, saturate, NaN -> 0."""
+    info = np.iinfo(dtype)
+    x = np.asarray(x, dtype=np.float64)
+    t = np.where(np.isnan(x), 0.0, np.trunc(x))
+    lo, hi = t <= float(info.min), t >= float(info.max)   # float(max) may round up
+    out = np.where(lo | hi, 0.0, t).astype(dtype)
+    return np.where(lo, info.min, np.where(hi, info.max, out)).astype(dtype)
+
+
+def _div(a, b):
+    if a.dtype.kind not in "iu":
+        return np.divide(a, b)
+    info = np.iinfo(a.dtype)
+    zero = b == 0
+    ovf = (a == info.min) & (b == -1)
+    d = np.where(zero | ovf, 1, b).astype(a.dtype)
+    q = a // d                                                     # floor ...
+    q = np.where((q * d != a) & ((a < 0) != (d < 0)), q + 1, q)   # ... toward zero
+    return np.where(zero, 0, np.where(ovf, info.max, q)).astype(a.dtype)
+
+
+def _pow(a, b):
+    if a.dtype.kind not in "iu":
+        return np.power(a, b)
+    return float_to_int(np.power(a.astype(np.float64), b.astype(np.float64)), a.dtype)
+
+
+def _extremum(fn, neg_zero_wins):
+    """np.maximum/np.minimum with -0 < +0 (IEEE maximum/minimum, as llvm.maximum)."""
+    def f(a, b):
+        r = fn(a, b)
+        if a.dtype.kind != "f":
+            return r
+        both = (a == 0) & (b == 0)
+        sa, sb = np.signbit(a), np.signbit(b)
+        neg = (sa | sb) if neg_zero_wins else (sa & sb)
+        return np.where(both, np.where(neg, -0.0, 0.0).astype(a.dtype), r)
+    return f
+
+
+def _sign(x):
+    return np.where(x == 0, x, np.sign(x)).astype(x.dtype)     # +-0 and NaN pass
+
+
 def _scatter_add(idx, upd, axis, dim):
     n = idx.ndim
     out_shape = upd.shape[:axis] + (dim,) + upd.shape[axis + n:]
@@ -82,6 +132,20 @@ def _red(fn):
                                                 dtype=x.dtype)
 
 
+def _red_extremum(fn, neg_zero_wins):
+    """np.max/np.min, with -0 < +0 (a zero result's sign does not depend on the order)."""
+    def f(x, axes, keepdims):
+        ax = tuple(axes)
+        r = np.asarray(fn(x, axis=ax, keepdims=keepdims), dtype=x.dtype)
+        if x.dtype.kind != "f" or not x.size:
+            return r
+        z = (x == 0)
+        neg = np.any(z & np.signbit(x), axis=ax, keepdims=keepdims) if neg_zero_wins else \
+            ~np.any(z & ~np.signbit(x), axis=ax, keepdims=keepdims)
+        return np.where(r == 0, np.where(neg, -0.0, 0.0).astype(x.dtype), r)
+    return f
+
+
 EVAL_RULES = {
     # unary
     "rlx.neg": lambda x: -x,
@@ -99,7 +163,7 @@ EVAL_RULES = {
     "rlx.abs": np.abs,
     "rlx.sin": np.sin,
     "rlx.cos": np.cos,
-    "rlx.sign": np.sign,
+    "rlx.sign": _sign,
     "rlx.reciprocal": lambda x: 1 / x,
     "rlx.erf": erf,
     "rlx.stop_gradient": lambda x: x,
@@ -108,10 +172,10 @@ EVAL_RULES = {
     "rlx.add": np.add,
     "rlx.sub": np.subtract,
     "rlx.mul": np.multiply,
-    "rlx.div": np.divide,
-    "rlx.pow": np.power,
-    "rlx.maximum": np.maximum,
-    "rlx.minimum": np.minimum,
+    "rlx.div": _div,
+    "rlx.pow": _pow,
+    "rlx.maximum": _extremum(np.maximum, False),
+    "rlx.minimum": _extremum(np.minimum, True),
     # compare
     "rlx.eq": np.equal,
     "rlx.ne": np.not_equal,
@@ -123,8 +187,8 @@ EVAL_RULES = {
     # reductions
     "rlx.sum": _red(np.sum),
     "rlx.mean": _red(np.mean),
-    "rlx.max": _red(np.max),
-    "rlx.min": _red(np.min),
+    "rlx.max": _red_extremum(np.max, False),
+    "rlx.min": _red_extremum(np.min, True),
     "rlx.prod": _red(np.prod),
     # linear algebra and shape
     "rlx.matmul": np.matmul,
@@ -171,8 +235,9 @@ def interpret(module, args: list[np.ndarray], float_dtype=np.float32) -> list[np
             elif op.name == "rlx.cast":
                 x = env[op.operands[0]]
                 if np.dtype(rdt).kind in "iu" and x.dtype.kind == "f":
-                    x = np.trunc(x)
-                val = x.astype(rdt)
+                    val = float_to_int(x, rdt)
+                else:
+                    val = x.astype(rdt)
             else:
                 rule = EVAL_RULES.get(op.name)
                 if rule is None or not isinstance(op, RlxOp):

@@ -18,7 +18,9 @@ Conventions (documented once, relied on by every pass):
 - expand_dims / squeeze / flatten are `rlx.reshape`; narrow is `rlx.slice`.
 
 Ops are grouped in families (unary, binary, compare, reduce); the transform
-and lowering tables register rules for whole families via `FAMILY`.
+and lowering tables register rules for whole families via `FAMILY`.  The
+properties lowering reads (cost, dtypes, math kernel, ...) sit on the op's
+entry in shapes.py (`SHAPES[name]`, also `cls.PROPS`).
 """
 from __future__ import annotations
 
@@ -103,6 +105,7 @@ class RlxOp(IRDLOperation):
 
     FAMILY: ClassVar[str] = ""
     PARAMS: ClassVar[dict] = {}
+    PROPS: ClassVar = None     # the op's entry in shapes.SHAPES (family, properties)
 
     @staticmethod
     def infer(types, **params):  # pragma: no cover - every op overrides
@@ -168,9 +171,11 @@ def _define(opname: str, summary: str, example: str, fields: dict, fmt: str,
         "name": f"rlx.{opname}",
         "__doc__": doc,
         "__module__": __name__,
-        "__annotations__": {"FAMILY": ClassVar[str], "PARAMS": ClassVar[dict]},
+        "__annotations__": {"FAMILY": ClassVar[str], "PARAMS": ClassVar[dict],
+                            "PROPS": ClassVar[object]},
         "FAMILY": shape.family,
         "PARAMS": dict(shape.params),
+        "PROPS": shape,
         "infer": staticmethod(_on_xdsl(shape.infer)),
         "assembly_format": fmt,
     })
@@ -195,6 +200,7 @@ class ConstantOp(RlxOp):
 
     name = "rlx.constant"
     FAMILY: ClassVar[str] = "constant"
+    PROPS: ClassVar = SHAPES["rlx.constant"]
     _T: ClassVar = VarConstraint("T", AnyAttr())
     value = prop_def(ParamAttrConstraint(DenseIntOrFPElementsAttr, (_T, AnyAttr())))
     result = result_def(_T)
@@ -366,6 +372,7 @@ class CastOp(RlxOp):
 
     name = "rlx.cast"
     FAMILY: ClassVar[str] = "cast"
+    PROPS: ClassVar = SHAPES["rlx.cast"]
     input = operand_def(TensorType)
     result = result_def(TensorType)
     traits = traits_def(Pure())

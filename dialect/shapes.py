@@ -13,6 +13,11 @@ finds its compiled code in the disk cache never builds IR at all.
 
 `TType` prints as the MLIR type (`tensor<4x3xf32>`), so error messages read
 the same whether they come from the tracer or from the verifier.
+
+Each entry also carries the op's properties (OpShape: cost class, dtypes,
+math kernel, root, combine, view).  Lowering derives every op-name set and the
+transcendentals' lowering rows from them (`ops_where`), so an elementwise op is
+one row here (UNARY_OPS / BINARY_OPS) plus its interpreter and derivative rows.
 """
 from __future__ import annotations
 
@@ -134,10 +139,39 @@ PARAM_KINDS = {
 }
 
 
+ALL_DTYPES = DTYPE_NAMES
+ELEMENTWISE_FAMILIES = ("unary", "binary", "compare", "select", "cast")
+
+
 class OpShape(NamedTuple):
+    """An op's entry: family, parameter kinds, shape function, and the properties every
+    lowering reads (the backends' op-name sets are derived from these, never kept by hand).
+
+    cost    "cheap" | "costly" (a division, square root: ~4 adds) | "heavy" (a
+            transcendental: ~10 adds); the schedulers' work estimates
+    dtypes  the element types the backends compute it in (unary/binary families; a
+            dtype outside it is a NotImplementedError naming the op and the dtype)
+    math    the shared math-library kernel that *is* the op (lowering/shared/mathlib.py):
+            its lowering row is `mathlib.emit(b, math, x)`, derived, on every backend
+    root    computed by a kernel of its own (an accumulation or a scatter), never inlined
+            as an expression at one index
+    combine the accumulator update of a reduction ("add", "mul", "max", "min")
+    view    a pure index map (the element at i is the operand's element at f(i))
+    """
+
     family: str
     params: dict          # name -> kind ("ints", "int", "float", "flag")
     infer: Callable       # (types: list[TType], **params) -> (shape, dtype)
+    cost: str = "cheap"
+    dtypes: tuple = ALL_DTYPES
+    math: str | None = None
+    root: bool = False
+    combine: str | None = None
+    view: bool = False
+
+    @property
+    def elementwise(self) -> bool:
+        return self.family in ELEMENTWISE_FAMILIES
 
     def canonical(self, params: dict) -> dict:
         """The op's parameters as stored in the IR (ints, floats, bools, int tuples)."""
@@ -147,8 +181,15 @@ class OpShape(NamedTuple):
 SHAPES: dict[str, OpShape] = {}
 
 
-def _shape(opname: str, family: str, infer: Callable, params: dict | None = None):
-    SHAPES[f"rlx.{opname}"] = OpShape(family, dict(params or {}), infer)
+def _shape(opname: str, family: str, infer: Callable, params: dict | None = None, **props):
+    if props.get("math"):
+        props.setdefault("cost", "heavy")
+    SHAPES[f"rlx.{opname}"] = OpShape(family, dict(params or {}), infer, **props)
+
+
+def ops_where(pred: Callable[[OpShape], bool]) -> frozenset:
+    """Names of the ops whose entry satisfies `pred` (how lowering derives its name sets)."""
+    return frozenset(n for n, s in SHAPES.items() if pred(s))
 
 
 # ---------------------------------------------------------------- constants, casts
@@ -200,39 +241,50 @@ def _compare_infer(opname):
     return infer
 
 
-UNARY = {
-    "neg": "negation, -x",
-    "exp": "e to the x",
-    "log": "natural logarithm",
-    "sqrt": "square root",
-    "rsqrt": "1/sqrt(x)",
-    "tanh": "hyperbolic tangent",
-    "sigmoid": "logistic 1/(1+exp(-x))",
-    "relu": "max(x, 0)",
-    "gelu": "GELU, erf form: 0.5x(1+erf(x/sqrt 2))",
-    "gelu_tanh": "GELU, tanh approximation",
-    "silu": "x*sigmoid(x)",
-    "softplus": "log(1+exp(x)), computed stably",
-    "abs": "absolute value",
-    "sin": "sine",
-    "cos": "cosine",
-    "sign": "sign: -1, 0 or 1 (NaN stays NaN)",
-    "reciprocal": "1/x",
-    "erf": "the error function",
-    "stop_gradient": "identity whose derivative is zero",
+F32 = ("f32",)                    # computed in float32 only (the math library's kernels)
+FLOATS = FLOAT_DTYPES
+NUMBERS = ("f32", "f64", "i32", "i64")   # not on i1 masks
+_HEAVY, _COSTLY = {"cost": "heavy"}, {"cost": "costly"}
+
+# name: (summary, properties).  A transcendental names its math-library kernel (`math`).
+UNARY_OPS = {
+    "neg": ("negation, -x", {"dtypes": FLOATS}),
+    "exp": ("e to the x", {"math": "exp", "dtypes": F32}),
+    "log": ("natural logarithm", {"math": "log", "dtypes": F32}),
+    "sqrt": ("square root", {"dtypes": FLOATS, **_COSTLY}),
+    "rsqrt": ("1/sqrt(x)", {"dtypes": FLOATS, **_COSTLY}),
+    "tanh": ("hyperbolic tangent", {"math": "tanh", "dtypes": F32}),
+    "sigmoid": ("logistic 1/(1+exp(-x))", {"math": "sigmoid", "dtypes": F32}),
+    "relu": ("max(x, 0)", {"dtypes": FLOATS}),
+    "gelu": ("GELU, erf form: 0.5x(1+erf(x/sqrt 2))", {"math": "gelu", "dtypes": F32}),
+    "gelu_tanh": ("GELU, tanh approximation", {"math": "gelu_tanh", "dtypes": F32}),
+    "silu": ("x*sigmoid(x)", {"math": "silu", "dtypes": F32}),
+    "softplus": ("log(1+exp(x)), computed stably", {"math": "softplus", "dtypes": F32}),
+    "abs": ("absolute value", {"dtypes": FLOATS}),
+    "sin": ("sine", {"math": "sin", "dtypes": F32}),
+    "cos": ("cosine", {"math": "cos", "dtypes": F32}),
+    "sign": ("sign: -1, 0 or 1 (NaN stays NaN)", {"dtypes": FLOATS}),
+    "reciprocal": ("1/x", {"dtypes": FLOATS}),
+    "erf": ("the error function", {"math": "erf", "dtypes": F32}),
+    "stop_gradient": ("identity whose derivative is zero", {}),
 }
-BINARY = {
-    "add": "a + b", "sub": "a - b", "mul": "a * b", "div": "a / b",
-    "pow": "a ** b", "maximum": "elementwise max (NaN propagates)",
-    "minimum": "elementwise min (NaN propagates)",
+BINARY_OPS = {
+    "add": ("a + b", {}), "sub": ("a - b", {"dtypes": NUMBERS}), "mul": ("a * b", {}),
+    "div": ("a / b (integers: truncated toward zero, saturating; x/0 = 0)",
+            {"dtypes": NUMBERS, **_COSTLY}),
+    "pow": ("a ** b", {"dtypes": NUMBERS, **_HEAVY}),
+    "maximum": ("elementwise max (NaN propagates)", {}),
+    "minimum": ("elementwise min (NaN propagates)", {}),
 }
+UNARY = {n: s for n, (s, _) in UNARY_OPS.items()}
+BINARY = {n: s for n, (s, _) in BINARY_OPS.items()}
 COMPARE = {"eq": "a == b", "ne": "a != b", "lt": "a < b", "le": "a <= b",
            "gt": "a > b", "ge": "a >= b"}
 
-for _n in UNARY:
-    _shape(_n, "unary", _same_float(_n) if _n != "stop_gradient" else _same_any)
-for _n in BINARY:
-    _shape(_n, "binary", _binary_infer(_n))
+for _n, (_s, _p) in UNARY_OPS.items():
+    _shape(_n, "unary", _same_float(_n) if _n != "stop_gradient" else _same_any, **_p)
+for _n, (_s, _p) in BINARY_OPS.items():
+    _shape(_n, "binary", _binary_infer(_n), **_p)
 for _n in COMPARE:
     _shape(_n, "compare", _compare_infer(_n))
 
@@ -259,7 +311,7 @@ def _infer_fake_quant(types, exp_bits, man_bits, max_normal):
 
 
 _shape("fake_quant", "unary", _infer_fake_quant,
-       {"exp_bits": "int", "man_bits": "int", "max_normal": "float"})
+       {"exp_bits": "int", "man_bits": "int", "max_normal": "float"}, dtypes=F32, cost="costly")
 
 
 # ---------------------------------------------------------------- reductions
@@ -282,8 +334,10 @@ def _reduce_infer(opname):
 
 
 REDUCE = {"sum": "sum", "mean": "mean", "max": "maximum", "min": "minimum", "prod": "product"}
+_COMBINE = {"sum": "add", "mean": "add", "max": "max", "min": "min", "prod": "mul"}
 for _n in REDUCE:
-    _shape(_n, "reduce", _reduce_infer(_n), {"axes": "ints", "keepdims": "flag"})
+    _shape(_n, "reduce", _reduce_infer(_n), {"axes": "ints", "keepdims": "flag"}, root=True,
+           combine=_COMBINE[_n])
 
 
 # ---------------------------------------------------------------- linear algebra
@@ -302,7 +356,7 @@ def _infer_matmul(types, **_):
     return batch + (sa[-2], sb[-1]), a.dtype
 
 
-_shape("matmul", "matmul", _infer_matmul)
+_shape("matmul", "matmul", _infer_matmul, root=True)
 
 
 # ---------------------------------------------------------------- shape ops
@@ -392,11 +446,12 @@ def _infer_scatter_add(types, axis, dim):
     return su[:axis] + (dim,) + su[axis + n:], upd.dtype
 
 
-_shape("transpose", "shape", _infer_transpose, {"perm": "ints"})
-_shape("reshape", "shape", _infer_reshape, {"shape": "ints"})
-_shape("broadcast_to", "shape", _infer_broadcast, {"shape": "ints"})
-_shape("slice", "shape", _infer_slice, {"starts": "ints", "limits": "ints", "strides": "ints"})
+_shape("transpose", "shape", _infer_transpose, {"perm": "ints"}, view=True)
+_shape("reshape", "shape", _infer_reshape, {"shape": "ints"}, view=True)
+_shape("broadcast_to", "shape", _infer_broadcast, {"shape": "ints"}, view=True)
+_shape("slice", "shape", _infer_slice, {"starts": "ints", "limits": "ints", "strides": "ints"},
+       view=True)
 _shape("pad", "shape", _infer_pad, {"low": "ints", "high": "ints"})
 _shape("concat", "variadic", _infer_concat, {"axis": "int"})
 _shape("gather", "gather", _infer_gather, {"axis": "int"})
-_shape("scatter_add", "gather", _infer_scatter_add, {"axis": "int", "dim": "int"})
+_shape("scatter_add", "gather", _infer_scatter_add, {"axis": "int", "dim": "int"}, root=True)

@@ -541,6 +541,8 @@ class CudaProgram:
         self._pinned = None
         if pinned:
             self._setup_pinned()
+        errs = meta.get("errors")   # the index checks' flag (lowering/gpu/plan.py step 6)
+        self._error_flag = (self.ptr[errs["buffer"]], errs["codes"]) if errs else None
 
     # -- host staging
     def _setup_pinned(self):
@@ -620,7 +622,20 @@ class CudaProgram:
                 drv.memcpy_dtoh(dst.ctypes.data, self.ptr[o["buffer"]], dst.nbytes, s)
             outs.append(dst)
         drv.stream_synchronize(s)
+        self._raise_kernel_error()
         return [o.copy() for o in outs] if self._pinned is not None else outs
+
+    def _raise_kernel_error(self) -> None:
+        """Raise what a kernel flagged (an index out of range), as the CPU library does."""
+        if self._error_flag is None:
+            return
+        ptr, codes = self._error_flag
+        flag = np.zeros(1, np.int32)
+        self.driver.memcpy_dtoh(flag.ctypes.data, ptr, 4)
+        code = int(flag[0])
+        if code:
+            exc, msg = codes.get(str(code), ("RuntimeError", f"kernel error code {code}"))
+            raise {"IndexError": IndexError}.get(exc, RlxError)(msg)
 
     def run(self, args) -> list[np.ndarray]:
         """Arrays for every argument (signature order) → output arrays."""

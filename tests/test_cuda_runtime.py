@@ -322,8 +322,9 @@ def test_scatter_memsets_before_launch():
     f = rlxc.Func("sc", build)
     art = gpu_driver.compile_cuda(f.module, ptxas=False)
     ops = [s["op"] for s in art.meta["steps"]]
-    assert ops == ["memset", "launch"]
-    assert art.meta["steps"][0]["buffer"] == art.meta["steps"][1]["args"][0]
+    assert ops == ["memset", "memset", "launch"]    # the index checks' error flag, the output
+    assert art.meta["steps"][0]["buffer"] == art.meta["errors"]["buffer"]
+    assert art.meta["steps"][1]["buffer"] == art.meta["steps"][2]["args"][0]
 
 
 # ---------------------------------------------------------------- on a real GPU

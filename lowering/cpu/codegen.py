@@ -25,7 +25,8 @@ SROA turns into phis.  Accumulator updates of float sums/products carry the
 order changes; see reduce.py for the blocked f64 accumulation that bounds the
 error); a sum of products also carries `contract` on the multiply and the add
 (one FMA per term, as in sgemm); everything else is plain IEEE arithmetic.
-Elementwise ops come from scalar.py (transcendentals from mathlib, no libm
+Elementwise ops come from the shared rule table, lowering/shared/scalar.py
+(LOWER_RULES, through emit_op; transcendentals from mathlib, no libm
 calls).  An sgemm epilogue is
 the same expression tree emitted on <VL x float> vectors inside sgemm's store
 hook; one sgemm function is emitted per distinct epilogue structure.  On
@@ -39,7 +40,7 @@ row by row (For.stream, chosen by schedule.streamable) is not left to the
 vectorizer: it is emitted as scalar iterations up to the first 64-byte
 aligned element, then explicit <VL x float> iterations (leaves contiguous
 along the loop become vector loads, invariant ones a splat, ops the same
-width-generic llvmops rules) whose stores carry !nontemporal and align 64
+width-generic shared rules) whose stores carry !nontemporal and align 64
 (MOVNTPS: no read-for-ownership of lines that are only written), then the
 scalar rest; the kernel ends with an sfence.
 """

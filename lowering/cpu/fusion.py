@@ -38,22 +38,18 @@ import numpy as np
 from xdsl.dialects import func
 
 from rlxc.dialect.module import get_func, outputs
+from rlxc.dialect.shapes import ELEMENTWISE_FAMILIES, SHAPES, ops_where  # noqa: F401
 from rlxc.dialect.types import dense_value, dtype_of, is_splat, numel, shape_of
 
 from rlxc.lowering.cpu import indexing as ix
 from rlxc.lowering.cpu.loops import Buffer, Const, InRange, Load, Op
 
-VIEW_OPS = {"rlx.broadcast_to", "rlx.reshape", "rlx.transpose", "rlx.slice"}
+# name sets derived from the op properties (dialect/shapes.py)
+VIEW_OPS = ops_where(lambda s: s.view)
 FREE_OPS = VIEW_OPS | {"rlx.stop_gradient"}  # never worth a buffer of their own
-ROOT_OPS = {"rlx.matmul", "rlx.concat", "rlx.scatter_add",
-            "rlx.sum", "rlx.mean", "rlx.max", "rlx.min", "rlx.prod"}
-ELEMENTWISE_FAMILIES = {"unary", "binary", "compare", "select", "cast"}
+# roots: the ops computed by a kernel of their own, and concat (the CPU writes it piecewise)
+ROOT_OPS = ops_where(lambda s: s.root) | {"rlx.concat"}
 SUPPORTED_DTYPES = ("f32", "f64", "i1", "i32", "i64")
-# f64 computes exactly like f32 for these; the rest (mathlib transcendentals, fake_quant,
-# matmul) are f32-only and raise NotImplementedError naming the op and dtype.
-F64_OPS = {"neg", "sqrt", "rsqrt", "relu", "abs", "sign", "reciprocal", "stop_gradient", "add",
-           "sub", "mul", "div", "pow", "maximum", "minimum"}
-INT_OPS = {"add", "sub", "mul", "div", "maximum", "minimum", "pow", "stop_gradient"}
 
 
 def unsupported_dtype(opname: str, dtype: str):
@@ -215,9 +211,7 @@ class Gen:
             if name == "rlx.cast":
                 return Op("cast", args, dt)
             params = tuple(sorted(op.params().items())) if name == "rlx.fake_quant" else ()
-            if fam in ("unary", "binary") and (
-                    (dt == "f64" and short not in F64_OPS) or
-                    (dt in ("i1", "i32", "i64") and short not in INT_OPS)):
+            if fam in ("unary", "binary") and dt not in SHAPES[name].dtypes:
                 raise unsupported_dtype(name, dt)
             return Op(short, args, dt, params)
         x = op.operands[0]

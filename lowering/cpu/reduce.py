@@ -26,6 +26,7 @@ like the interpreter's cast.
 """
 from __future__ import annotations
 
+from rlxc.dialect.shapes import SHAPES
 from rlxc.dialect.types import dtype_of, shape_of
 
 from rlxc.lowering.cpu import indexing as ix
@@ -34,7 +35,7 @@ from rlxc.lowering.cpu.loops import Acc, AccDecl, AccRef, Buffer, Const, For, Lo
 from rlxc.lowering.cpu.schedule import collapse, cost, identity, nest
 from rlxc.lowering.cpu.tuning import BLOCK, CHUNK, MAX_CHUNKS, PAR_MIN_WORK, QBLOCK, SPLIT_MIN
 
-COMBINE = {"sum": "add", "mean": "add", "prod": "mul", "max": "max", "min": "min"}
+COMBINE = {n[4:]: s.combine for n, s in SHAPES.items() if s.combine}   # dialect/shapes.py
 BOOL_COMBINE = {"add": "or", "mul": "and", "max": "or", "min": "and"}
 
 

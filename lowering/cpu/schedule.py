@@ -28,8 +28,7 @@ sequentially (error grows like n * 2^-24 relative to sum |x|).
 """
 from __future__ import annotations
 
-import math
-
+from rlxc.dialect.shapes import SHAPES
 from rlxc.dialect.types import dtype_of, numel, shape_of
 
 from rlxc.lowering.cpu import indexing as ix
@@ -37,20 +36,20 @@ from rlxc.lowering.cpu.fusion import ELEMENTWISE_FAMILIES, Gen, Plan, const_byte
 from rlxc.lowering.cpu.loops import (Buffer, CheckKernel, Const, For, InRange, Load, LoopKernel, Op, Program,
                     Store, walk_expr)
 
+from rlxc.lowering.shared.scalar import identity as scalar_identity
 from rlxc.lowering.cpu.tuning import (BLOCK, CHUNK, MAX_CHUNKS, PAR_MIN_WORK,  # noqa: F401
                                        SGEMM_PAR_MIN, SPLIT_MIN, STREAM_MIN_BYTES,
                                        STREAM_MIN_ROW)
 
-HEAVY = {"exp", "log", "tanh", "sigmoid", "gelu", "gelu_tanh", "silu", "softplus", "sin",
-         "cos", "erf", "pow"}
+# work units of one element of each loop-IR op, from the op's cost class (dialect/shapes.py)
+COST = {name[4:]: {"cheap": 1, "costly": 4, "heavy": 10}[s.cost] for name, s in SHAPES.items()}
 
 
 def cost(e) -> int:
     c = 0
     for x in walk_expr(e):
         if isinstance(x, Op):
-            c += 10 if x.op in HEAVY else 4 if x.op in ("div", "sqrt", "rsqrt", "fake_quant") \
-                else 1
+            c += COST.get(x.op, 1)
     return c
 
 
@@ -158,13 +157,7 @@ def nest(vars_, body, parallel=False):
 
 
 def identity(combine: str, dt: str):
-    if dt == "i1":
-        return Const(combine == "and", "i1")
-    if dt in ("i32", "i64"):
-        bits = 31 if dt == "i32" else 63
-        return Const({"add": 0, "mul": 1, "max": -(1 << bits), "min": (1 << bits) - 1}[combine],
-                     dt)
-    return Const({"add": 0.0, "mul": 1.0, "max": -math.inf, "min": math.inf}[combine], dt)
+    return Const(scalar_identity(combine, dt), dt)
 
 
 def _idx(vars_):
@@ -286,7 +279,7 @@ class Builder:
                                           epilogue_root=v):
                     self.matmul_kernel(c, cop, self.bufs[c], f"{cop.name} -> {self.bufs[c]!r}")
                     self._map_value(v, what)
-            elif op.name in ("rlx.sum", "rlx.mean", "rlx.max", "rlx.min", "rlx.prod"):
+            elif fam == "reduce":
                 self.reduce_kernel(v, op, what)
             elif op.name == "rlx.concat":
                 self.concat_kernels(v, op, what)

@@ -83,6 +83,9 @@ def plan_meta(plan: GpuPlan, steps: list, name: str, arch: str) -> tuple[dict, b
         "consts": const_list,
         "steps": steps,
     }
+    if plan.errors:   # the index checks' flag: {"buffer": id, "codes": {code: [exc, msg]}}
+        meta["errors"] = {"buffer": plan.error_buffer.id,
+                          "codes": {str(k): list(v) for k, v in plan.errors.items()}}
     return meta, bytes(consts)
 
 

@@ -4,7 +4,8 @@
           │ materialized v  → load from its buffer   (<4 x T> load when lanes = 4)
           │ fused heavy v   → ctx.hooks[v](idx)      (matmul / reduction accumulator)
           │ otherwise       → EXPR_RULES[op.name](ctx, op, idx): elementwise ops apply
-          │                   gpu_scalar.SCALAR_RULES per lane; views map the index to
+          │                   the shared scalar rules (gpu/scalar.GPU_RULES) per lane;
+          │                   views map the index to
           │                   the operand's index:
           │   broadcast_to  dims of size 1 → 0      reshape   linear index kept
           │   transpose     dims permuted           slice     start + i*stride
@@ -31,7 +32,8 @@ import numpy as np
 from rlxc.dialect.types import dense_value, dtype_of, numel, shape_of
 
 from rlxc.lowering.gpu.plan import op_of
-from rlxc.lowering.gpu.scalar import REG_TYPE, SCALAR_RULES, convert
+from rlxc.lowering.gpu import scalar as S
+from rlxc.lowering.gpu.scalar import REG_TYPE, convert
 
 from rlxc.lowering.shared.scalar import F32, F64, I1, I8, I32, I64  # noqa: E402  (one definition of the IR types)
 
@@ -114,6 +116,19 @@ class ExprCtx:
         return self.ptr_of[self.plan.buffer_of[v].id]
 
 
+def check_index(ctx, op, iv, bound: int) -> None:
+    """Index register `iv` (in its own dtype) of gather/scatter_add `op` must lie in
+    [0, bound): otherwise write the op's error code to the error flag (gpu/plan.py step 6;
+    the runtime raises the IndexError the CPU and the interpreter raise)."""
+    code = ctx.plan.error_codes.get(op)
+    if code is None:
+        raise AssertionError(f"{op.name} has no error code in the GPU plan")
+    b = ctx.b
+    bad = b.icmp_unsigned(">=", iv, ir.Constant(iv.type, bound))    # negative: huge unsigned
+    with b.if_then(bad, likely=False):
+        b.store(ir.Constant(I32, code), ctx.ptr_of[ctx.plan.error_buffer.id])
+
+
 # ---------------------------------------------------------------- loads / stores
 
 def element_ptr(ctx, v, lin):
@@ -194,13 +209,11 @@ def _lanes(*xs):
     return [x * n if len(x) == 1 else x for x in xs], n
 
 
-def _elementwise(fn):
-    """Rule of an elementwise op: fn(ctx, op, *scalars) applied per lane."""
-    def rule(ctx, op, idx):
-        ins = [value(ctx, o, idx) for o in op.operands]
-        ins, n = _lanes(*ins)
-        return [fn(ctx, op, *[x[j] for x in ins]) for j in range(n)]
-    return rule
+def _elementwise(ctx, op, idx):
+    """An elementwise op: its shared scalar rule (gpu/scalar.py) applied per lane."""
+    ins = [value(ctx, o, idx) for o in op.operands]
+    ins, n = _lanes(*ins)
+    return [S.emit(ctx.b, op, [x[j] for x in ins]) for j in range(n)]
 
 
 def _constant(ctx, op, idx):
@@ -335,8 +348,10 @@ def _gather(ctx, op, idx):
     k = len(is_)
     b = ctx.b
     (iv,) = value(ctx, ids, Index(ctx, is_, dims=[idx.dim(axis + j) for j in range(k)]))
+    check_index(ctx, op, iv, ts[axis])
     iv = convert(b, iv, dtype_of(ids.type), "i64" if ctx.itype == I64 else "i32")
-    # out-of-range indices are clamped to [0, d) (the interpreter raises IndexError)
+    # out-of-range indices set the error flag (IndexError after the run) and are clamped
+    # to [0, d), so no kernel reads outside the table
     hi = ctx.const(ts[axis] - 1)
     iv = b.select(b.icmp_signed("<", iv, ctx.const(0)), ctx.const(0), iv)
     iv = b.select(b.icmp_signed(">", iv, hi), hi, iv)
@@ -346,7 +361,7 @@ def _gather(ctx, op, idx):
 
 
 EXPR_RULES = {
-    **{name: _elementwise(fn) for name, fn in SCALAR_RULES.items()},
+    **{name: _elementwise for name in S.GPU_RULES},
     "rlx.constant": _constant,
     "rlx.broadcast_to": _broadcast,
     "rlx.reshape": _reshape,

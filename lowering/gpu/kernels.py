@@ -61,6 +61,8 @@ def _kernel_args(plan: GpuPlan, k: Kernel) -> list[int]:
         i = plan.buffer_of[v].id
         if i not in ids:
             ids.append(i)
+    if k.checks:                  # the index checks' error flag (plan step 6)
+        ids.append(plan.error_buffer.id)
     return ids
 
 
@@ -143,8 +145,7 @@ def _finish_row(ctx, k, op, m, acc):
     dt = dtype_of(op.results[0].type)
     b = ctx.b
     if op.name == "rlx.mean":
-        acc = b.fdiv(acc, ir.Constant(S.REG_TYPE[dt], float(K))) if dt in ("f32", "f64") \
-            else b.sdiv(acc, ir.Constant(S.REG_TYPE[dt], K))
+        acc = S.shared.combine(b, "div", acc, S.shared.const(S.REG_TYPE[dt], K), dt)
     ctx.memo = {}
     ctx.hooks = {op.results[0]: lambda idx: [acc]}
     root = k.root
@@ -316,8 +317,9 @@ def gen_scatter(mod, plan, k, target):
         ui = E.Index(ctx, us, linear=i)
         (val,) = E.value(ctx, upd, ui)
         (iv,) = E.value(ctx, ids_v, E.Index(ctx, is_, dims=[ui.dim(axis + j) for j in range(n)]))
+        E.check_index(ctx, op, iv, dim)               # out of range: IndexError after the run
         iv = S.convert(b, iv, dtype_of(ids_v.type), "i64" if ctx.itype.width > 32 else "i32")
-        inb = b.icmp_unsigned("<", iv, c(dim))       # out-of-range updates are dropped
+        inb = b.icmp_unsigned("<", iv, c(dim))       # ... and the update is dropped
         dims = [ui.dim(j) for j in range(axis)] + [iv] + \
                [ui.dim(axis + n + j) for j in range(len(us) - axis - n)]
         oi = E.Index(ctx, os_, dims=dims)
@@ -348,6 +350,8 @@ def build_kernels(module, target: str = "gpu"):
     else:
         mod = ir.Module(plan.func.sym_name.data)
     steps = []
+    if plan.error_buffer is not None:     # the index checks' flag starts at 0 on every run
+        steps.append({"op": "memset", "buffer": plan.error_buffer.id})
     for k in plan.kernels:
         if numel(shape_of(k.root.type)) == 0:
             continue

@@ -10,9 +10,11 @@ The NVPTX backend has no lowering for @llvm.exp/log/sin/tanh/pow.f32 (LLVM
 aborts with "no libcall available"), so every transcendental an rlx op needs
 comes from `rlxc.lowering.shared.mathlib` (branch-free Cephes-style kernels, ulp
 bounds in its header) or from this file.  pow(x, y) = exp(y·log|x|), then
-NumPy's rules: y == 0 or x == 1 → 1; x < 0 needs an integer y (odd y flips
-the sign), else NaN.  sqrt is `sqrt.rn`, rsqrt is 1/sqrt.rn (IEEE division),
-so both are correctly rounded or within 1 ulp.
+C's / NumPy's rules: y == 0, x == 1 or (x, y) = (-1, +-inf) → 1; an odd
+integer y keeps the sign of x (-0 and -inf included); a finite x < 0 needs an
+integer y, else NaN.  Error: within 2 + |y·log2|x|| ulp (tests/
+test_edge_semantics.py).  sqrt is `sqrt.rn`, rsqrt is 1/sqrt.rn (IEEE
+division), so both are correctly rounded or within 1 ulp.
 """
 from __future__ import annotations
 
@@ -55,16 +57,21 @@ def rsqrt(b, x):
 
 
 def pow_(b, x, y):
-    """x**y with NumPy's float rules (see the header)."""
+    """x**y with C's / NumPy's float rules (see the header)."""
     r = mathlib.emit(b, "exp", b.fmul(y, mathlib.emit(b, "log", _fabs(b, x))))
     ty = intrinsic(b, "llvm.trunc.f32", F32, [y])
     yint = b.fcmp_ordered("==", ty, y)
     big = b.fcmp_ordered(">=", _fabs(b, y), fconst(16777216.0))  # every such float is even
     odd = b.and_(b.trunc(b.fptosi(b.select(big, fconst(0.0), ty), I32), I1), b.not_(big))
-    xneg = b.fcmp_ordered("<", x, fconst(0.0))
-    r = b.select(b.and_(xneg, b.and_(yint, odd)), b.fneg(r), r)
+    odd = b.and_(yint, odd)
+    signbit = b.icmp_signed("<", b.bitcast(x, I32), ir.Constant(I32, 0))   # -0 and -inf too
+    r = b.select(b.and_(signbit, odd), b.fneg(r), r)
+    xneg = b.and_(b.fcmp_ordered("<", x, fconst(0.0)),
+                  b.fcmp_ordered("!=", x, fconst(-math.inf)))            # finite x < 0
     r = b.select(b.and_(xneg, b.not_(yint)), fconst(math.nan), r)
     one = b.or_(b.fcmp_ordered("==", y, fconst(0.0)), b.fcmp_ordered("==", x, fconst(1.0)))
+    one = b.or_(one, b.and_(b.fcmp_ordered("==", x, fconst(-1.0)),                # (-1)^+-inf
+                            b.fcmp_ordered("==", _fabs(b, y), fconst(math.inf))))
     return b.select(one, fconst(1.0), r)
 
 

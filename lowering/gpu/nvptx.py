@@ -109,6 +109,7 @@ _ALLOWED = re.compile(
     r"llvm\.nvvm\..*"
     r"|llvm\.(fma|fmuladd|sqrt|fabs|copysign|floor|ceil|trunc|rint|nearbyint|roundeven"
     r"|minnum|maxnum|minimum|maximum|exp2|ldexp|abs|smax|smin|umax|umin|ctpop|ctlz|cttz"
+    r"|fptosi\.sat|fptoui\.sat"
     r"|assume|expect|lifetime\.start|lifetime\.end|memcpy|memset|fshl|fshr)(\..*)?")
 
 

@@ -19,6 +19,10 @@
           │    reshape / stop_gradient of a buffer alias it (no kernel)
           │ 5. buffers: regions input | param | const | work; work buffers share
           │    memory when their live ranges [def kernel, last reader] are disjoint
+          │ 6. index checks: each gather / scatter_add gets an error code (the CPU's
+          │    message); a kernel that evaluates one also gets the 4-byte error flag
+          │    (region "error", zeroed first), where an index outside [0, d) writes
+          │    its code; the runtime raises the IndexError after the launches
           ▼
     GpuPlan(kernels, buffers, regions, args, outputs)
 
@@ -37,15 +41,17 @@ from xdsl.dialects import func
 from xdsl.ir import OpResult
 
 from rlxc.dialect import module as M
+from rlxc.dialect.shapes import ELEMENTWISE_FAMILIES, ops_where
 from rlxc.dialect.types import dense_value, dtype_of, is_splat, numel, shape_of
 
-ELEMENTWISE_FAMILIES = ("unary", "binary", "compare", "select", "cast")
+# name sets derived from the op properties (dialect/shapes.py)
 ALIAS_OPS = ("rlx.reshape", "rlx.stop_gradient")
-FREE_VIEWS = ("rlx.broadcast_to", "rlx.reshape", "rlx.transpose", "rlx.slice",
-              "rlx.stop_gradient")
+FREE_VIEWS = ops_where(lambda s: s.view) | {"rlx.stop_gradient"}
 MULTI = ("multi",)      # site of a value inlined at several places
-HEAVY_OPS = ("rlx.matmul", "rlx.sum", "rlx.mean", "rlx.max", "rlx.min", "rlx.prod")
-REDUCE_OPS = ("rlx.sum", "rlx.mean", "rlx.max", "rlx.min", "rlx.prod")
+# accumulations: a kernel of their own whose consumers can fuse as its epilogue
+HEAVY_OPS = ops_where(lambda s: s.root and s.family in ("reduce", "matmul"))
+REDUCE_OPS = ops_where(lambda s: s.family == "reduce")
+ROOT_OPS = ops_where(lambda s: s.root)
 DTYPE_BYTES = {"f32": 4, "f64": 8, "i1": 1, "i32": 4, "i64": 8}
 ALIGN = 256
 
@@ -76,6 +82,7 @@ class Kernel:
     heavy: object | None        # the matmul / reduction / scatter op computed inside
     reads: list = field(default_factory=list)   # materialized SSA values it reads
     name: str = ""
+    checks: bool = False        # evaluates a gather/scatter_add: gets the error flag
 
 
 @dataclass
@@ -91,6 +98,9 @@ class GpuPlan:
     buffer_of: dict             # SSA value -> Buffer
     regions: dict               # region -> total bytes
     uses: dict
+    error_codes: dict = field(default_factory=dict)  # gather/scatter_add op -> code
+    errors: dict = field(default_factory=dict)       # code -> (exception name, message)
+    error_buffer: Buffer | None = None               # the i32 flag, when any code exists
 
     def buf(self, v) -> Buffer:
         return self.buffer_of[v]
@@ -143,7 +153,7 @@ def plan_module(module) -> GpuPlan:
         v = op.results[0]
         if op.name == "rlx.matmul":
             forced.update(matmul_operand_base(o) for o in op.operands)
-        if op.name in HEAVY_OPS or op.name == "rlx.scatter_add":
+        if op.name in ROOT_OPS:
             forced.add(v)
         if op.name == "rlx.constant" and not _is_splat_const(op):
             forced.add(v)
@@ -205,6 +215,7 @@ def plan_module(module) -> GpuPlan:
 
     # 4. kernels in program order; aliases share their base's buffer.
     alias_of: dict = {}
+    error_codes: dict = {}
     kernels = []
     for op in ops:
         v = op.results[0]
@@ -225,7 +236,10 @@ def plan_module(module) -> GpuPlan:
         else:
             kind = "elementwise"
         k = Kernel(kind, v, heavy if heavy is not None else (op if kind != "elementwise" else None))
-        k.reads = _leaf_reads(k, mat)
+        k.reads, checked = _leaf_reads(k, mat)
+        k.checks = bool(checked)
+        for c in checked:
+            error_codes.setdefault(c, len(error_codes) + 1)
         k.name = f"{M.get_func(module).sym_name.data}_k{len(kernels)}_{kind}"
         kernels.append(k)
 
@@ -260,9 +274,21 @@ def plan_module(module) -> GpuPlan:
     end = len(kernels)
     for v in outs:
         buffer_of[v].last = end
+    # 6. the error flag of the index checks
+    errors = {code: ("IndexError", index_error(op)) for op, code in error_codes.items()}
+    flag = new("error", 4) if errors else None
     regions = _place(buffers)
     return GpuPlan(f, args, list(f.args), outs, mat, fused, kernels, buffers, buffer_of,
-                   regions, nuses)
+                   regions, nuses, error_codes, errors, flag)
+
+
+def index_error(op) -> str:
+    """The message of an out-of-range index of gather/scatter_add op (the CPU's words)."""
+    p = op.params()
+    if op.name == "rlx.gather":
+        d = shape_of(op.operands[0].type)[p["axis"]]
+        return f"{op.name}: index out of range [0, {d}) along axis {p['axis']}"
+    return f"{op.name}: index out of range [0, {p['dim']})"
 
 
 def _cheap_tree(v, leaves: set, depth: int = 3) -> bool:
@@ -278,9 +304,10 @@ def _cheap_tree(v, leaves: set, depth: int = 3) -> bool:
     return all(_cheap_tree(o, leaves, depth - 1) for o in op.operands)
 
 
-def _leaf_reads(k: Kernel, mat: set) -> list:
-    """Materialized values read by the expression trees of kernel `k` (in first-use order)."""
-    seen, out = set(), []
+def _leaf_reads(k: Kernel, mat: set) -> tuple[list, list]:
+    """Materialized values read by the expression trees of kernel `k` (in first-use
+    order), and the gather/scatter_add ops it evaluates (their indices are checked)."""
+    seen, out, checked = set(), [], []
 
     def visit(v, top=False):
         if v in seen:
@@ -292,16 +319,20 @@ def _leaf_reads(k: Kernel, mat: set) -> list:
         op = op_of(v)
         if op is None or op.name == "rlx.constant":
             return
+        if op.name in ("rlx.gather", "rlx.scatter_add"):
+            checked.append(op)
         for o in op.operands:
             visit(o)
 
     visit(k.root, top=True)
-    return out
+    return out, checked
 
 
 def _place(buffers: list[Buffer]) -> dict:
     """Offsets per region; work buffers with disjoint live ranges share memory (first fit)."""
     regions = {"input": 0, "param": 0, "const": 0, "work": 0}
+    if any(b.region == "error" for b in buffers):
+        regions["error"] = 0
     for b in buffers:
         if b.region != "work":
             b.offset = regions[b.region]

@@ -1,20 +1,47 @@
-"""Elementwise ops of the loop IR as LLVM instructions, on scalars or vectors.
+"""The one scalar lowering table of the rlx elementwise ops, shared by every backend.
 
-    loops.Op(op, args, dtype)          (args already emitted: float / <N x float> / iK ...)
-          │ emit_op: one rule per op, width-generic (constants splat to the arg type)
+    LOWER_RULES["rlx.X"](At(b, dtype, arg_dtype, params), *args) -> value
+          │ args: float / double / iK registers (GPU, width 1) or <N x T> vectors (CPU
+          │ loop bodies and sgemm epilogues, width N): every rule is width-generic
+          │ (constants splat to the argument's type)
           ▼
-    fadd/fcmp/select/bitcast ... , mathlib.emit for transcendentals, llvm.* intrinsics
+    fadd/fcmp/select/bitcast ..., mathlib.emit for transcendentals, llvm.* intrinsics
 
-Used by codegen.py for loop bodies (scalar code that LLVM vectorizes) and for
-sgemm epilogues (explicit <VL x float> code), so every rule works on both.
-Semantics follow the NumPy interpreter: float compares are ordered except `ne`
-(NaN != NaN); maximum/minimum propagate NaN (llvm.maximum/minimum); relu and
-sign pass NaN through; float->int casts truncate toward zero and saturate
-(llvm.fptosi.sat, NaN -> 0; NumPy leaves those cases undefined); integer
-division is float64 division truncated, as `np.divide(...).astype(int)`.
-No fast-math flags on elementwise arithmetic, so results round like NumPy's;
-transcendentals come from mathlib (error bounds in its header; pow calls libm
-powf except for small constant exponents).
+Users: the CPU (lowering/cpu/codegen.py through `emit_op`, the loop IR adapter) and
+the GPU (lowering/gpu/expr.py, one register per lane, with `gpu/scalar.py`'s
+override table: only what NVPTX cannot do, i.e. `pow`).  The reductions of both
+backends update accumulators with `combine` and start from `identity`.
+A transcendental op's row is derived from its `math` property in
+dialect/shapes.py (`math="exp"` -> `mathlib.emit(b, "exp", x)`): adding one is a
+shapes.py row and a mathlib kernel, no line here.  Dtype support comes from the
+op's `dtypes` property (`check`).
+
+Edge semantics (decided here once; the NumPy interpreter, dialect/interpreter.py,
+implements the same; tests/test_edge_semantics.py runs every op's edge cases
+through the CPU, the GPU emulator and the interpreter):
+  compares       ordered (false on NaN) except `ne` (true on NaN); i1 compares unsigned
+  maximum/min    NaN propagates; -0 < +0 (IEEE 754-2019 maximum/minimum, llvm.maximum);
+                 the max/min reductions too (so their result does not depend on order)
+  relu           NaN passes; relu(-0) = +0
+  sign           NaN and +-0 pass through; else +-1
+  abs, neg       the sign bit (fabs / fneg); integers wrap (abs(INT_MIN) = INT_MIN)
+  add/sub/mul    IEEE, round to nearest, no fast-math flags; integers wrap; on i1
+                 add/max = or, mul/min = and
+  div            floats IEEE; integers truncate toward zero and saturate
+                 (INT_MIN / -1 = INT_MAX), and x / 0 = 0 (also 0 / 0)
+  pow            floats: C/NumPy pow (CPU: libm powf / pow; GPU: exp(y*log|x|) with
+                 NumPy's sign and NaN rules); integers: computed in f64, then cast
+                 like a float -> int cast (2 ** -1 = 0, 0 ** -1 = INT_MAX)
+  cast           float -> int truncates toward zero and saturates to the type's range,
+                 NaN -> 0 (llvm.fptosi.sat); float/int -> i1 is x != 0 (NaN -> 1);
+                 i1 -> number is 0/1; int narrowing keeps the low bits; f64 -> f32
+                 rounds to nearest (overflow -> inf)
+  fake_quant     the integer algorithm below, bit-exact with rlxc.lowp.quantize
+  transcendentals  mathlib (ulp bounds in its header; NaN -> NaN; the IEEE values at
+                 +-inf and +-0 listed there)
+  gather/scatter an index outside [0, d) is an IndexError naming the op and the bound
+                 (CPU: a check kernel before any memory is touched; GPU: an error flag
+                 the runtime reads after the launches; not a scalar rule)
 
 fake_quant rounds to the (exp_bits, man_bits) grid with integer arithmetic on
 the float's bits: with a = |x| bits, e the unbiased exponent and
@@ -22,15 +49,18 @@ ex = max(e, emin), the low d = (ex - M) - (max(e, -126) - 23) bits of a are
 rounded to nearest even (a carry into the exponent field is the correct next
 binade); magnitudes below half the smallest subnormal of the format become 0
 (one d == 24 tie case becomes that subnormal); then |r| is clipped to
-max_normal (inf included) and the sign restored.  NaN passes.  This equals
-rlxc.lowp.quantize bit for bit (tests/test_cpu_ops.py).
+max_normal (inf included) and the sign restored.  NaN passes.
 """
 from __future__ import annotations
 
+import math
 import struct
+from typing import NamedTuple
 
 import llvmlite.ir as ir
 import numpy as np
+
+from rlxc.dialect.shapes import SHAPES
 
 F32 = ir.FloatType()
 F64 = ir.DoubleType()
@@ -41,10 +71,19 @@ I64 = ir.IntType(64)
 
 TYPES = {"f32": F32, "f64": F64, "i1": I1, "i32": I32, "i64": I64}
 MEM_TYPES = {"f32": F32, "f64": F64, "i1": I8, "i32": I32, "i64": I64}
-MATH = {"exp", "log", "tanh", "sigmoid", "gelu", "gelu_tanh", "silu", "softplus", "sin", "cos",
-        "erf"}
 FCMP = {"eq": "==", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 
+
+class At(NamedTuple):
+    """What a rule knows besides its operands."""
+
+    b: ir.IRBuilder
+    dtype: str            # the result's dtype
+    arg_dtype: str        # the first operand's dtype (compares, casts)
+    params: dict          # the op's parameters (fake_quant's format)
+
+
+# ---------------------------------------------------------------- helpers
 
 def vtype(dt: str, width=None):
     t = TYPES[dt]
@@ -95,99 +134,66 @@ def _is_float(dt):
     return dt in ("f32", "f64")
 
 
-def emit_op(b: ir.IRBuilder, node, args: list):
-    """Emit loops.Op `node` applied to the already emitted `args`."""
-    op, dt = node.op, node.dtype
-    adt = node.args[0].dtype if node.args else dt
-    x = args[0] if args else None
-    ty = x.type if x is not None else None
-    if op in MATH:
-        from rlxc.lowering.shared import mathlib
-
-        return mathlib.emit(b, op, x)
-    if op == "stop_gradient":
-        return x
-    if op == "neg":
-        return b.fneg(x) if _is_float(dt) else b.sub(const(ty, 0), x)
-    if op == "sqrt":
-        return b.call(intrinsic(b, "llvm.sqrt", ty), [x])
-    if op == "rsqrt":
-        return b.fdiv(const(ty, 1.0), b.call(intrinsic(b, "llvm.sqrt", ty), [x]))
-    if op == "reciprocal":
-        return b.fdiv(const(ty, 1.0), x)
-    if op == "relu":
-        return b.select(b.fcmp_unordered(">", x, const(ty, 0.0)), x, const(ty, 0.0))
-    if op == "abs":
-        if _is_float(dt):
-            return b.call(intrinsic(b, "llvm.fabs", ty), [x])
-        return b.select(b.icmp_signed("<", x, const(ty, 0)), b.sub(const(ty, 0), x), x)
-    if op == "sign":
-        if _is_float(dt):
-            pos, neg = b.fcmp_ordered(">", x, const(ty, 0.0)), b.fcmp_ordered("<", x, const(ty, 0.0))
-            return b.select(pos, const(ty, 1.0), b.select(neg, const(ty, -1.0), x))
-        pos, neg = b.icmp_signed(">", x, const(ty, 0)), b.icmp_signed("<", x, const(ty, 0))
-        return b.select(pos, const(ty, 1), b.select(neg, const(ty, -1), const(ty, 0)))
-    if op == "fake_quant":
-        return fake_quant(b, x, **dict(node.params))
-    if op == "cast":
-        return cast(b, x, adt, dt)
-    if op == "select":
-        return b.select(args[0], args[1], args[2])
-    if op == "and":
-        return b.and_(args[0], args[1])
-    if op == "or":
-        return b.or_(args[0], args[1])
-    y = args[1]
-    if op in FCMP or op == "ne":
-        if _is_float(adt):
-            if op == "ne":
-                return b.fcmp_unordered("!=", x, y)
-            return b.fcmp_ordered(FCMP[op], x, y)
-        sym = "!=" if op == "ne" else FCMP[op]
-        if adt == "i1":
-            return b.icmp_unsigned(sym, x, y)
-        return b.icmp_signed(sym, x, y)
-    return combine(b, op, x, y, dt)
+def _like(ty, elem):
+    """`elem` with the lane count of `ty`."""
+    return ir.VectorType(elem, ty.count) if isinstance(ty, ir.VectorType) else elem
 
 
-def combine(b, op, x, y, dt, flags=()):
-    """Binary arithmetic, also the accumulator updates of reductions (op names of both)."""
+def _fptosi(b, x, ity):
+    fn = intrinsic(b, "llvm.fptosi.sat", x.type, 1, ret=ity,
+                   suffix=f"{_suffix(ity)}.{_suffix(x.type)}")
+    return b.call(fn, [x])
+
+
+# ---------------------------------------------------------------- arithmetic
+
+def _add(b, x, y, dt, flags=()):
+    return b.fadd(x, y, flags=flags) if _is_float(dt) else (b.or_(x, y) if dt == "i1"
+                                                             else b.add(x, y))
+
+
+def _sub(b, x, y, dt, flags=()):
+    return b.fsub(x, y) if _is_float(dt) else b.sub(x, y)
+
+
+def _mul(b, x, y, dt, flags=()):
+    return b.fmul(x, y, flags=flags) if _is_float(dt) else (b.and_(x, y) if dt == "i1"
+                                                             else b.mul(x, y))
+
+
+def _div(b, x, y, dt, flags=()):
+    if _is_float(dt):
+        return b.fdiv(x, y)
     ty = x.type
-    fl = _is_float(dt)
-    if op == "add":
-        return b.fadd(x, y, flags=flags) if fl else (b.or_(x, y) if dt == "i1" else b.add(x, y))
-    if op == "sub":
-        return b.fsub(x, y) if fl else b.sub(x, y)
-    if op == "mul":
-        return b.fmul(x, y, flags=flags) if fl else (b.and_(x, y) if dt == "i1" else b.mul(x, y))
-    if op == "div":
-        if fl:
-            return b.fdiv(x, y)
-        fty = ir.VectorType(F64, ty.count) if isinstance(ty, ir.VectorType) else F64
-        q = b.fdiv(b.sitofp(x, fty), b.sitofp(y, fty))
-        return _fptosi(b, q, ty)
-    if op in ("max", "maximum"):
-        if fl:
-            return b.call(intrinsic(b, "llvm.maximum", ty, 2), [x, y])
-        if dt == "i1":
-            return b.or_(x, y)
-        return b.select(b.icmp_signed(">", x, y), x, y)
-    if op in ("min", "minimum"):
-        if fl:
-            return b.call(intrinsic(b, "llvm.minimum", ty, 2), [x, y])
-        if dt == "i1":
-            return b.and_(x, y)
-        return b.select(b.icmp_signed("<", x, y), x, y)
-    if op == "or":
+    zero = b.icmp_signed("==", y, const(ty, 0))
+    if dt in ("i1", "i32"):  # exact in f64 (|x|, |y| < 2^31), vectorizes; saturates
+        fty = _like(ty, F64)
+        q = _fptosi(b, b.fdiv(b.sitofp(x, fty), b.sitofp(y, fty)), ty)
+        return b.select(zero, const(ty, 0), q)
+    bits = ty.element.width if isinstance(ty, ir.VectorType) else ty.width
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    ovf = b.and_(b.icmp_signed("==", x, const(ty, lo)), b.icmp_signed("==", y, const(ty, -1)))
+    q = b.sdiv(x, b.select(b.or_(zero, ovf), const(ty, 1), y))   # never traps
+    return b.select(zero, const(ty, 0), b.select(ovf, const(ty, hi), q))
+
+
+def _max(b, x, y, dt, flags=()):
+    if _is_float(dt):
+        return b.call(intrinsic(b, "llvm.maximum", x.type, 2), [x, y])
+    if dt == "i1":
         return b.or_(x, y)
-    if op == "and":
+    return b.select(b.icmp_signed(">", x, y), x, y)
+
+
+def _min(b, x, y, dt, flags=()):
+    if _is_float(dt):
+        return b.call(intrinsic(b, "llvm.minimum", x.type, 2), [x, y])
+    if dt == "i1":
         return b.and_(x, y)
-    if op == "pow":
-        return _pow(b, x, y, dt)
-    raise NotImplementedError(f"cpu backend: no LLVM rule for op {op!r}")
+    return b.select(b.icmp_signed("<", x, y), x, y)
 
 
-def _pow(b, x, y, dt):
+def _pow(b, x, y, dt, flags=()):
     ty = x.type
     if _is_float(dt):
         c = getattr(y, "constant", None)
@@ -202,22 +208,45 @@ def _pow(b, x, y, dt):
             if k == 0.0:
                 return const(ty, 1.0)
         return b.call(intrinsic(b, "llvm.pow", ty, 2), [x, y])
-    fty = ir.VectorType(F64, ty.count) if isinstance(ty, ir.VectorType) else F64
+    fty = _like(ty, F64)
     r = b.call(intrinsic(b, "llvm.pow", fty, 2), [b.sitofp(x, fty), b.sitofp(y, fty)])
     return _fptosi(b, r, ty)
 
 
-def _fptosi(b, x, ity):
-    fn = intrinsic(b, "llvm.fptosi.sat", x.type, 1, ret=ity,
-                   suffix=f"{_suffix(ity)}.{_suffix(x.type)}")
-    return b.call(fn, [x])
+_COMBINE = {"add": _add, "sub": _sub, "mul": _mul, "div": _div, "max": _max, "min": _min,
+            "pow": _pow,
+            "or": lambda b, x, y, dt, flags=(): b.or_(x, y),
+            "and": lambda b, x, y, dt, flags=(): b.and_(x, y)}
 
+
+def combine(b, op, x, y, dt, flags=()):
+    """Binary arithmetic `x op y` on dtype dt: the binary rows below and the accumulator
+    updates of reductions (op: add, sub, mul, div, pow, max, min, and, or)."""
+    fn = _COMBINE.get(op)
+    if fn is None:
+        raise NotImplementedError(f"lowering: no combine rule for {op!r}; valid: "
+                                  f"{sorted(_COMBINE)}")
+    return fn(b, x, y, dt, flags)
+
+
+def identity(op: str, dt: str):
+    """The identity element of accumulator update `op` on dtype dt, as a Python value."""
+    if dt == "i1":
+        return {"add": False, "or": False, "max": False, "mul": True, "and": True,
+                "min": True}[op]
+    if dt in ("i32", "i64"):
+        bits = 31 if dt == "i32" else 63
+        return {"add": 0, "mul": 1, "max": -(1 << bits), "min": (1 << bits) - 1}[op]
+    return {"add": 0.0, "mul": 1.0, "max": -math.inf, "min": math.inf}[op]
+
+
+# ---------------------------------------------------------------- casts, fake_quant
 
 def cast(b, x, src: str, dst: str):
+    """Convert x from dtype src to dst (rules in the header)."""
     if src == dst:
         return x
-    w = width_of(x)
-    to = vtype(dst, w)
+    to = vtype(dst, width_of(x))
     if _is_float(src):
         if _is_float(dst):
             return b.fpext(x, to) if dst == "f64" else b.fptrunc(x, to)
@@ -242,13 +271,12 @@ def fake_quant(b, x, exp_bits: int, man_bits: int, max_normal: float):
     """Round f32 (or <N x f32>) x to the (exp_bits, man_bits) grid; see the header."""
     E, M = int(exp_bits), int(man_bits)
     if not (1 <= E <= 8 and 0 <= M <= 23):
-        raise NotImplementedError(f"cpu backend: rlx.fake_quant e{E}m{M} does not fit in f32")
+        raise NotImplementedError(f"lowering: rlx.fake_quant e{E}m{M} does not fit in f32")
     emin = 2 - 2 ** (E - 1)
     q = emin - M
     qbits = ((q + 127) << 23) if q >= -126 else (1 << (q + 149))
     limit = _f32_bits(max_normal)
-    w = width_of(x)
-    ity = ir.VectorType(I32, w) if w else I32
+    ity = _like(x.type, I32)
 
     def k(v):
         return const(ity, v & 0xFFFFFFFF if v >= 0 else v)
@@ -288,3 +316,123 @@ def fake_quant(b, x, exp_bits: int, man_bits: int, max_normal: float):
     res = b.bitcast(b.or_(r, sign), x.type)
     isnan = b.icmp_unsigned(">", a, k(0x7F800000))
     return b.select(isnan, x, res)
+
+
+# ---------------------------------------------------------------- the rules
+
+def _neg(c, x):
+    return c.b.fneg(x) if _is_float(c.dtype) else c.b.sub(const(x.type, 0), x)
+
+
+def _sqrt(c, x):
+    return c.b.call(intrinsic(c.b, "llvm.sqrt", x.type), [x])
+
+
+def _rsqrt(c, x):
+    return c.b.fdiv(const(x.type, 1.0), _sqrt(c, x))
+
+
+def _reciprocal(c, x):
+    return c.b.fdiv(const(x.type, 1.0), x)
+
+
+def _relu(c, x):
+    z = const(x.type, 0.0)
+    return c.b.select(c.b.fcmp_unordered(">", x, z), x, z)   # NaN stays NaN
+
+
+def _abs(c, x):
+    b, ty = c.b, x.type
+    if _is_float(c.dtype):
+        return b.call(intrinsic(b, "llvm.fabs", ty), [x])
+    return b.select(b.icmp_signed("<", x, const(ty, 0)), b.sub(const(ty, 0), x), x)
+
+
+def _sign(c, x):
+    b, ty = c.b, x.type
+    if _is_float(c.dtype):
+        pos, neg = b.fcmp_ordered(">", x, const(ty, 0.0)), b.fcmp_ordered("<", x, const(ty, 0.0))
+        return b.select(pos, const(ty, 1.0), b.select(neg, const(ty, -1.0), x))
+    pos, neg = b.icmp_signed(">", x, const(ty, 0)), b.icmp_signed("<", x, const(ty, 0))
+    return b.select(pos, const(ty, 1), b.select(neg, const(ty, -1), const(ty, 0)))
+
+
+def _math(name):
+    def rule(c, x):
+        from rlxc.lowering.shared import mathlib
+
+        return mathlib.emit(c.b, name, x)
+    rule.__name__ = f"math_{name}"
+    return rule
+
+
+def _binary(kind):
+    return lambda c, x, y: combine(c.b, kind, x, y, c.dtype)
+
+
+def _compare(name):
+    def rule(c, x, y):
+        b, adt = c.b, c.arg_dtype
+        if _is_float(adt):
+            return b.fcmp_unordered("!=", x, y) if name == "ne" else \
+                b.fcmp_ordered(FCMP[name], x, y)
+        sym = "!=" if name == "ne" else FCMP[name]
+        return (b.icmp_unsigned if adt == "i1" else b.icmp_signed)(sym, x, y)
+    return rule
+
+
+LOWER_RULES = {
+    "rlx.neg": _neg,
+    "rlx.sqrt": _sqrt,
+    "rlx.rsqrt": _rsqrt,
+    "rlx.reciprocal": _reciprocal,
+    "rlx.relu": _relu,
+    "rlx.abs": _abs,
+    "rlx.sign": _sign,
+    "rlx.stop_gradient": lambda c, x: x,
+    "rlx.fake_quant": lambda c, x: fake_quant(c.b, x, **c.params),
+    "rlx.cast": lambda c, x: cast(c.b, x, c.arg_dtype, c.dtype),
+    "rlx.select": lambda c, m, x, y: c.b.select(m, x, y),
+    "rlx.add": _binary("add"),
+    "rlx.sub": _binary("sub"),
+    "rlx.mul": _binary("mul"),
+    "rlx.div": _binary("div"),
+    "rlx.pow": _binary("pow"),
+    "rlx.maximum": _binary("max"),
+    "rlx.minimum": _binary("min"),
+    **{f"rlx.{n}": _compare(n) for n in (*FCMP, "ne")},
+    # every transcendental: derived from its `math` property (dialect/shapes.py)
+    **{name: _math(s.math) for name, s in SHAPES.items() if s.math},
+}
+
+_missing = sorted(n for n, s in SHAPES.items() if s.elementwise and n not in LOWER_RULES)
+assert not _missing, f"no lowering rule for {_missing}"
+
+
+def check(name: str, dtype: str, target: str) -> None:
+    """NotImplementedError unless op `name` computes in `dtype` (its `dtypes` property)."""
+    s = SHAPES.get(name)
+    if s is not None and s.family in ("unary", "binary") and dtype not in s.dtypes:
+        raise NotImplementedError(
+            f"{target}: {name} on {dtype} is not supported (computed in "
+            f"{'/'.join(s.dtypes)}) - cast to f32 before compiling")
+
+
+def emit(b: ir.IRBuilder, name: str, args: list, dtype: str, arg_dtype: str | None = None,
+         params: dict | None = None, rules: dict = LOWER_RULES, target: str = "lowering"):
+    """Apply the rule of op `name` ("rlx.exp") to the emitted `args` (scalars or vectors)."""
+    rule = rules.get(name)
+    if rule is None:
+        raise NotImplementedError(f"{target}: no scalar lowering rule for {name}")
+    check(name, dtype, target)
+    return rule(At(b, dtype, arg_dtype or dtype, dict(params or {})), *args)
+
+
+def emit_op(b: ir.IRBuilder, node, args: list):
+    """The CPU loop IR's loops.Op `node` applied to its emitted `args` (the rule of
+    rlx.<node.op>; `and`/`or` are the loop IR's mask operators)."""
+    op = node.op
+    if op in ("and", "or"):
+        return combine(b, op, args[0], args[1], node.dtype)
+    adt = node.args[0].dtype if node.args else node.dtype
+    return emit(b, f"rlx.{op}", args, node.dtype, adt, dict(node.params), target="cpu backend")
