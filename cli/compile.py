@@ -6,7 +6,8 @@
       │ --train --optimizer K --lr X   (adds NAME_train_step from rlxc/train.py's step)
       ├─► --emit rlx|loops|llvm|asm|ptx   print that stage to stdout, build nothing
       ▼
-    lowering/aot.py: OUTDIR/libNAME.so NAME.h NAME.json NAME/__init__.py
+    the --target backend's artifact writer (rlxc/registry.py -> lowering/aot.py):
+    OUTDIR/libNAME.so NAME.h NAME.json NAME/__init__.py
 
 Transform expressions are parsed by a tiny recursive-descent parser (no
 eval): `NAME` or `NAME(arg, key=value, ...)` where a value is an identifier
@@ -30,7 +31,6 @@ import click
 
 from .main import main
 
-EMIT_STAGES = ("rlx", "loops", "llvm", "asm", "ptx")
 OPTIMIZERS = ("sgd", "adam", "adamw", "lion")
 # LLVM x86 CPU names accepted by --cpu (besides "native").
 CPU_NAMES = (
@@ -338,21 +338,61 @@ def _optimizer(kind: str, lr: float, weight_decay, momentum):
         raise click.BadParameter(str(e), param_hint="'--optimizer'")
 
 
-# -- stages ---------------------------------------------------------------------------------
+# -- targets and stages (the backend registry, rlxc/registry.py) ------------------------------
+class _RegistryChoice(click.Choice):
+    """A click.Choice whose choices are read from the backend registry when used, so a
+    backend registered after import is a valid --target / --emit value."""
+
+    def __init__(self, names):
+        self._names = names
+        super().__init__(tuple(names()))
+
+    @property
+    def choices(self):
+        return tuple(self._names())
+
+    @choices.setter
+    def choices(self, value):
+        pass
+
+
+def _artifact_targets():
+    from rlxc.registry import artifact_targets
+
+    return artifact_targets()
+
+
+def _emit_stages():
+    from rlxc.registry import emit_stages
+
+    return emit_stages()
+
+
+def check_target(target: str, emit: str | None, train: bool) -> None:
+    """Usage errors for --emit / --train that `target`'s backend does not provide."""
+    from rlxc.registry import artifact_targets, backend
+
+    b = backend(target)
+    if emit is not None and emit != "rlx" and emit not in b.stages:
+        have = [t for t in artifact_targets() if emit in backend(t).stages]
+        raise click.UsageError(
+            f"--emit {emit} is not a stage of --target {target} (its stages: "
+            f"{', '.join(('rlx',) + b.stages)}); --emit {emit} needs "
+            + " or ".join(f"--target {t}" for t in have))
+    if train and not b.train_artifact:
+        have = [t for t in artifact_targets() if backend(t).train_artifact]
+        raise click.UsageError(f"--train exports a C train step, which --target {target} "
+                               f"does not build: use " + " or ".join(f"--target {t}"
+                                                                      for t in have))
+
+
 def emit_stage(stage: str, func, name: str, target: str, cpu: str) -> str:
     """The text of one pipeline stage of `func` (compiled under the symbol `name`)."""
     if stage == "rlx":
         return func.mlir()
-    if stage == "ptx":
-        from rlxc.lowering import gpu_kernels
+    from rlxc.registry import backend
 
-        return gpu_kernels.emit_ptx(func.module)
-    from rlxc.lowering import cpu as backend
-
-    fn = {"loops": backend.emit_loops, "llvm": backend.emit_llvm, "asm": backend.emit_asm}[stage]
-    if stage == "loops":
-        return fn(func.module, name)
-    return fn(func.module, name, cpu=cpu)
+    return backend(target).emit(stage, func.module, name, cpu)
 
 
 class _Command(click.Command):
@@ -372,7 +412,8 @@ class _Command(click.Command):
 @click.option("-o", "--output", "outdir", type=click.Path(file_okay=False),
               help="Output directory for libNAME.so, NAME.h, NAME.json and NAME/.")
 @click.option("--name", help="Artifact name (a C identifier); default: the Func's name.")
-@click.option("--target", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--target", type=_RegistryChoice(_artifact_targets), default="cpu",
+              show_default=True, help="A registered backend (rlxc/registry.py).")
 @click.option("--cpu", "cpu", default="native", show_default=True,
               help="LLVM CPU name: native, x86-64-v3, skylake-avx512, znver4, ...")
 @click.option("--transform", "transforms", multiple=True, metavar="EXPR",
@@ -380,7 +421,7 @@ class _Command(click.Command):
                    "vmap(x, 8), jvp(tangent_for=[x]), hvp(wrt=[x]); repeatable, in order.")
 @click.option("--params", "params_file", metavar="FILE.safetensors",
               help="Bake these param values into the library.")
-@click.option("--emit", type=click.Choice(EMIT_STAGES),
+@click.option("--emit", type=_RegistryChoice(_emit_stages),
               help="Print this stage to stdout instead of building.")
 @click.option("--train", is_flag=True, help="Also export NAME_train_step (first output = loss).")
 @click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adamw", show_default=True)
@@ -404,13 +445,7 @@ def compile_cmd(src, outdir, name, target, cpu, transforms, params_file, emit, t
     if cpu not in ("native",) + CPU_NAMES:
         raise click.BadParameter(f"unknown CPU {cpu!r}; valid: native, {', '.join(CPU_NAMES)}",
                                  param_hint="'--cpu'")
-    if emit == "ptx" and target != "cuda":
-        raise click.UsageError("--emit ptx needs --target cuda")
-    if train and target == "cuda":
-        raise click.UsageError("--train exports a C train step: use --target cpu")
-    if emit in ("loops", "llvm", "asm") and target == "cuda":
-        raise click.UsageError(f"--emit {emit} is a CPU stage; with --target cuda use "
-                               "--emit rlx or --emit ptx")
+    check_target(target, emit, train)
     if name is not None and (not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name)
                              or keyword.iskeyword(name)):
         raise click.BadParameter(f"{name!r} is not a C identifier usable as a Python package "
@@ -453,7 +488,9 @@ def compile_cmd(src, outdir, name, target, cpu, transforms, params_file, emit, t
             ok = True
             click.echo(text, nl=not text.endswith("\n"))
             return
-        meta = aot.build_artifact(spec, outdir, progress)
+        from rlxc.registry import backend
+
+        meta = backend(target).write_artifact(spec, outdir, progress)
         ok = True
     except click.ClickException:
         raise

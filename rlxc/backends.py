@@ -126,8 +126,16 @@ def _options(options: dict) -> tuple:
 
 
 def _check_device(device: str) -> None:
-    if device != "cpu":
-        raise ValueError(f"unknown native device {device!r}; valid: ['cpu', 'cuda']")
+    """`device` must be a registered backend whose code is a CPU library (rlxc/registry.py)."""
+    from rlxc.registry import backend, devices
+
+    if not _is_cpu(backend(device)):
+        raise ValueError(f"{device!r} is not a CPU backend (its code is not a shared library); "
+                         f"CPU backends: {[d for d in devices() if _is_cpu(backend(d))]}")
+
+
+def _is_cpu(b) -> bool:
+    return b.target is not None and b.target.family == "cpu"
 
 
 def _entry_key(name: str, device: str, cpu: str, opt: int, threads: int) -> str:
@@ -301,10 +309,8 @@ def cuda_program(func, arch: str | None = None):
     return prog
 
 
-def executor(func, device: str = "cpu", **options) -> CpuExecutor:
-    """An object with `.run(arrays) -> outputs` (arrays: every argument in signature order)."""
-    if device == "cuda":
-        return cuda_program(func, options.get("arch"))
+def cpu_executor(func, device: str = "cpu", **options) -> CpuExecutor:
+    """The CpuExecutor of `func`'s library (one per loaded library)."""
     lib = library(func, device, **options)
     ex = _executors.get(id(lib))
     if ex is None or ex.lib is not lib:
@@ -312,11 +318,19 @@ def executor(func, device: str = "cpu", **options) -> CpuExecutor:
     return ex
 
 
-def jit(func, device: str = "cpu", **options) -> "Jitted":
+def executor(func, device: str = "cpu", **options):
+    """An object with `.run(arrays) -> outputs` (arrays: every argument in signature order),
+    from the backend registered as `device` (rlxc/registry.py)."""
+    from rlxc.registry import backend
+
+    return backend(device).executor(func, **options)
+
+
+def jit(func, device: str = "cpu", **options):
     """Compile (or fetch) `func` once and return a Jitted bound to its params."""
-    if device == "cuda":
-        return CudaJitted(func, cuda_program(func, options.get("arch")))
-    return Jitted(func, library(func, device, **options))
+    from rlxc.registry import backend
+
+    return backend(device).jit(func, **options)
 
 
 class CudaJitted:
@@ -326,7 +340,7 @@ class CudaJitted:
         self.func, self.program = func, program
 
     def run(self, *args, **inputs) -> list:
-        return self.program.run(self.func._bind(args, inputs, f"{self.func.name}.run"))
+        return self.program.run(self.func.bind_call(args, inputs, f"{self.func.name}.run"))
 
     __call__ = run
 
@@ -380,7 +394,7 @@ class Jitted:
                 arrays.append(a)
             else:
                 return self._caller.call(arrays)
-        full = self.func._bind((), inputs, f"{self.func.name}.run")
+        full = self.func.bind_call((), inputs, f"{self.func.name}.run")
         return self._caller.call([full[i] for i in self._in_pos],
                                  [full[i] for i in self._par_pos])
 
@@ -399,5 +413,6 @@ class Jitted:
         return f"Jitted({self.func.name!r}, {self.lib.path})"
 
 
-__all__ = ["executor", "jit", "cuda_program", "CudaJitted", "library", "library_for", "Jitted",
+__all__ = ["executor", "cpu_executor", "jit", "cuda_program", "CudaJitted", "library",
+           "library_for", "Jitted",
            "STATS", "cache_dir", "clear_memory_cache", "compiler_fingerprint"]

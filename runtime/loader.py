@@ -22,10 +22,12 @@ Algorithm (check everything before handing the .so to the dynamic loader)
    Calls into the library release the GIL (ctypes), so two modules can run
    concurrently from two threads; calls on one module are serialized by a lock.
 
-A `--target cuda` artifact has no C library: its "library" is NAME.rlxcuda,
-runtime/cuda.py's container (PTX, cubin, launch plan) plus a "params" blob of
-the baked params; steps 1-2 are the same, then runtime/cuda.py loads it on
-the GPU (CudaUnavailable, an RlxError, where there is none).
+The JSON's `target` names a runtime target (runtime/targets.py); its family
+picks the implementation from `_IMPLS` ("cpu": the C ABI above; "cuda": no C
+library, its "library" is NAME.rlxcuda, runtime/cuda.py's container of PTX,
+cubin and launch plan plus a "params" blob of the baked params, loaded on the
+GPU, CudaUnavailable where there is none).  A CPU-family artifact built for
+another machine (a cross target) is refused before dlopen.
 """
 from __future__ import annotations
 
@@ -44,10 +46,11 @@ import numpy as np
 
 from .errors import ArtifactError, NameLookupError, RlxError, ShapeError
 from .signature import NP_DTYPES, coerce
+from .targets import target as runtime_target
+from .targets import target_names
 
 ABI_VERSION = 1
 ARTIFACT_FORMAT = "rlxc-artifact"
-TARGETS = ("cpu", "cuda")
 
 # C error codes (the same table is written into every NAME.h).
 RLX_OK = 0
@@ -141,8 +144,8 @@ def validate_metadata(meta, path: str = "<metadata>") -> dict:
     if not _IDENT.match(name):
         _fail(path, f"name {name!r} is not a C identifier")
     target = _req(meta, "target", str, path)
-    if target not in TARGETS:
-        _fail(path, f"target {target!r} is not one of {list(TARGETS)}")
+    if target not in target_names():
+        _fail(path, f"target {target!r} is not one of {target_names()}")
     _req(meta, "rlxc_version", str, path)
     _req(meta, "ir_hash", str, path)
     lib = _req(meta, "library", str, path)
@@ -154,13 +157,7 @@ def validate_metadata(meta, path: str = "<metadata>") -> dict:
     _tensor_list(meta, "inputs", "input", path)
     _tensor_list(meta, "outputs", "output", path)
     _tensor_list(meta, "params", "param", path)
-    if target == "cuda":
-        cp = meta.get("cuda_params") or {}
-        if not isinstance(cp, dict) or not all(
-                isinstance(v, list) and len(v) == 2 and all(
-                    isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)
-                for v in cp.values()):
-            _fail(path, "cuda_params must map param names to [offset, nbytes]")
+    _IMPLS[runtime_target(target).family].validate(meta, path)
     train = meta.get("train")
     if train is not None:
         if not isinstance(train, dict):
@@ -311,8 +308,15 @@ def _dlopen(lib_path: str, sha: str) -> ctypes.CDLL:
 class _CpuImpl:
     """The C ABI of libNAME.so: one context (workspace + params) per loaded module."""
 
+    @staticmethod
+    def validate(meta: dict, path: str) -> None:
+        """Family-specific JSON fields (none beyond the common schema)."""
+
     def __init__(self, mod: "CompiledModule", lib_path: str):
         name = mod.name
+        why = runtime_target(mod.target).unavailable_reason()
+        if why:  # e.g. a cross-compiled library: dlopen would fail or crash
+            raise ArtifactError(f"{lib_path}: cannot run here: {why}")
         self.lib = _dlopen(lib_path, mod.metadata["library_sha256"])
         try:  # the ABI version first: it is the one symbol every version keeps
             abi_fn = getattr(self.lib, f"{name}_abi_version")
@@ -385,6 +389,15 @@ class _CpuImpl:
 class _CudaImpl:
     """A CUDA artifact (runtime/cuda.py's container) run through the driver API."""
 
+    @staticmethod
+    def validate(meta: dict, path: str) -> None:
+        cp = meta.get("cuda_params") or {}
+        if not isinstance(cp, dict) or not all(
+                isinstance(v, list) and len(v) == 2 and all(
+                    isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)
+                for v in cp.values()):
+            _fail(path, "cuda_params must map param names to [offset, nbytes]")
+
     def __init__(self, mod: "CompiledModule", path: str):
         from . import cuda
 
@@ -438,6 +451,10 @@ class _CudaImpl:
         raise RlxError("train_step needs a cpu artifact")
 
 
+# runtime family (runtime/targets.py) -> the implementation that loads and calls it
+_IMPLS = {"cpu": _CpuImpl, "cuda": _CudaImpl}
+
+
 class CompiledModule:
     """A loaded artifact: `.run(**inputs)`, `.set_param`, `.get_param`, metadata.
 
@@ -462,7 +479,7 @@ class CompiledModule:
             raise ArtifactError(f"{lib_path}: sha256 {digest[:16]}... does not match the JSON "
                                 f"({meta['library_sha256'][:16]}...): truncated, modified or "
                                 "from another build; recompile it")
-        self._impl = (_CpuImpl if self.target == "cpu" else _CudaImpl)(self, lib_path)
+        self._impl = _IMPLS[runtime_target(self.target).family](self, lib_path)
 
     # -- metadata ------------------------------------------------------------
     def input_names(self) -> list[str]:
