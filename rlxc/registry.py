@@ -30,10 +30,11 @@ from __future__ import annotations
 import os
 
 from rlxc.runtime.call import ExecutorLoop, ResidentCall
-from rlxc.runtime.targets import Target, register_target
+from rlxc.runtime.targets import Target, register_target, unregister_target
 from rlxc.runtime.targets import target as runtime_target
 
-__all__ = ["Backend", "CpuBackend", "CudaBackend", "InterpBackend", "register", "backend",
+__all__ = ["Backend", "CpuBackend", "CudaBackend", "InterpBackend", "register", "unregister",
+           "backend",
            "devices", "native_devices", "artifact_targets", "emit_stages", "default_device"]
 
 
@@ -137,16 +138,19 @@ class CpuBackend(Backend):
     def executor(self, func, **options):
         from rlxc.backends import cpu_executor
 
+        self.target.require()  # a cross target: refuse before compiling anything
         return cpu_executor(func, self.name, **options)
 
     def jit(self, func, **options):
         from rlxc.backends import Jitted, library
 
+        self.target.require()
         return Jitted(func, library(func, self.name, **options))
 
     def step_engine(self, prog, args, state_pos):
         from rlxc.backends import library_for
 
+        self.target.require()
         # found by the step's alias when compiled before: no trace, no transform
         lib = library_for(prog.cache_alias(), lambda: prog.func, self.name)
         return ResidentCall(lib, args, state_pos)
@@ -221,6 +225,14 @@ def register(b: Backend) -> Backend:
     _BACKENDS[b.name] = b
     _auto.clear()
     return b
+
+
+def unregister(name: str) -> None:
+    """Remove a backend (and its runtime target)."""
+    b = _BACKENDS.pop(name, None)
+    if b is not None and b.target is not None:
+        unregister_target(b.target.name)
+    _auto.clear()
 
 
 def backend(name: str) -> Backend:

@@ -22,7 +22,13 @@ from __future__ import annotations
 import platform
 from dataclasses import dataclass
 
+from .errors import RlxError
+
 FAMILIES = ("cpu", "cuda")
+
+
+class TargetUnavailable(RlxError, RuntimeError):
+    """Code for this target cannot run in this process (another machine, no GPU)."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,12 @@ class Target:
     def available(self) -> bool:
         return self.unavailable_reason() is None
 
+    def require(self) -> None:
+        """Raise TargetUnavailable (with the reason) unless code for it runs here."""
+        why = self.unavailable_reason()
+        if why:
+            raise TargetUnavailable(f"cannot run {self.name!r} code here: {why}")
+
 
 _TARGETS: dict[str, Target] = {}
 
@@ -66,6 +78,10 @@ def register_target(t: Target) -> Target:
     """Add (or replace) a target; returns it."""
     _TARGETS[t.name] = t
     return t
+
+
+def unregister_target(name: str) -> None:
+    _TARGETS.pop(name, None)
 
 
 def target(name: str) -> Target:
