@@ -5,8 +5,12 @@
           │   key = sha256(IR hash, device, cpu, opt, threads, compiler fingerprint)
           ▼
     runtime.cpu.CpuLibrary (loaded .so)
-          ├─ executor(func, device).run(arrays in signature order)    (Func.run path)
-          └─ jit(func, device) -> Jitted.run(*inputs, **inputs)        (no cache lookup)
+          ├─ cpu_executor(func, device).run(arrays in signature order)  (Func.run path)
+          └─ Jitted(func, lib).run(*inputs, **inputs)                    (no cache lookup)
+
+`executor(func, device)` and `jit(func, device)` ask the backend registered as
+`device` (rlxc/registry.py), whose CpuBackend calls the two above and whose
+CudaBackend calls `cuda_program` / CudaJitted.  Calls go through runtime/call.py.
 
 Disk cache: $RLXC_CACHE_DIR, else ~/.cache/rlxc.  An entry is KEY.json plus
 KEY-SHA16.so, where SHA16 starts the sha256 of the library's bytes; the JSON
