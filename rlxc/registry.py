@@ -9,6 +9,7 @@
                .compile(module, name, **options)                   (the compile caches)
                .emit(stage, module, name, cpu)                     (rlxc compile --emit)
                .write_artifact(spec, outdir, progress)             (rlxc compile -o)
+               .load(outdir)                a loaded artifact      (runtime/loader.py)
                .executor(func, **options)   `.run(arrays)`         (Func.run_on, train_step)
                .jit(func, **options)        a Jitted               (Func.jit_on)
                .step_engine(prog, args, state_pos)                 (Trainer)
@@ -27,6 +28,7 @@ or the compile caches (rlxc/backends.py) on first use.
 """
 from __future__ import annotations
 
+import inspect
 import os
 
 from rlxc.runtime.call import ExecutorLoop, ResidentCall
@@ -76,6 +78,19 @@ class Backend:
         self._none("artifact writer")
 
     # -- runtime half
+    def load(self, outdir, name: str | None = None):
+        """Load an artifact that `rlxc compile --target NAME` wrote (runtime/loader.py,
+        whose implementation is keyed by this backend's runtime target family);
+        ArtifactError for an artifact of another target."""
+        from rlxc.runtime.errors import ArtifactError
+        from rlxc.runtime.loader import CompiledModule, find_metadata, read_metadata
+
+        path = find_metadata(outdir, name)
+        target = read_metadata(path)["target"]
+        if target != self.name:
+            raise ArtifactError(f"{path}: built for --target {target}, not {self.name}")
+        return CompiledModule(path)
+
     def executor(self, func, **options):
         """An object with `.run(arrays in signature order) -> outputs` for `func`."""
         self._none("executor")
@@ -113,22 +128,26 @@ class CpuBackend(Backend):
             opts["triple"] = self.target.triple
         return opts
 
+    def _lower(self, fn, module, name, cpu, **options):
+        """Call a lowering entry point with this target's codegen options."""
+        opts = self.codegen_options(cpu)
+        if "triple" in opts and "triple" not in inspect.signature(fn).parameters:
+            raise NotImplementedError(f"target {self.name!r}: {fn.__module__}.{fn.__name__} "
+                                      f"cannot generate code for triple {opts['triple']!r}")
+        return fn(module, name, **opts, **options)
+
     def compile(self, module, name=None, cpu=None, **options):
         from rlxc.lowering.cpu import compile_cpu
 
-        return compile_cpu(module, name, **self.codegen_options(cpu), **options)
+        return self._lower(compile_cpu, module, name, cpu, **options)
 
     def emit(self, stage, module, name, cpu):
         from rlxc.lowering import cpu as low
 
-        opts = self.codegen_options(cpu)
-        if stage == "loops":
-            return low.emit_loops(module, name, **opts)
-        if stage == "llvm":
-            return low.emit_llvm(module, name, **opts)
-        if stage == "asm":
-            return low.emit_asm(module, name, **opts)
-        return super().emit(stage, module, name, cpu)
+        fn = {"loops": low.emit_loops, "llvm": low.emit_llvm, "asm": low.emit_asm}.get(stage)
+        if fn is None:
+            return super().emit(stage, module, name, cpu)
+        return self._lower(fn, module, name, cpu)
 
     def write_artifact(self, spec, outdir, progress=None):
         from rlxc.lowering.aot import build_artifact

@@ -233,3 +233,41 @@ def test_trainer_feeds_a_noncontiguous_quantizer_result_correctly():
     for _ in range(3):
         assert tr.step(x) == ref.step(x)
     np.testing.assert_array_equal(tr.func.params()["w"], ref.func.params()["w"])
+
+
+def test_backend_compile_hooks():
+    """`compile(module)` of each compiling backend: the CPU's object code, the GPU's PTX."""
+    f = addone()
+    art = registry.backend("cpu").compile(f.module, "addone", link=False)
+    assert art.entry == "rlx_addone" and art.object[:4] == b"\x7fELF"
+    assert [a["name"] for a in art.args] == ["x"]
+    gpu = registry.backend("cuda").compile(f.module, "addone", ptxas=False)
+    assert ".entry" in gpu.ptx
+    with pytest.raises(ValueError, match="backend 'interp' has no compiler"):
+        registry.backend("interp").compile(f.module)
+    assert registry.backend("cpu").emit("loops", f.module, "addone", "native").strip()
+    with pytest.raises(ValueError, match="backend 'cpu' has no --emit stage 'ptx'"):
+        registry.backend("cpu").emit("ptx", f.module, "addone", "native")
+
+
+def test_a_cross_target_says_what_the_lowering_lacks(scratch):
+    f = addone()
+    b = registry.register(_toyarm())
+    with pytest.raises(NotImplementedError, match="cannot generate code for triple "
+                                                  "'aarch64-unknown-linux-gnu'"):
+        b.compile(f.module, "addone")
+    with pytest.raises(NotImplementedError, match="emit_loops cannot generate code"):
+        b.emit("loops", f.module, "addone", None)
+
+
+def test_backend_load_reads_its_own_artifacts(tmp_path):
+    from rlxc.lowering.aot import spec_from_func
+
+    f = addone()
+    out = tmp_path / "a"
+    meta = registry.backend("cpu").write_artifact(spec_from_func(f, "addone"), str(out))
+    assert meta["target"] == "cpu"
+    m = registry.backend("cpu").load(out)
+    np.testing.assert_array_equal(m.run(x=[1, 2, 3])[0], [2, 3, 4])
+    with pytest.raises(ArtifactError, match="built for --target cpu, not cuda"):
+        registry.backend("cuda").load(out)
