@@ -69,7 +69,7 @@ class Trainer:
         self.device = device or default_device()
         self._backend = backend(self.device)
         self._wrt = wrt
-        self._lock = threading.RLock()  # one step (or state read/write) at a time
+        self._lock = threading.Lock()  # one step (or state read/write) at a time
         bound = bound_params(func)
         self._build(bound, {p: dict(st) for p, st in opt.state.items()})
 
@@ -172,16 +172,19 @@ class Trainer:
     def sync_optimizer(self) -> Optimizer:
         """Copy the slots from the engine into `opt.state`; returns opt."""
         with self._lock:
-            _, slots = self._read_all()
-            for p, st in slots.items():
-                self.opt.state[p] = st
-            return self.opt
+            return self._sync_optimizer()
+
+    def _sync_optimizer(self) -> Optimizer:
+        _, slots = self._read_all()
+        for p, st in slots.items():
+            self.opt.state[p] = st
+        return self.opt
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Flat and safetensors-ready: "params.<name>" and "optim.<key>" entries."""
         with self._lock:
             out = {_PARAM + n: a for n, a in self._read_params().items()}
-            for k, v in self.sync_optimizer().state_dict().items():
+            for k, v in self._sync_optimizer().state_dict().items():
                 out[_OPTIM + k] = v
             return out
 
