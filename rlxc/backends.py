@@ -5,12 +5,13 @@
           │   key = sha256(IR hash, device, cpu, opt, threads, compiler fingerprint)
           ▼
     runtime.cpu.CpuLibrary (loaded .so)
-          ├─ cpu_executor(func, device).run(arrays in signature order)  (Func.run path)
-          └─ Jitted(func, lib).run(*inputs, **inputs)                    (no cache lookup)
+          ├─ executor(func, device).run(arrays in signature order)    (Func.run path)
+          └─ jit(func, device) -> Jitted.run(*inputs, **inputs)        (no cache lookup)
 
-`executor(func, device)` and `jit(func, device)` ask the backend registered as
-`device` (rlxc/registry.py), whose CpuBackend calls the two above and whose
-CudaBackend calls `cuda_program` / CudaJitted.  Calls go through runtime/call.py.
+`device` is a CPU-family target (runtime/targets.py).  The backend registry
+(rlxc/registry.py) calls these for its CPU backends, and `cuda_program` /
+CudaJitted for "cuda"; this module never imports the registry.  Calls go
+through runtime/call.py.
 
 Disk cache: $RLXC_CACHE_DIR, else ~/.cache/rlxc.  An entry is KEY.json plus
 KEY-SHA16.so, where SHA16 starts the sha256 of the library's bytes; the JSON
@@ -40,6 +41,8 @@ import numpy as np
 from rlxc.runtime.cpu import ABI, NP_DTYPES, CpuCaller, CpuExecutor, CpuLibrary
 from rlxc.runtime.errors import ArtifactError
 from rlxc.runtime.signature import coerce
+from rlxc.runtime.targets import target as runtime_target
+from rlxc.runtime.targets import target_names
 
 STATS = {"compiles": 0, "disk_hits": 0, "memory_hits": 0, "rejected": 0}
 CACHE_FORMAT = "rlxc-cpu-cache"
@@ -130,16 +133,15 @@ def _options(options: dict) -> tuple:
 
 
 def _check_device(device: str) -> None:
-    """`device` must be a registered backend whose code is a CPU library (rlxc/registry.py)."""
-    from rlxc.registry import backend, devices
+    """`device` must name a CPU-family target (runtime/targets.py): its code is a shared
+    library.  (The registry, rlxc/registry.py, routes every other device elsewhere.)"""
+    if runtime_target(device).family != "cpu":
+        raise ValueError(f"{device!r} is not a CPU target (its code is not a shared library); "
+                         f"CPU targets: {[t for t in target_names() if _is_cpu(t)]}")
 
-    if not _is_cpu(backend(device)):
-        raise ValueError(f"{device!r} is not a CPU backend (its code is not a shared library); "
-                         f"CPU backends: {[d for d in devices() if _is_cpu(backend(d))]}")
 
-
-def _is_cpu(b) -> bool:
-    return b.target is not None and b.target.family == "cpu"
+def _is_cpu(name: str) -> bool:
+    return runtime_target(name).family == "cpu"
 
 
 def _entry_key(name: str, device: str, cpu: str, opt: int, threads: int) -> str:
@@ -313,8 +315,9 @@ def cuda_program(func, arch: str | None = None):
     return prog
 
 
-def cpu_executor(func, device: str = "cpu", **options) -> CpuExecutor:
-    """The CpuExecutor of `func`'s library (one per loaded library)."""
+def executor(func, device: str = "cpu", **options) -> CpuExecutor:
+    """The CpuExecutor of `func`'s library (one per loaded library): `.run(arrays)` with
+    every argument in signature order."""
     lib = library(func, device, **options)
     ex = _executors.get(id(lib))
     if ex is None or ex.lib is not lib:
@@ -322,19 +325,9 @@ def cpu_executor(func, device: str = "cpu", **options) -> CpuExecutor:
     return ex
 
 
-def executor(func, device: str = "cpu", **options):
-    """An object with `.run(arrays) -> outputs` (arrays: every argument in signature order),
-    from the backend registered as `device` (rlxc/registry.py)."""
-    from rlxc.registry import backend
-
-    return backend(device).executor(func, **options)
-
-
-def jit(func, device: str = "cpu", **options):
+def jit(func, device: str = "cpu", **options) -> "Jitted":
     """Compile (or fetch) `func` once and return a Jitted bound to its params."""
-    from rlxc.registry import backend
-
-    return backend(device).jit(func, **options)
+    return Jitted(func, library(func, device, **options))
 
 
 class CudaJitted:
@@ -417,6 +410,6 @@ class Jitted:
         return f"Jitted({self.func.name!r}, {self.lib.path})"
 
 
-__all__ = ["executor", "cpu_executor", "jit", "cuda_program", "CudaJitted", "library",
+__all__ = ["executor", "jit", "cuda_program", "CudaJitted", "library",
            "library_for", "Jitted",
            "STATS", "cache_dir", "clear_memory_cache", "compiler_fingerprint"]

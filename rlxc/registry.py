@@ -155,16 +155,16 @@ class CpuBackend(Backend):
         return build_artifact(spec, outdir, progress)
 
     def executor(self, func, **options):
-        from rlxc.backends import cpu_executor
+        from rlxc.backends import executor
 
         self.target.require()  # a cross target: refuse before compiling anything
-        return cpu_executor(func, self.name, **options)
+        return executor(func, self.name, **options)
 
     def jit(self, func, **options):
-        from rlxc.backends import Jitted, library
+        from rlxc.backends import jit
 
         self.target.require()
-        return Jitted(func, library(func, self.name, **options))
+        return jit(func, self.name, **options)
 
     def step_engine(self, prog, args, state_pos):
         from rlxc.backends import library_for

@@ -176,11 +176,13 @@ def test_no_module_imports_another_modules_private_name(folder):
     assert not bad, bad
 
 
-def test_train_and_trainer_do_not_import_func():
-    """func.py -> train.py -> trainer.py is one way: no import circle."""
-    for name in ("train.py", "trainer.py"):
-        mods = [(m, lvl) for m, _, lvl in _imports(ROOT / "rlxc" / name)]
-        assert ("func", 1) not in mods and ("rlxc.func", 0) not in mods, name
+@pytest.mark.parametrize("importer, imported", [
+    ("train.py", "func"), ("trainer.py", "func"),  # func -> train -> trainer, one way
+    ("backends.py", "registry"),                   # registry -> backends, one way
+])
+def test_no_import_circle(importer, imported):
+    mods = [(m, lvl) for m, _, lvl in _imports(ROOT / "rlxc" / importer)]
+    assert (imported, 1) not in mods and (f"rlxc.{imported}", 0) not in mods, mods
 
 
 def test_jitted_and_trainer_share_the_call_path():
