@@ -6,7 +6,7 @@
                .stages        its `--emit` stages besides "rlx"    (rlxc compile --emit)
                .priority      `run()` with no device takes the     (default_device)
                               available backend with the highest
-               .compile(module, name, **options)                   (the compile caches)
+               .compile(module, name, **options)  code in memory   (a cache's compile step)
                .emit(stage, module, name, cpu)                     (rlxc compile --emit)
                .write_artifact(spec, outdir, progress)             (rlxc compile -o)
                .load(outdir)                a loaded artifact      (runtime/loader.py)
@@ -36,8 +36,8 @@ from rlxc.runtime.targets import Target, register_target, unregister_target
 from rlxc.runtime.targets import target as runtime_target
 
 __all__ = ["Backend", "CpuBackend", "CudaBackend", "InterpBackend", "register", "unregister",
-           "backend",
-           "devices", "native_devices", "artifact_targets", "emit_stages", "default_device"]
+           "backend", "devices", "native_devices", "artifact_targets", "emit_stages",
+           "default_device"]
 
 
 class Backend:

@@ -4,7 +4,6 @@ the loader's refusal of foreign code, and the module-boundary rules."""
 import ast
 import hashlib
 import json
-import os
 import pathlib
 import subprocess
 import sys
