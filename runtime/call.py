@@ -158,12 +158,14 @@ class ResidentCall:
         self._state_of = {p: j for j, p in enumerate(state_pos)}
         self._keep = [None if p in self._state_of or a is None else checked_array(a, specs[p])
                       for p, a in enumerate(args)]
+        # arguments given as None must be set (set_arg) before a call: no NULL pointers
+        self._unset = {p for p, a in enumerate(args) if a is None and p not in self._state_of}
         self.bufs = []
         for _ in range(2):
             bufs = []
             for p in state_pos:
                 b = aligned_empty(tuple(specs[p]["shape"]), NP_DTYPES[specs[p]["dtype"]])
-                b[...] = np.asarray(args[p]).reshape(b.shape)
+                b[...] = checked_array(args[p], specs[p]).reshape(b.shape)
                 bufs.append(b)
             self.bufs.append(bufs)
         shape, dt = lib.outputs[0]
@@ -191,6 +193,7 @@ class ResidentCall:
         if p in self._state_of:
             raise ValueError(f"argument {p} is state: it is written by the calls")
         self._keep[p] = a
+        self._unset.discard(p)
         addr = data_address(a)
         f0, f1 = self.frames
         if tab == "in":
@@ -202,6 +205,9 @@ class ResidentCall:
 
     def run(self) -> np.ndarray:
         """One call; returns output 0 (the resident result array)."""
+        if self._unset:
+            names = [self.lib.args[p]["name"] for p in sorted(self._unset)]
+            raise ValueError(f"{self.lib.meta['entry']}: arguments {names} are not set")
         k = self.k
         self.frames[k].invoke()
         self.k = 1 - k

@@ -207,13 +207,19 @@ def test_resident_call_checks_that_outputs_fit_the_state():
         ResidentCall(lib, [np.zeros(3, F32), np.zeros(2, F32)], [0, 1])
     with pytest.raises(ValueError, match=r"output 1 is float32 \(2,\), but it feeds input 'x'"):
         ResidentCall(lib, [np.zeros(3, F32), np.zeros(2, F32)], [0])
-    rc = ResidentCall(lib, [np.zeros(3, F32), np.arange(2, dtype=F32)], [1])
+    rc = ResidentCall(lib, [None, np.arange(2, dtype=F32)], [1])
+    with pytest.raises(ValueError, match=r"arguments \['x'\] are not set"):
+        rc.run()  # a NULL input pointer would crash the kernel
     rc.set_arg(0, np.ones(3, F32))
     np.testing.assert_array_equal(rc.run(), [2, 2, 2])
     rc.run()
     np.testing.assert_array_equal(rc.read()[0], [2, 3])  # y fed back twice
     with pytest.raises(ValueError, match="is state"):
         rc.set_arg(1, np.zeros(2, F32))
+    from rlxc.runtime.errors import ShapeError
+
+    with pytest.raises(ShapeError, match=r"input 'y' expects shape \(2,\), got \(5,\)"):
+        ResidentCall(lib, [np.zeros(3, F32), np.zeros(5, F32)], [1])
 
 
 def test_trainer_feeds_a_noncontiguous_quantizer_result_correctly():
