@@ -6,7 +6,8 @@
       │ --train --optimizer K --lr X   (adds NAME_train_step from rlxc/train.py's step)
       ├─► --emit rlx|loops|llvm|asm|ptx   print that stage to stdout, build nothing
       ▼
-    rlxc/export.py (spec) → lowering/artifact/writer.py: OUTDIR/libNAME.so NAME.h NAME.json NAME/
+    rlxc/export.py (spec) → the --target backend's artifact writer (rlxc/registry.py ->
+    lowering/artifact/writer.py): OUTDIR/libNAME.so NAME.h NAME.json NAME/
 
 Transform expressions are parsed by a tiny recursive-descent parser (no
 eval): `NAME` or `NAME(arg, key=value, ...)` where a value is an identifier
@@ -29,7 +30,6 @@ import click
 
 from .main import main
 
-EMIT_STAGES = ("rlx", "loops", "llvm", "asm", "ptx")
 OPTIMIZERS = ("sgd", "adam", "adamw", "lion", "nadamw", "radam", "lamb", "adafactor", "muon")
 # LLVM x86 CPU names accepted by --cpu (besides "native").
 CPU_NAMES = (
@@ -48,37 +48,24 @@ AARCH64_CPU_NAMES = (
 )
 
 
-def cpu_targets() -> tuple[str, ...]:
-    """The CPU target names --target accepts besides cpu and cuda (lowering's TARGETS)."""
-    from rlxc.lowering.cpu.target import TARGETS
+def resolve_cpu(target: str, cpu: str) -> str:
+    """--cpu checked against --target's architecture; returns the backend's cpu string
+    (rlxc/registry.py CpuBackend.cpu_string: "native", "x86-64-v3",
+    "aarch64-linux-gnu:neoverse-n1", ...)."""
+    from rlxc.registry import CpuBackend, backend
 
-    return tuple(TARGETS)
-
-
-def resolve_cpu_target(target: str, cpu: str) -> tuple[str, str]:
-    """(--target, --cpu) -> (artifact target "cpu"|"cuda", the backend's cpu string)."""
-    if target in ("cpu", "cuda"):
-        if cpu not in ("native", "portable") + CPU_NAMES:
-            raise click.BadParameter(f"unknown CPU {cpu!r}; valid: native, portable, "
-                                     f"{', '.join(CPU_NAMES)}", param_hint="'--cpu'")
-        return target, cpu
-    from rlxc.lowering.cpu.target import TARGETS, host_target
-
-    tgt = TARGETS.get(target)
-    if tgt is None:
-        raise click.BadParameter(f"unknown target {target!r}; valid: cpu, cuda, "
-                                 f"{', '.join(TARGETS)}", param_hint="'--target'")
-    names = AARCH64_CPU_NAMES if tgt.arch == "aarch64" else ("portable",) + CPU_NAMES
-    if cpu == "native":
-        if tgt.arch == host_target().arch:
-            return "cpu", "native"
-        return "cpu", tgt.name
-    if cpu == "portable" and tgt.arch == "x86_64":
-        cpu = "x86-64-v3"
+    b = backend(target)
+    arch = b.arch() if isinstance(b, CpuBackend) else "x86_64"
+    names = (("native",) + AARCH64_CPU_NAMES if arch == "aarch64"
+             else ("native", "portable") + CPU_NAMES)
     if cpu not in names:
-        raise click.BadParameter(f"unknown CPU {cpu!r} for {tgt.name}; valid: native, "
+        raise click.BadParameter(f"unknown CPU {cpu!r} for --target {target}; valid: "
                                  f"{', '.join(names)}", param_hint="'--cpu'")
-    return "cpu", f"{tgt.name}:{cpu}"
+    if cpu == "portable":
+        from rlxc.lowering.artifact.isa import PORTABLE_CPU
+
+        cpu = PORTABLE_CPU
+    return b.cpu_string(cpu) if isinstance(b, CpuBackend) else cpu
 
 
 # -- transform expressions ------------------------------------------------------------
@@ -418,21 +405,61 @@ def _optimizer_from_file(path: str, attr: str):
     return obj
 
 
-# -- stages ---------------------------------------------------------------------------------
+# -- targets and stages (the backend registry, rlxc/registry.py) ------------------------------
+class _RegistryChoice(click.Choice):
+    """A click.Choice whose choices are read from the backend registry when used, so a
+    backend registered after import is a valid --target / --emit value."""
+
+    def __init__(self, names):
+        self._names = names
+        super().__init__(tuple(names()))
+
+    @property
+    def choices(self):
+        return tuple(self._names())
+
+    @choices.setter
+    def choices(self, value):
+        pass
+
+
+def _artifact_targets():
+    from rlxc.registry import artifact_targets
+
+    return artifact_targets()
+
+
+def _emit_stages():
+    from rlxc.registry import emit_stages
+
+    return emit_stages()
+
+
+def check_target(target: str, emit: str | None, train: bool) -> None:
+    """Usage errors for --emit / --train that `target`'s backend does not provide."""
+    from rlxc.registry import artifact_targets, backend
+
+    b = backend(target)
+    if emit is not None and emit != "rlx" and emit not in b.stages:
+        have = [t for t in artifact_targets() if emit in backend(t).stages]
+        raise click.UsageError(
+            f"--emit {emit} is not a stage of --target {target} (its stages: "
+            f"{', '.join(('rlx',) + b.stages)}); --emit {emit} needs "
+            + " or ".join(f"--target {t}" for t in have))
+    if train and not b.train_artifact:
+        have = [t for t in artifact_targets() if backend(t).train_artifact]
+        raise click.UsageError(f"--train exports a C train step, which --target {target} "
+                               f"does not build: use " + " or ".join(f"--target {t}"
+                                                                      for t in have))
+
+
 def emit_stage(stage: str, func, name: str, target: str, cpu: str) -> str:
     """The text of one pipeline stage of `func` (compiled under the symbol `name`)."""
     if stage == "rlx":
         return func.mlir()
-    if stage == "ptx":
-        from rlxc.lowering.gpu import driver as gpu_driver
+    from rlxc.registry import backend
 
-        return gpu_driver.emit_ptx(func.module)
-    from rlxc.lowering.cpu import driver as backend
-
-    fn = {"loops": backend.emit_loops, "llvm": backend.emit_llvm, "asm": backend.emit_asm}[stage]
-    if stage == "loops":
-        return fn(func.module, name)
-    return fn(func.module, name, cpu=cpu)
+    return backend(target).emit(stage, func.module, name, cpu)
 
 
 class _Command(click.Command):
@@ -453,9 +480,10 @@ class _Command(click.Command):
               help="Output directory for libNAME.so, NAME.h, NAME.json and NAME/.")
 @click.option("--name", help="Artifact name (a C identifier, not a Python keyword or a "
                               "standard module); default: the Func's name made C-safe.")
-@click.option("--target", default="cpu", show_default=True,
-              help="cpu (this machine's architecture), cuda, or a CPU target to "
-                   "cross-compile for: x86_64-linux-gnu, aarch64-linux-gnu.")
+@click.option("--target", type=_RegistryChoice(_artifact_targets), default="cpu",
+              show_default=True, help="A registered backend (rlxc/registry.py): cpu (this "
+                                      "machine), cuda, or a CPU to cross-compile for "
+                                      "(aarch64-linux-gnu, x86_64-linux-gnu).")
 @click.option("--cpu", "cpu", default="native", show_default=True,
               help="LLVM CPU name: native (this machine), portable (x86-64-v3: AVX2+FMA, "
                    "for unknown machines), x86-64-v4, skylake-avx512, znver4, ...; with "
@@ -465,7 +493,7 @@ class _Command(click.Command):
                    "vmap(x, 8), jvp(tangent_for=[x]), hvp(wrt=[x]); repeatable, in order.")
 @click.option("--params", "params_file", metavar="FILE.safetensors",
               help="Bake these param values into the library.")
-@click.option("--emit", type=click.Choice(EMIT_STAGES),
+@click.option("--emit", type=_RegistryChoice(_emit_stages),
               help="Print this stage to stdout instead of building.")
 @click.option("--train", is_flag=True, help="Also export NAME_train_step (first output = loss).")
 @click.option("--optimizer", default="adamw", show_default=True,
@@ -487,14 +515,8 @@ def compile_cmd(src, outdir, name, target, cpu, transforms, params_file, emit, t
 
     if emit is None and not outdir:
         raise click.UsageError("missing -o OUTDIR (or pass --emit STAGE to print a stage)")
-    target, cpu = resolve_cpu_target(target, cpu)
-    if emit == "ptx" and target != "cuda":
-        raise click.UsageError("--emit ptx needs --target cuda")
-    if train and target == "cuda":
-        raise click.UsageError("--train exports a C train step: use --target cpu")
-    if emit in ("loops", "llvm", "asm") and target == "cuda":
-        raise click.UsageError(f"--emit {emit} is a CPU stage; with --target cuda use "
-                               "--emit rlx or --emit ptx")
+    check_target(target, emit, train)
+    cpu = resolve_cpu(target, cpu)
     from rlxc.lowering.artifact.spec import check_name
 
     if name is not None:
@@ -545,7 +567,9 @@ def compile_cmd(src, outdir, name, target, cpu, transforms, params_file, emit, t
             ok = True
             click.echo(text, nl=not text.endswith("\n"))
             return
-        meta = aot.build_artifact(spec, outdir, progress)
+        from rlxc.registry import backend
+
+        meta = backend(target).write_artifact(spec, outdir, progress)
         ok = True
     except click.ClickException:
         raise

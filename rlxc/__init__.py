@@ -18,7 +18,7 @@ from .schedules import LrSchedule  # noqa: E402
 
 _LAZY = {
     "Func": "rlxc.func",
-    "default_device": "rlxc.func",
+    "default_device": "rlxc.registry",
     "GraphScope": "rlxc.tensor",
     "Tensor": "rlxc.tensor",
     "concat": "rlxc.tensor",

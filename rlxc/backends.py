@@ -8,6 +8,11 @@
           ├─ executor(func, device).run(arrays in signature order)    (Func.run path)
           └─ jit(func, device) -> Jitted.run(*inputs, **inputs)        (no cache lookup)
 
+`device` is a CPU-family target (runtime/targets.py).  The backend registry
+(rlxc/registry.py) calls these for its CPU backends, and `cuda_program` /
+CudaJitted for "cuda"; this module never imports the registry.  Calls go
+through runtime/call.py.
+
 Disk cache: $RLXC_CACHE_DIR, else ~/.cache/rlxc.  An entry is KEY.json plus
 KEY-SHA16.so, where SHA16 starts the sha256 of the library's bytes; the JSON
 holds the full sha256, the byte size and the runtime metadata.  Loading checks
@@ -36,6 +41,8 @@ import numpy as np
 from rlxc.runtime.cpu import ABI, NP_DTYPES, CpuCaller, CpuExecutor, CpuLibrary
 from rlxc.runtime.errors import ArtifactError
 from rlxc.runtime.signature import coerce
+from rlxc.runtime.targets import target as runtime_target
+from rlxc.runtime.targets import target_names
 
 STATS = {"compiles": 0, "disk_hits": 0, "memory_hits": 0, "rejected": 0}
 CACHE_FORMAT = "rlxc-cpu-cache"
@@ -134,8 +141,15 @@ def _options(options: dict) -> tuple:
 
 
 def _check_device(device: str) -> None:
-    if device != "cpu":
-        raise ValueError(f"unknown native device {device!r}; valid: ['cpu', 'cuda']")
+    """`device` must name a CPU-family target (runtime/targets.py): its code is a shared
+    library.  (The registry, rlxc/registry.py, routes every other device elsewhere.)"""
+    if runtime_target(device).family != "cpu":
+        raise ValueError(f"{device!r} is not a CPU target (its code is not a shared library); "
+                         f"CPU targets: {[t for t in target_names() if _is_cpu(t)]}")
+
+
+def _is_cpu(name: str) -> bool:
+    return runtime_target(name).family == "cpu"
 
 
 def _entry_key(name: str, device: str, cpu: str, opt: int, threads: int) -> str:
@@ -310,9 +324,8 @@ def cuda_program(func, arch: str | None = None):
 
 
 def executor(func, device: str = "cpu", **options) -> CpuExecutor:
-    """An object with `.run(arrays) -> outputs` (arrays: every argument in signature order)."""
-    if device == "cuda":
-        return cuda_program(func, options.get("arch"))
+    """The CpuExecutor of `func`'s library (one per loaded library): `.run(arrays)` with
+    every argument in signature order."""
     lib = library(func, device, **options)
     ex = _executors.get(id(lib))
     if ex is None or ex.lib is not lib:
@@ -322,8 +335,6 @@ def executor(func, device: str = "cpu", **options) -> CpuExecutor:
 
 def jit(func, device: str = "cpu", **options) -> "Jitted":
     """Compile (or fetch) `func` once and return a Jitted bound to its params."""
-    if device == "cuda":
-        return CudaJitted(func, cuda_program(func, options.get("arch")))
     return Jitted(func, library(func, device, **options))
 
 
@@ -334,7 +345,7 @@ class CudaJitted:
         self.func, self.program = func, program
 
     def run(self, *args, **inputs) -> list:
-        return self.program.run(self.func._bind(args, inputs, f"{self.func.name}.run"))
+        return self.program.run(self.func.bind_call(args, inputs, f"{self.func.name}.run"))
 
     __call__ = run
 
@@ -388,7 +399,7 @@ class Jitted:
                 arrays.append(a)
             else:
                 return self._caller.call(arrays)
-        full = self.func._bind((), inputs, f"{self.func.name}.run")
+        full = self.func.bind_call((), inputs, f"{self.func.name}.run")
         return self._caller.call([full[i] for i in self._in_pos],
                                  [full[i] for i in self._par_pos])
 
@@ -407,5 +418,6 @@ class Jitted:
         return f"Jitted({self.func.name!r}, {self.lib.path})"
 
 
-__all__ = ["executor", "jit", "cuda_program", "CudaJitted", "library", "library_for", "Jitted",
+__all__ = ["executor", "jit", "cuda_program", "CudaJitted", "library",
+           "library_for", "Jitted",
            "STATS", "cache_dir", "clear_memory_cache", "compiler_fingerprint"]

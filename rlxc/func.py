@@ -14,7 +14,6 @@ Trainer's step, rlxc/train.py) never imports xDSL.
 from __future__ import annotations
 
 import hashlib
-import os
 import threading
 
 import numpy as np
@@ -22,9 +21,10 @@ import numpy as np
 from rlxc.runtime.errors import NameLookupError
 from rlxc.runtime.signature import bind_args, coerce
 
+from .registry import backend, default_device
 from .tensor import GraphScope, Tensor
 
-DEVICES = ("cpu", "interp", "cuda")
+__all__ = ["Func", "default_device"]
 
 
 class Func:
@@ -105,6 +105,11 @@ class Func:
         if self._src is not None:
             return "trace:" + self._src.trace.digest()
         return self.ir_hash()
+
+    def with_module(self, module) -> "Func":
+        """A new Func of the same name on `module` (an rlx module, e.g. this one after
+        more passes); params carried over where the new signature has them."""
+        return self._derive(module=module)
 
     def _derive(self, module=None, params=None, name=None) -> "Func":
         """A new Func: same IR unless `module` is given; params carried over where they fit."""
@@ -278,42 +283,36 @@ class Func:
 
         return load_params(self, path, strict)
 
-    # -- running -------------------------------------------------------------
-    def _bind(self, args, kwargs, what="run") -> list[np.ndarray]:
+    # -- running (devices come from the backend registry, rlxc/registry.py) ----------
+    def bind_call(self, args, inputs: dict, what: str = "run") -> list[np.ndarray]:
+        """Every argument in signature order for one call: `args` is () or a single dict
+        of inputs, `inputs` names inputs (or params, overriding their binding); each
+        array validated (runtime.signature.bind_args), bound params filled in."""
         if args:
             if len(args) != 1 or not isinstance(args[0], dict):
                 raise TypeError(f"{what}: pass inputs by name, run(x=...) or run({{'x': ...}})")
-            kwargs = {**args[0], **kwargs}
-        return bind_args(self._args, kwargs, self._bound, what)
+            inputs = {**args[0], **inputs}
+        return bind_args(self._args, inputs, self._bound, what)
 
     def run(self, *args, **inputs) -> list[np.ndarray]:
-        """Run on the default device; returns a list of arrays shaped like the outputs."""
+        """Run on the default device (`default_device()`: RLXC_DEVICE, else the best
+        available backend); returns a list of arrays shaped like the outputs."""
         return self.run_on(default_device(), *args, **inputs)
 
     def run_on(self, device: str, *args, **inputs) -> list[np.ndarray]:
-        """Run on "cpu" (native), "interp" (the NumPy reference) or "cuda"."""
-        arrays = self._bind(args, inputs, f"{self.name}.run")
-        return self._executor(device).run(arrays)
+        """Run on a registered device: "cpu" (native), "cuda" or "interp" (the NumPy
+        reference), see `rlxc.registry.devices()`."""
+        b = backend(device)
+        arrays = self.bind_call(args, inputs, f"{self.name}.run")
+        return b.executor(self).run(arrays)
 
     def jit(self):
         """A `Jitted` for the default device: compiled once, `.run` does no cache lookup."""
         return self.jit_on(default_device())
 
     def jit_on(self, device: str):
-        if device not in DEVICES or device == "interp":
-            raise ValueError(f"jit_on: unknown native device {device!r}; valid: ['cpu', 'cuda']")
-        from rlxc.backends import jit
-
-        return jit(self, device)
-
-    def _executor(self, device: str):
-        if device == "interp":
-            return _Interp(self._module)
-        if device not in DEVICES:
-            raise ValueError(f"unknown device {device!r}; valid: {list(DEVICES)}")
-        from rlxc.backends import executor
-
-        return executor(self, device)
+        """A `Jitted` for a native device ("cpu", "cuda", see rlxc.registry.native_devices)."""
+        return backend(device).jit(self)
 
     def __repr__(self):
         sig = ", ".join(f"{a.kind} {a.name}: {a.shape}" for a in self._args)
@@ -327,16 +326,6 @@ def _names(names) -> list[str]:
     if not all(isinstance(n, str) for n in names):
         raise TypeError(f"expected a list of names, got {names!r}")
     return names
-
-
-class _Interp:
-    def __init__(self, module):
-        self.module = module
-
-    def run(self, arrays):
-        from rlxc.dialect.interpreter import interpret
-
-        return interpret(self.module, arrays)
 
 
 class _Traced:
@@ -360,20 +349,6 @@ class _Traced:
                     self._module = M.from_trace(self.trace)
                 m = self._module
         return m
-
-
-def default_device() -> str:
-    """RLXC_DEVICE if set, else the native CPU backend when it is available."""
-    env = os.environ.get("RLXC_DEVICE")
-    if env:
-        if env not in DEVICES:
-            raise ValueError(f"RLXC_DEVICE={env!r}; valid: {list(DEVICES)}")
-        return env
-    try:
-        import rlxc.backends  # noqa: F401
-    except ImportError:
-        return "interp"
-    return "cpu"
 
 
 def c_symbol(name: str) -> str:

@@ -78,7 +78,7 @@ __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "Lion", "NAdamW", "RAdam", "LAMB
 _F32 = np.float32
 
 
-def _check_nonneg(owner: str, name: str, value) -> float:
+def check_nonneg(owner: str, name: str, value) -> float:
     try:
         value = float(value)
     except (TypeError, ValueError):
@@ -88,19 +88,19 @@ def _check_nonneg(owner: str, name: str, value) -> float:
     return value
 
 
-def _check_unit(owner: str, name: str, value) -> float:
-    value = _check_nonneg(owner, name, value)
+def check_unit(owner: str, name: str, value) -> float:
+    value = check_nonneg(owner, name, value)
     if not value < 1.0:
         raise ValueError(f"{owner}: {name} must be in [0, 1), got {value!r}")
     return value
 
 
-def _betas(owner: str, betas) -> tuple[float, float]:
+def check_betas(owner: str, betas) -> tuple[float, float]:
     try:
         b1, b2 = betas
     except (TypeError, ValueError):
         raise ValueError(f"{owner}: betas must be a pair (b1, b2), got {betas!r}") from None
-    return _check_unit(owner, "beta1", b1), _check_unit(owner, "beta2", b2)
+    return check_unit(owner, "beta1", b1), check_unit(owner, "beta2", b2)
 
 
 def _hp_property(name: str, doc: str) -> property:
@@ -175,7 +175,7 @@ class Optimizer:
         out = {}
         for k, v in hp.items():
             if k == "lr":
-                out[k] = _check_nonneg(name, "lr", v)
+                out[k] = check_nonneg(name, "lr", v)
             elif isinstance(v, (bool, np.bool_)):
                 out[k] = 1.0 if v else 0.0
             else:
@@ -224,7 +224,7 @@ class Optimizer:
 
     def set_lr(self, lr: float) -> None:
         """Set the learning rate; it persists and is saved by `state_dict`."""
-        self._hp["lr"] = _check_nonneg(type(self).__name__, "lr", lr)
+        self._hp["lr"] = check_nonneg(type(self).__name__, "lr", lr)
 
     def describe(self) -> dict:
         """Everything the native compiler needs to emit this update."""
@@ -259,7 +259,7 @@ class Optimizer:
         t = self._t + 1 if t is None else int(t)
         if t < 1:
             raise ValueError(f"{type(self).__name__}: update number t must be >= 1, got {t}")
-        lr = self.lr if lr is None else _check_nonneg(type(self).__name__, "lr", lr)
+        lr = self.lr if lr is None else check_nonneg(type(self).__name__, "lr", lr)
         return {k: _F32(v) for k, v in self.scalars(t, lr).items()}
 
     def scalar_recipe(self) -> dict[str, tuple]:
@@ -516,10 +516,10 @@ class SGD(Optimizer):
     @classmethod
     def _validate_hp(cls, hp: dict) -> dict[str, float]:
         out = {
-            "lr": _check_nonneg("SGD", "lr", hp["lr"]),
-            "momentum": _check_unit("SGD", "momentum", hp["momentum"]),
+            "lr": check_nonneg("SGD", "lr", hp["lr"]),
+            "momentum": check_unit("SGD", "momentum", hp["momentum"]),
             "nesterov": 1.0 if hp["nesterov"] else 0.0,
-            "weight_decay": _check_nonneg("SGD", "weight_decay", hp["weight_decay"]),
+            "weight_decay": check_nonneg("SGD", "weight_decay", hp["weight_decay"]),
         }
         if out["nesterov"] and out["momentum"] == 0.0:
             raise ValueError("SGD: nesterov=True needs momentum > 0")
@@ -569,18 +569,18 @@ class Adam(Optimizer):
 
     def __init__(self, lr: float, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0):
-        b1, b2 = _betas(type(self).__name__, betas)
+        b1, b2 = check_betas(type(self).__name__, betas)
         super().__init__(lr=lr, beta1=b1, beta2=b2, eps=eps, weight_decay=weight_decay)
 
     @classmethod
     def _validate_hp(cls, hp: dict) -> dict[str, float]:
         name = cls.__name__
         return {
-            "lr": _check_nonneg(name, "lr", hp["lr"]),
-            "beta1": _check_unit(name, "beta1", hp["beta1"]),
-            "beta2": _check_unit(name, "beta2", hp["beta2"]),
-            "eps": _check_nonneg(name, "eps", hp["eps"]),
-            "weight_decay": _check_nonneg(name, "weight_decay", hp["weight_decay"]),
+            "lr": check_nonneg(name, "lr", hp["lr"]),
+            "beta1": check_unit(name, "beta1", hp["beta1"]),
+            "beta2": check_unit(name, "beta2", hp["beta2"]),
+            "eps": check_nonneg(name, "eps", hp["eps"]),
+            "weight_decay": check_nonneg(name, "weight_decay", hp["weight_decay"]),
         }
 
     betas = property(lambda self: (self._hp["beta1"], self._hp["beta2"]))
@@ -648,16 +648,16 @@ class Lion(Optimizer):
 
     def __init__(self, lr: float, betas: tuple[float, float] = (0.9, 0.99),
                  weight_decay: float = 0.0):
-        b1, b2 = _betas("Lion", betas)
+        b1, b2 = check_betas("Lion", betas)
         super().__init__(lr=lr, beta1=b1, beta2=b2, weight_decay=weight_decay)
 
     @classmethod
     def _validate_hp(cls, hp: dict) -> dict[str, float]:
         return {
-            "lr": _check_nonneg("Lion", "lr", hp["lr"]),
-            "beta1": _check_unit("Lion", "beta1", hp["beta1"]),
-            "beta2": _check_unit("Lion", "beta2", hp["beta2"]),
-            "weight_decay": _check_nonneg("Lion", "weight_decay", hp["weight_decay"]),
+            "lr": check_nonneg("Lion", "lr", hp["lr"]),
+            "beta1": check_unit("Lion", "beta1", hp["beta1"]),
+            "beta2": check_unit("Lion", "beta2", hp["beta2"]),
+            "weight_decay": check_nonneg("Lion", "weight_decay", hp["weight_decay"]),
         }
 
     betas = property(lambda self: (self._hp["beta1"], self._hp["beta2"]))

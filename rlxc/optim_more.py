@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .optim import Optimizer, _betas, _check_nonneg, _check_unit, select
+from .optim import Optimizer, check_betas, check_nonneg, check_unit, select
 
 __all__ = ["NAdamW", "RAdam", "LAMB", "Adafactor", "Muon"]
 
@@ -62,11 +62,11 @@ NS_EPS = 1e-7
 
 def _adam_hp(cls, hp: dict) -> dict[str, float]:
     name = cls.__name__
-    return {"lr": _check_nonneg(name, "lr", hp["lr"]),
-            "beta1": _check_unit(name, "beta1", hp["beta1"]),
-            "beta2": _check_unit(name, "beta2", hp["beta2"]),
-            "eps": _check_nonneg(name, "eps", hp["eps"]),
-            "weight_decay": _check_nonneg(name, "weight_decay", hp["weight_decay"])}
+    return {"lr": check_nonneg(name, "lr", hp["lr"]),
+            "beta1": check_unit(name, "beta1", hp["beta1"]),
+            "beta2": check_unit(name, "beta2", hp["beta2"]),
+            "eps": check_nonneg(name, "eps", hp["eps"]),
+            "weight_decay": check_nonneg(name, "weight_decay", hp["weight_decay"])}
 
 
 def _adam_scalars(hp: dict, t, lr) -> dict:
@@ -101,7 +101,7 @@ class _AdamFamily(Optimizer):
 
     def __init__(self, lr: float, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.01):
-        b1, b2 = _betas(type(self).__name__, betas)
+        b1, b2 = check_betas(type(self).__name__, betas)
         super().__init__(lr=lr, beta1=b1, beta2=b2, eps=eps, weight_decay=weight_decay)
 
     @classmethod
@@ -235,15 +235,15 @@ class Adafactor(Optimizer):
         dr = float(hp["decay_rate"])
         if not -1.0 <= dr < 0.0:
             raise ValueError(f"Adafactor: decay_rate must be in [-1, 0), got {hp['decay_rate']!r}")
-        ct = _check_nonneg("Adafactor", "clip_threshold", hp["clip_threshold"])
+        ct = check_nonneg("Adafactor", "clip_threshold", hp["clip_threshold"])
         if ct == 0.0:
             raise ValueError("Adafactor: clip_threshold must be > 0")
-        return {"lr": _check_nonneg("Adafactor", "lr", hp["lr"]),
-                "beta1": _check_unit("Adafactor", "beta1", hp["beta1"]),
+        return {"lr": check_nonneg("Adafactor", "lr", hp["lr"]),
+                "beta1": check_unit("Adafactor", "beta1", hp["beta1"]),
                 "decay_rate": dr,
-                "eps1": _check_nonneg("Adafactor", "eps1", hp["eps1"]),
+                "eps1": check_nonneg("Adafactor", "eps1", hp["eps1"]),
                 "clip_threshold": ct,
-                "weight_decay": _check_nonneg("Adafactor", "weight_decay", hp["weight_decay"])}
+                "weight_decay": check_nonneg("Adafactor", "weight_decay", hp["weight_decay"])}
 
     @classmethod
     def _slots_for(cls, hp):
@@ -330,7 +330,7 @@ class Muon(Optimizer):
     def __init__(self, lr: float, momentum: float = 0.95, nesterov: bool = True,
                  ns_steps: int = 5, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.01):
-        b1, b2 = _betas("Muon", betas)
+        b1, b2 = check_betas("Muon", betas)
         super().__init__(lr=lr, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps,
                          beta1=b1, beta2=b2, eps=eps, weight_decay=weight_decay)
 
@@ -340,7 +340,7 @@ class Muon(Optimizer):
         steps = hp["ns_steps"]
         if isinstance(steps, bool) or not float(steps).is_integer() or not 1 <= steps <= 20:
             raise ValueError(f"Muon: ns_steps must be an integer in [1, 20], got {steps!r}")
-        out.update(momentum=_check_unit("Muon", "momentum", hp["momentum"]),
+        out.update(momentum=check_unit("Muon", "momentum", hp["momentum"]),
                    nesterov=1.0 if hp["nesterov"] else 0.0, ns_steps=float(steps))
         return out
 

@@ -60,10 +60,12 @@ from rlxc.runtime.errors import NameLookupError
 from rlxc.runtime.signature import coerce
 
 from .optim import Optimizer
+from .registry import backend, default_device
 from .tensor import GraphScope, where
 
 __all__ = ["StepProgram", "step_program", "train_step", "save_params", "load_params",
-           "clip_reference", "qat_hook", "check_call_shape"]
+           "clip_reference", "qat_hook", "check_call_shape", "optimizer_structure",
+           "bound_params", "loss_value", "coerce_data"]
 
 _FLT_MAX = float(np.finfo(np.float32).max)
 _DBL_MAX = float(np.finfo(np.float64).max)
@@ -72,7 +74,8 @@ _DBL_MAX = float(np.finfo(np.float64).max)
 NORM_DTYPES = {"interp": "f64", "cpu": "f64", "cuda": "f32", None: "f64"}
 
 
-def _structure(opt: Optimizer) -> tuple:
+def optimizer_structure(opt: Optimizer) -> tuple:
+    """What of an optimizer shapes the step graph (kind, slots, switches): the cache key."""
     return opt.structure()
 
 
@@ -161,7 +164,7 @@ class StepProgram:
     def executor(self, device: str):
         ex = self.executors.get(device)
         if ex is None:
-            ex = self.func._executor(device)
+            ex = backend(device).executor(self.func)
             self.executors[device] = ex
         return ex
 
@@ -276,7 +279,7 @@ def step_program(f, opt: Optimizer, wrt=None, max_grad_norm: float = 0.0, quant=
     wrt = resolve_wrt(f, wrt)
     max_grad_norm = float(max_grad_norm)
     qkey = _quant_key(quant)
-    key = (f.trace_hash(), _structure(opt), tuple(wrt), max(max_grad_norm, 0.0), qkey,
+    key = (f.trace_hash(), optimizer_structure(opt), tuple(wrt), max(max_grad_norm, 0.0), qkey,
            norm_dtype, tuple(opt.step_scalars(1, opt.lr)))
     prog = _CACHE.get(key)
     if prog is None:
@@ -289,7 +292,7 @@ def step_program(f, opt: Optimizer, wrt=None, max_grad_norm: float = 0.0, quant=
 
 
 def _build(f, opt, wrt, max_grad_norm, qkey, norm_dtype) -> StepProgram:
-    from .func import Func
+    Func = type(f)  # rlxc.func.Func, taken from `f`: this module never imports func.py
 
     slots = opt.slots()
     scalar_names = list(opt.step_scalars(1, opt.lr).keys())
@@ -338,13 +341,13 @@ def _build(f, opt, wrt, max_grad_norm, qkey, norm_dtype) -> StepProgram:
 
         vg = f.value_and_grad(wrt)
         step = Func(f"{f.name}_train_step", lambda sc: build(sc, vg))
-        return step._derive(module=cleanup(step.module))  # drops unused scalar slices
+        return step.with_module(cleanup(step.module))  # drops unused scalar slices
 
     return StepProgram(make, [a.name for a in sig if a.kind == "input"],
                        [a.name for a in sig if a.kind == "param"], list(wrt), slots, slot_args,
                        scalar_names, None if qkey is None else
                        ("callable" if qkey == "callable" else qkey[1]),
-                       _structure(opt), max_grad_norm)
+                       optimizer_structure(opt), max_grad_norm)
 
 
 def _clip(sc: GraphScope, grads, max_norm: float, nd: str):
@@ -384,7 +387,7 @@ def _clip(sc: GraphScope, grads, max_norm: float, nd: str):
 
 # -- Func.train_step -----------------------------------------------------------
 
-def _bound_params(f) -> dict:
+def bound_params(f) -> dict:
     bound = f.params()
     missing = [n for n in f.param_names() if n not in bound]
     if missing:
@@ -422,7 +425,7 @@ def coerce_data(prog: StepProgram, f, inputs) -> list:
     return out
 
 
-def _loss_value(x):
+def loss_value(x):
     a = np.asarray(x)
     return float(a.reshape(())) if a.size == 1 else a.copy()
 
@@ -493,8 +496,6 @@ def train_step(f, opt: Optimizer, inputs, wrt=None, schedule=None, step: int = 0
     The optimizer's state (opt.state, opt.t) is read and advanced, exactly as
     `opt.step` would; with a `schedule`, `opt.set_lr(schedule.lr_at(step))`
     sets the optimizer's lr first (it persists, as in RLX's `_at` variants)."""
-    from .func import default_device
-
     check_call_shape(inputs, wrt, schedule)
     device = device or default_device()
     prog = step_program(f, opt, wrt, max_grad_norm, quant, device=device)
@@ -503,7 +504,7 @@ def train_step(f, opt: Optimizer, inputs, wrt=None, schedule=None, step: int = 0
     lr = opt.lr
     t = opt.t + 1
     scal = prog.scalar_vector(opt, t, lr)
-    bound = _bound_params(f)
+    bound = bound_params(f)
     args = coerce_data(prog, f, inputs)
     args += [bound[n] for n in prog.params]
     for p, s in prog.slot_args:
@@ -522,16 +523,12 @@ def train_step(f, opt: Optimizer, inputs, wrt=None, schedule=None, step: int = 0
         args += [qf(n, bound[n]) for n in prog.wrt]
     outs = prog.executor(device).run(args)
     nw = len(prog.wrt)
-    new_params = {}
-    for n, a in zip(prog.wrt, outs[1:1 + nw]):
-        a = np.array(a, np.float32, copy=True)
-        a.flags.writeable = False
-        new_params[n] = a
+    new_params = dict(zip(prog.wrt, outs[1:1 + nw]))  # with_params copies them
     slots = outs[1 + nw:]
     for (p, s), a in zip(prog.slot_args, slots):
         opt.state.setdefault(p, {})[s] = np.array(a, np.float32, copy=True)
     opt._t = t  # the counter Optimizer.step advances
-    return f._derive(params=new_params), _loss_value(outs[0])
+    return f.with_params(new_params), loss_value(outs[0])
 
 
 # -- params as a safetensors file ------------------------------------------------
@@ -540,7 +537,7 @@ def save_params(f, path, metadata=None) -> None:
     """Write every param of `f` (all must be bound) to `path`."""
     from .checkpoint import save_tensors
 
-    bound = _bound_params(f)
+    bound = bound_params(f)
     meta = {"rlxc.kind": "params", "rlxc.func": f.name}
     meta.update(metadata or {})
     save_tensors(path, {n: np.asarray(bound[n]) for n in f.param_names()}, meta)

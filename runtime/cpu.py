@@ -5,9 +5,10 @@
           │             rlxc_set_num_threads(RLXC_NUM_THREADS)
           ▼
     CpuCaller(lib, params=None).call(inputs[, params]) -> outputs
-          per Python thread, created once: ctypes pointer arrays for inputs,
-          outputs and params, and a 64-byte aligned workspace
-          per call: write the data pointers, get the outputs, one foreign call
+          per Python thread, created once: a CallFrame (runtime/call.py, the one
+          native call path): ctypes pointer arrays for inputs, outputs and
+          params, and a 64-byte aligned workspace
+          per call: write the data pointers, get the outputs, CallFrame.invoke
 
 Contract.  Arrays handed to `call` must already be C-contiguous with the
 declared dtype and element count (`runtime.signature.coerce` makes them so;
@@ -54,6 +55,7 @@ from collections import deque
 
 import numpy as np
 
+from .call import CallFrame, checked_array, data_address
 from .errors import ArtifactError, RlxError
 
 NP_DTYPES = {"f32": np.float32, "f64": np.float64, "i1": np.bool_, "i32": np.int32,
@@ -62,31 +64,7 @@ _EXC = {"IndexError": IndexError, "ValueError": ValueError, "RuntimeError": Runt
 ABI = 1
 
 
-def _addr_slow(a: np.ndarray) -> int:
-    return a.__array_interface__["data"][0]
-
-
-def _fast_addr():
-    """The data pointer of an ndarray read from its object struct (PyArrayObject: the
-    PyObject header, then `char *data`), ~0.2 us instead of ~1.6 us for
-    __array_interface__.  Used only if it agrees with __array_interface__ here (CPython,
-    NumPy's layout); otherwise the slow path."""
-    import ctypes as ct
-
-    try:
-        off = object.__basicsize__  # the PyObject header: data is the next field
-        read = ct.c_void_p.from_address
-        base = np.arange(64, dtype=np.float32)
-        probes = [base, base[3:], base[5:9].reshape(2, 2), np.zeros((), np.int32),
-                  np.empty((3, 0), np.float64), np.ones(7, np.bool_)[1:]]
-        if all((read(id(a) + off).value or 0) == _addr_slow(a) for a in probes):
-            return lambda a: read(id(a) + off).value or 0
-    except Exception:  # noqa: BLE001
-        pass
-    return _addr_slow
-
-
-_addr = _fast_addr()
+_addr = data_address
 
 
 REUSE_MIN_BYTES = 1 << 20
@@ -282,17 +260,14 @@ class CpuLibrary:
         return _EXC.get(kind, RlxError)(msg)
 
 
-class _ThreadState:
-    __slots__ = ("ins", "outs", "pars", "ws", "ws_ptr", "bound", "prev")
+class _ThreadState(CallFrame):
+    """A thread's CallFrame (runtime/call.py), plus whether the bound params are pointed
+    and the large outputs of its last call (for reuse once released)."""
+
+    __slots__ = ("bound", "prev")
 
     def __init__(self, lib: CpuLibrary):
-        self.ins = (ctypes.c_void_p * max(1, len(lib.inputs)))()
-        self.outs = (ctypes.c_void_p * max(1, len(lib.outputs)))()
-        self.pars = (ctypes.c_void_p * max(1, len(lib.params)))()
-        n = lib.workspace_size
-        self.ws = np.empty(n + 64, dtype=np.uint8)
-        base = _addr(self.ws)
-        self.ws_ptr = ctypes.c_void_p(base + (-base % 64))
+        super().__init__(lib)
         self.bound = False
         self.prev = None  # the large outputs of the last call, for reuse once released
 
@@ -308,8 +283,6 @@ class CpuCaller:
         self._params = None if params is None else list(params)
         self._local = threading.local()
         self._out_specs = lib.outputs
-        self._entry = lib.entry
-        self._gov = lib.governor
         self._reuse = _env_flag("RLXC_REUSE_OUTPUTS") and any(
             np.dtype(d).itemsize * _numel(s) >= REUSE_MIN_BYTES for s, d in lib.outputs)
 
@@ -342,16 +315,15 @@ class CpuCaller:
         optr = st.outs
         for i, o in enumerate(outs):
             optr[i] = _addr(o)
-        gov = self._gov
-        tok = gov.begin()
-        rc = self._entry(ins, optr, st.pars, st.ws_ptr)
-        gov.end(tok)
-        if params is not None and self._params is not None:
+        if params is None or self._params is None:
+            st.invoke()
+            return outs
+        try:
+            st.invoke()
+        finally:
             for i, p in enumerate(self._params):  # restore the bound pointers
                 st.pars[i] = _addr(p)
             st.bound = True
-        if rc:
-            raise self.lib.error(rc)
         return outs
 
     def _outputs(self, st) -> list:
@@ -406,21 +378,6 @@ class CpuExecutor:
         if len(arrays) != len(self.lib.args):
             raise ValueError(f"{self.lib.meta['name']}: expected {len(self.lib.args)} arrays "
                              f"(inputs and params in signature order), got {len(arrays)}")
-        return self._caller.call([_checked(arrays[i], self.lib.args[i]) for i in self._in_pos],
-                                 [_checked(arrays[i], self.lib.args[i]) for i in self._par_pos])
-
-
-def _checked(a, spec) -> np.ndarray:
-    """`a` as the C-contiguous array the entry expects (converted once if needed)."""
-    want = NP_DTYPES[spec["dtype"]]
-    n = 1
-    for d in spec["shape"]:
-        n *= d
-    if not (isinstance(a, np.ndarray) and a.dtype == want and a.flags.c_contiguous):
-        a = np.ascontiguousarray(a, dtype=want)
-    if a.size != n:
-        from .errors import ShapeError
-
-        raise ShapeError(f"{spec['kind']} {spec['name']!r} expects shape "
-                         f"{tuple(spec['shape'])}, got {a.shape}")
-    return a
+        args = self.lib.args
+        return self._caller.call([checked_array(arrays[i], args[i]) for i in self._in_pos],
+                                 [checked_array(arrays[i], args[i]) for i in self._par_pos])

@@ -29,10 +29,13 @@ Algorithm (check everything before handing the .so to the dynamic loader)
    Calls into the library release the GIL (ctypes), so two modules can run
    concurrently from two threads; calls on one module are serialized by a lock.
 
-A `--target cuda` artifact has no C library: its "library" is NAME.rlxcuda,
-runtime/cuda.py's container (PTX, cubin, launch plan) plus a "params" blob of
-the baked params; steps 1-2 (less the ELF check) are the same, then runtime/cuda.py loads it on
-the GPU (CudaUnavailable, an RlxError, where there is none).
+The JSON's `target` names a runtime target (runtime/targets.py); its family
+picks the implementation from `_IMPLS` ("cpu": the C ABI above; "cuda": no C
+library, its "library" is NAME.rlxcuda, runtime/cuda.py's container of PTX,
+cubin and launch plan plus a "params" blob of the baked params, loaded on the
+GPU, CudaUnavailable where there is none; steps 1-2, less the ELF check, are
+the same).  A CPU-family artifact built for another machine (a cross target
+such as aarch64-linux-gnu) is refused before any check that reads the library.
 """
 from __future__ import annotations
 
@@ -53,10 +56,11 @@ import numpy as np
 from .cpufeatures import missing_features
 from .errors import ArtifactError, NameLookupError, RlxError, ShapeError
 from .signature import NP_DTYPES, coerce
+from .targets import target as runtime_target
+from .targets import target_names
 
 ABI_VERSION = 2  # 2: NAME_check_cpu, RLX_ERR_CPU
 ARTIFACT_FORMAT = "rlxc-artifact"
-TARGETS = ("cpu", "cuda")
 
 # C error codes (the same table is written into every NAME.h).
 RLX_OK = 0
@@ -152,8 +156,8 @@ def validate_metadata(meta, path: str = "<metadata>") -> dict:
     if not _IDENT.match(name):
         _fail(path, f"name {name!r} is not a C identifier")
     target = _req(meta, "target", str, path)
-    if target not in TARGETS:
-        _fail(path, f"target {target!r} is not one of {list(TARGETS)}")
+    if target not in target_names():
+        _fail(path, f"target {target!r} is not one of {target_names()}")
     _req(meta, "rlxc_version", str, path)
     _req(meta, "ir_hash", str, path)
     lib = _req(meta, "library", str, path)
@@ -170,13 +174,7 @@ def validate_metadata(meta, path: str = "<metadata>") -> dict:
     _tensor_list(meta, "inputs", "input", path)
     _tensor_list(meta, "outputs", "output", path)
     _tensor_list(meta, "params", "param", path)
-    if target == "cuda":
-        cp = meta.get("cuda_params") or {}
-        if not isinstance(cp, dict) or not all(
-                isinstance(v, list) and len(v) == 2 and all(
-                    isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)
-                for v in cp.values()):
-            _fail(path, "cuda_params must map param names to [offset, nbytes]")
+    _IMPLS[runtime_target(target).family].validate(meta, path)
     train = meta.get("train")
     if train is not None:
         if not isinstance(train, dict):
@@ -352,8 +350,15 @@ def _dlopen(lib_path: str, sha: str) -> ctypes.CDLL:
 class _CpuImpl:
     """The C ABI of libNAME.so: one context (workspace + params) per loaded module."""
 
+    @staticmethod
+    def validate(meta: dict, path: str) -> None:
+        """Family-specific JSON fields (none beyond the common schema)."""
+
     def __init__(self, mod: "CompiledModule", lib_path: str):
         name = mod.name
+        why = runtime_target(mod.target).unavailable_reason()
+        if why:  # e.g. a cross-compiled library: dlopen would fail or crash
+            raise ArtifactError(f"{lib_path}: cannot run here: {why}")
         self.lib = _dlopen(lib_path, mod.metadata["library_sha256"])
         try:  # the ABI version first: it is the one symbol every version keeps
             abi_fn = getattr(self.lib, f"{name}_abi_version")
@@ -430,6 +435,15 @@ class _CpuImpl:
 class _CudaImpl:
     """A CUDA artifact (runtime/cuda.py's container) run through the driver API."""
 
+    @staticmethod
+    def validate(meta: dict, path: str) -> None:
+        cp = meta.get("cuda_params") or {}
+        if not isinstance(cp, dict) or not all(
+                isinstance(v, list) and len(v) == 2 and all(
+                    isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)
+                for v in cp.values()):
+            _fail(path, "cuda_params must map param names to [offset, nbytes]")
+
     def __init__(self, mod: "CompiledModule", path: str):
         from . import cuda
 
@@ -483,21 +497,8 @@ class _CudaImpl:
         raise RlxError("train_step needs a cpu artifact")
 
 
-def _host_arch() -> str:
-    import platform
-
-    m = platform.machine().lower()
-    return {"amd64": "x86_64", "arm64": "aarch64"}.get(m, m)
-
-
-def _check_arch(meta: dict, lib_path: str) -> None:
-    """A library for another architecture (rlxc compile --target aarch64-linux-gnu)
-    cannot be loaded here: say so instead of letting dlopen fail obscurely."""
-    arch = meta.get("cpu_arch")
-    if arch and arch != _host_arch():
-        raise ArtifactError(f"{lib_path} is built for {arch} (cpu {meta.get('cpu')!r}); this "
-                            f"machine is {_host_arch()}: run it on a {arch} machine or under "
-                            "an emulator, or recompile it for this one")
+# runtime family (runtime/targets.py) -> the implementation that loads and calls it
+_IMPLS = {"cpu": _CpuImpl, "cuda": _CudaImpl}
 
 
 class CompiledModule:
@@ -519,13 +520,16 @@ class CompiledModule:
         lib_path = os.path.join(self.path, meta["library"])
         if not os.path.isfile(lib_path):
             raise ArtifactError(f"{json_path}: library {lib_path!r} is missing")
-        _check_arch(meta, lib_path)
+        rt = runtime_target(self.target)
+        if rt.family == "cpu" and rt.machines and rt.unavailable_reason():
+            # a cross-compiled library (--target aarch64-linux-gnu): dlopen would fail
+            raise ArtifactError(f"{lib_path}: cannot run here: {rt.unavailable_reason()}")
         size = os.path.getsize(lib_path)
         if size != meta["library_size"]:
             raise ArtifactError(f"{lib_path}: {size} bytes, the JSON records "
                                 f"{meta['library_size']}: truncated, modified or from another "
                                 "build; recompile it")
-        if self.target == "cpu":
+        if rt.family == "cpu":
             check_elf(lib_path, size)
         digest = sha256_file(lib_path)
         if digest != meta["library_sha256"]:
@@ -537,7 +541,7 @@ class CompiledModule:
             raise ArtifactError(f"{lib_path}: built for CPU {meta.get('cpu_name') or meta['cpu']} "
                                 f"and uses {', '.join(missing)}, which this CPU lacks; rebuild "
                                 "it with rlxc compile --cpu native (or --cpu portable)")
-        self._impl = (_CpuImpl if self.target == "cpu" else _CudaImpl)(self, lib_path)
+        self._impl = _IMPLS[runtime_target(self.target).family](self, lib_path)
 
     # -- metadata ------------------------------------------------------------
     def input_names(self) -> list[str]:

@@ -123,7 +123,7 @@ def prepare(outdir: str, log=print) -> dict:
             entry["artifact"] = stem + ".rlxcuda"
             entry["kernels"] = art.meta["kernels"]
             if inputs is not None:
-                args = func._bind((), dict(inputs))
+                args = func.bind_call((), dict(inputs))
                 outs = func.run_on("interp", **inputs) if ref else []
                 saved = {} if args_from else {f"a{i}": a for i, a in enumerate(args)}
                 np.savez(os.path.join(outdir, stem + ".npz"), **saved,

@@ -59,12 +59,12 @@ def test_sgemm_blocking_follows_the_target():
 def test_cli_rejects_an_unknown_target_and_cpu(tmp_path):
     p = subprocess.run(RLXC + ["compile", f"{EXAMPLE}/model.py:mlp", "-o", str(tmp_path / "o"),
                                "--target", "sparc-sun-solaris"], capture_output=True, text=True)
-    assert p.returncode != 0 and "unknown target 'sparc-sun-solaris'" in p.stderr
+    assert p.returncode != 0 and "'sparc-sun-solaris' is not one of" in p.stderr
     assert "aarch64-linux-gnu" in p.stderr
     p = subprocess.run(RLXC + ["compile", f"{EXAMPLE}/model.py:mlp", "-o", str(tmp_path / "o"),
                                "--target", "aarch64-linux-gnu", "--cpu", "skylake"],
                        capture_output=True, text=True)
-    assert p.returncode != 0 and "unknown CPU 'skylake' for aarch64-linux-gnu" in p.stderr
+    assert p.returncode != 0 and "unknown CPU 'skylake' for --target aarch64-linux-gnu" in p.stderr
 
 
 @needs_cross
@@ -90,7 +90,7 @@ def test_cross_library_refuses_to_load_on_this_host(tmp_path):
     with open(out / "libmlp.so", "rb") as f:
         head = f.read(20)
     assert head[:4] == b"\x7fELF" and int.from_bytes(head[18:20], "little") == 183  # EM_AARCH64
-    with pytest.raises(ArtifactError, match="built for aarch64"):
+    with pytest.raises(ArtifactError, match="builds code for aarch64"):
         load(str(out))
 
 

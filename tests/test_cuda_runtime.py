@@ -149,7 +149,7 @@ def test_launch_plan_and_buffers():
 # ---------------------------------------------------------------- emulated GPU numerics
 
 def _check(f, inputs, rtol=2e-5, atol=2e-5):
-    args = f._bind((), dict(inputs))
+    args = f.bind_call((), dict(inputs))
     ref = f.run_on("interp", **inputs)
     drv = gpu_emu.EmuDriver()
     prog = gpu_emu.emulate_program(f.module, drv)
@@ -254,7 +254,7 @@ def test_params_stay_resident():
     copies = []
     real = drv.memcpy_htod
     drv.memcpy_htod = lambda dst, src, n, s=None: (copies.append(dst), real(dst, src, n, s))
-    args = f._bind((), inputs)
+    args = f.bind_call((), inputs)
     ref = f.run_on("interp", **inputs)
     for _ in range(2):
         copies.clear()
@@ -262,7 +262,7 @@ def test_params_stay_resident():
     assert len(copies) == 2                   # second call: the two inputs only
     new = f.with_param("b2", np.ones(3, np.float32))
     copies.clear()
-    np.testing.assert_allclose(prog.run(new._bind((), inputs))[0],
+    np.testing.assert_allclose(prog.run(new.bind_call((), inputs))[0],
                                new.run_on("interp", **inputs)[0], rtol=1e-5)
     assert len(copies) == 3                   # inputs + the changed param
     prog.close()
@@ -306,7 +306,7 @@ def test_timing_profile_and_pinned_paths():
     inputs = {"x": R(8, 4), "y": rng.integers(0, 3, 8).astype(np.int32)}
     art = gpu_emu.emulation_artifact(f.module)
     prog = rt.CudaProgram(art.meta, art.blobs, drv=gpu_emu.EmuDriver(), pinned=True)
-    args = f._bind((), inputs)
+    args = f.bind_call((), inputs)
     np.testing.assert_allclose(prog.run(args)[0], f.run_on("interp", **inputs)[0], rtol=1e-5)
     t = prog.time(args, iters=2, warmup=1)
     assert set(t) == {"kernels_ms", "run_ms"}
@@ -341,7 +341,7 @@ def test_gpu_op(name):
     f, _, inputs, _ = make_func(name)
     art = gpu_driver.compile_cuda(f.module)
     with art.program() as prog:
-        got = prog.run(f._bind((), dict(inputs)))
+        got = prog.run(f.bind_call((), dict(inputs)))
     for g, r in zip(got, f.run_on("interp", **inputs)):
         np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5, equal_nan=True)
 
@@ -352,6 +352,6 @@ def test_gpu_mlp_train_step():
     g = mlp_func(batch=256, d_in=64, hidden=256).value_and_grad_all()
     inputs = {"x": R(256, 64), "y": rng.integers(0, 10, 256).astype(np.int32)}
     with gpu_driver.compile_cuda(g.module).program() as prog:
-        got = prog.run(g._bind((), inputs))
+        got = prog.run(g.bind_call((), inputs))
     for a, b in zip(got, g.run_on("interp", **inputs)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)

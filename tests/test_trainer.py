@@ -194,15 +194,15 @@ def test_load_state_dict_errors():
 @pytest.mark.parametrize("device", DEVICES)
 def test_state_stays_resident_between_steps(device):
     """Native: two buffer sets, swapped by pointer table; no per-step param arrays."""
-    from rlxc.trainer import _ArrayEngine, _NativeEngine
+    from rlxc.runtime.call import ExecutorLoop, ResidentCall
 
     f, data = tiny(), batches(4)
     tr = f.trainer(Adam(0.05), device=device)
     eng = tr._engine
     if device == "interp":
-        assert isinstance(eng, _ArrayEngine)
+        assert isinstance(eng, ExecutorLoop)
         return
-    assert isinstance(eng, _NativeEngine)
+    assert isinstance(eng, ResidentCall)
     sets = [[b.ctypes.data for b in s] for s in eng.bufs]
     phases = []
     for b in data:

@@ -91,10 +91,11 @@ def _write_package(spec: ArtifactSpec, outdir: str) -> None:
 def build_artifact(spec: ArtifactSpec, outdir: str, progress: Progress | None = None) -> dict:
     """Compile `spec` and write the artifact into `outdir`; returns the JSON dict."""
     progress = progress or NoProgress()
-    if spec.target == "cuda":
+    from rlxc.runtime.targets import target as runtime_target
+
+    family = runtime_target(spec.target).family   # ValueError naming the valid targets
+    if family == "cuda":
         return build_cuda_artifact(spec, outdir, progress)
-    if spec.target != "cpu":
-        raise ValueError(f"unknown target {spec.target!r}; valid: cpu, cuda")
     n = spec.name
     os.makedirs(outdir, exist_ok=True)
     features = isa.required_features(spec.cpu)

@@ -154,7 +154,8 @@ def resolve_target(cpu: str = "native") -> tuple[CpuTarget, str, str]:
         t = TARGETS[tname]
         return t, (cname if sep and cname else t.baseline_cpu), ""
     if sep:
-        raise ValueError(f"unknown CPU target {tname!r} in {cpu!r}; known: {', '.join(TARGETS)}")
+        raise ValueError(f"unknown CPU target {tname!r} in {cpu!r}: no lowering description "
+                         f"in lowering/cpu/target.py TARGETS; known: {', '.join(TARGETS)}")
     return host_target(), cpu, ""   # a bare name is a CPU of the host architecture
 
 
