@@ -113,6 +113,7 @@ PARAM_KINDS = {
     "int": _i64,
     "float": float,
     "flag": bool,
+    "str": str,           # optional: "" when absent (not stored in the IR)
 }
 
 
@@ -123,7 +124,8 @@ class OpShape(NamedTuple):
 
     def canonical(self, params: dict) -> dict:
         """The op's parameters as stored in the IR (ints, floats, bools, int tuples)."""
-        return {k: PARAM_KINDS[kind](params[k]) for k, kind in self.params.items()}
+        return {k: PARAM_KINDS[kind](params[k] if k in params or kind != "str" else "")
+                for k, kind in self.params.items()}
 
 
 SHAPES: dict[str, OpShape] = {}
@@ -202,11 +204,15 @@ UNARY = {
     "reciprocal": "1/x",
     "erf": "the error function",
     "stop_gradient": "identity whose derivative is zero",
+    "floor": "round down to an integer value (float result)",
+    "ceil": "round up to an integer value (float result)",
+    "round": "round to the nearest integer value, halves to even (NumPy's np.round)",
 }
 BINARY = {
     "add": "a + b", "sub": "a - b", "mul": "a * b", "div": "a / b",
     "pow": "a ** b", "maximum": "elementwise max (NaN propagates)",
     "minimum": "elementwise min (NaN propagates)",
+    "rem": "truncated remainder, C fmod: the sign of a; integer a rem 0 is 0",
 }
 COMPARE = {"eq": "a == b", "ne": "a != b", "lt": "a < b", "le": "a <= b",
            "gt": "a > b", "ge": "a >= b"}
@@ -215,6 +221,16 @@ for _n in UNARY:
     _shape(_n, "unary", _same_float(_n) if _n != "stop_gradient" else _same_any)
 for _n in BINARY:
     _shape(_n, "binary", _binary_infer(_n))
+
+
+def _infer_rem(types, **_):
+    shape, dtype = _binary_infer("rem")(types)
+    if dtype == "i1":
+        raise ShapeError("rem: expects float or i32/i64 tensors, got i1")
+    return shape, dtype
+
+
+_shape("rem", "binary", _infer_rem)
 for _n in COMPARE:
     _shape(_n, "compare", _compare_infer(_n))
 
@@ -353,7 +369,7 @@ def _infer_concat(types, axis):
     return s0[:axis] + (total,) + s0[axis + 1:], types[0].dtype
 
 
-def _infer_gather(types, axis):
+def _infer_gather(types, axis, label=""):
     table, idx = types
     st, si = table.shape, idx.shape
     if not 0 <= axis < len(st):
@@ -363,7 +379,7 @@ def _infer_gather(types, axis):
     return st[:axis] + si + st[axis + 1:], table.dtype
 
 
-def _infer_scatter_add(types, axis, dim):
+def _infer_scatter_add(types, axis, dim, label=""):
     idx, upd = types
     si, su = idx.shape, upd.shape
     if idx.dtype not in INT_DTYPES:
@@ -380,5 +396,7 @@ _shape("broadcast_to", "shape", _infer_broadcast, {"shape": "ints"})
 _shape("slice", "shape", _infer_slice, {"starts": "ints", "limits": "ints", "strides": "ints"})
 _shape("pad", "shape", _infer_pad, {"low": "ints", "high": "ints"})
 _shape("concat", "variadic", _infer_concat, {"axis": "int"})
-_shape("gather", "gather", _infer_gather, {"axis": "int"})
-_shape("scatter_add", "gather", _infer_scatter_add, {"axis": "int", "dim": "int"})
+# `label` (optional) names the user's indexing that made the op (`x[idx]` on axis 0 of a
+# (5, 3) tensor); index-out-of-range errors quote it, also from the backward's scatter_add.
+_shape("gather", "gather", _infer_gather, {"axis": "int", "label": "str"})
+_shape("scatter_add", "gather", _infer_scatter_add, {"axis": "int", "dim": "int", "label": "str"})

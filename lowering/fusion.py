@@ -52,8 +52,8 @@ SUPPORTED_DTYPES = ("f32", "f64", "i1", "i32", "i64")
 # f64 computes exactly like f32 for these; the rest (mathlib transcendentals, fake_quant,
 # matmul) are f32-only and raise NotImplementedError naming the op and dtype.
 F64_OPS = {"neg", "sqrt", "rsqrt", "relu", "abs", "sign", "reciprocal", "stop_gradient", "add",
-           "sub", "mul", "div", "pow", "maximum", "minimum"}
-INT_OPS = {"add", "sub", "mul", "div", "maximum", "minimum", "pow", "stop_gradient"}
+           "sub", "mul", "div", "pow", "maximum", "minimum", "floor", "ceil", "round", "rem"}
+INT_OPS = {"add", "sub", "mul", "div", "maximum", "minimum", "pow", "stop_gradient", "rem"}
 
 
 def unsupported_dtype(opname: str, dtype: str):
@@ -262,7 +262,7 @@ class Gen:
             axis = p["axis"]
             ibuf = self.bufs[ind]
             bound = ts[axis]
-            self.checks.append((ibuf, bound, name, axis))
+            self.checks.append((ibuf, bound, name, axis, p.get("label", "")))
             n = len(si)
             pos = ix.of(ix.LoadIdx(ibuf, ix.linearize(idx[axis:axis + n], si), bound))
             return self.value(table, tuple(idx[:axis]) + (pos,) + tuple(idx[axis + n:]))

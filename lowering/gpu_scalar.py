@@ -132,6 +132,22 @@ def _binary(fop, iop):
     return fn
 
 
+def _rounding(name):
+    def fn(ctx, op, x):  # floor, ceil, round (halves to even): cvt.rmi / rpi / rni
+        return _intrin(name, ctx, _fdt(op), x)
+    return fn
+
+
+def _rem(ctx, op, x, y):
+    """Truncated remainder (C fmod); integer x rem 0 and INT_MIN rem -1 give 0 (NumPy)."""
+    b, dt = ctx.b, _fdt(op)
+    if dt in ("f32", "f64"):
+        return b.frem(x, y)
+    t = REG_TYPE[dt]
+    bad = b.or_(b.icmp_signed("==", y, ir.Constant(t, 0)), b.icmp_signed("==", y, ir.Constant(t, -1)))
+    return b.srem(x, b.select(bad, ir.Constant(t, 1), y))
+
+
 def _pow(ctx, op, x, y):
     if _fdt(op) != "f32":
         raise NotImplementedError(f"GPU lowering: rlx.pow on {_fdt(op)}")
@@ -248,6 +264,10 @@ SCALAR_RULES = {
     "rlx.reciprocal": _recip,
     "rlx.erf": _math("erf"),
     "rlx.stop_gradient": _identity,
+    "rlx.floor": _rounding("floor"),
+    "rlx.ceil": _rounding("ceil"),
+    "rlx.round": _rounding("roundeven"),
+    "rlx.rem": _rem,
     "rlx.fake_quant": _fake_quant,
     "rlx.add": _binary("fadd", "add"),
     "rlx.sub": _binary("fsub", "sub"),

@@ -44,6 +44,7 @@ MEM_TYPES = {"f32": F32, "f64": F64, "i1": I8, "i32": I32, "i64": I64}
 MATH = {"exp", "log", "tanh", "sigmoid", "gelu", "gelu_tanh", "silu", "softplus", "sin", "cos",
         "erf"}
 FCMP = {"eq": "==", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+ROUNDING = {"floor": "llvm.floor", "ceil": "llvm.ceil", "round": "llvm.roundeven"}
 
 
 def vtype(dt: str, width=None):
@@ -115,6 +116,8 @@ def emit_op(b: ir.IRBuilder, node, args: list):
         return b.fdiv(const(ty, 1.0), b.call(intrinsic(b, "llvm.sqrt", ty), [x]))
     if op == "reciprocal":
         return b.fdiv(const(ty, 1.0), x)
+    if op in ROUNDING:  # floor, ceil, round (halves to even): one intrinsic each
+        return b.call(intrinsic(b, ROUNDING[op], ty), [x])
     if op == "relu":
         return b.select(b.fcmp_unordered(">", x, const(ty, 0.0)), x, const(ty, 0.0))
     if op == "abs":
@@ -184,6 +187,12 @@ def combine(b, op, x, y, dt, flags=()):
         return b.and_(x, y)
     if op == "pow":
         return _pow(b, x, y, dt)
+    if op == "rem":  # truncated remainder (C fmod)
+        if fl:
+            return b.frem(x, y)
+        # srem by 0 is undefined and INT_MIN srem -1 traps: both give 0 (NumPy's result)
+        bad = b.or_(b.icmp_signed("==", y, const(ty, 0)), b.icmp_signed("==", y, const(ty, -1)))
+        return b.srem(x, b.select(bad, const(ty, 1), y))
     raise NotImplementedError(f"cpu backend: no LLVM rule for op {op!r}")
 
 
