@@ -53,7 +53,16 @@ from rlxc.runtime.errors import NameLookupError
 
 from .module import get_func, outputs, signature
 from .ops import OPS, UNARY, CastOp, ConstantOp, make_op
-from .types import FLOAT_DTYPES, dense_attr, dtype_of, numel, shape_of, tensor_type
+from .types import (
+    FLOAT_DTYPES,
+    BytesAttr,
+    DenseIntOrFPElementsAttr,
+    dense_bytes,
+    dtype_of,
+    numel,
+    shape_of,
+    tensor_type,
+)
 
 
 # ---------------------------------------------------------------- building
@@ -121,8 +130,11 @@ class Builder:
         key = (float(value), shape, dtype)
         hit = self._consts.get(key)
         if hit is None:
+            # one stored value whatever the shape: never an array of the full size
+            raw = dense_bytes(np.asarray(value), dtype)[2] if numel(shape) else b""
+            attr = DenseIntOrFPElementsAttr(tensor_type(shape, dtype), BytesAttr(raw))
             op = ConstantOp.create(result_types=[tensor_type(shape, dtype)],
-                                   properties={"value": dense_attr(np.full(shape, value), dtype)})
+                                   properties={"value": attr})
             self.block.insert_op_before(op, self.anchor)
             hit = self._consts[key] = V(self, op.results[0])
         return hit

@@ -454,6 +454,19 @@ def test_scalar_operands_never_build_full_size_arrays_while_tracing():
     assert dt < 5.0
 
 
+def test_grad_of_a_large_function_builds_no_full_size_constants():
+    f = Func("bigg", lambda s: (s.input("x", (8192, 8192)) * 2.0).relu().sum())
+    f.module
+    tracemalloc.start()
+    try:
+        g = f.grad("x")  # seeds, zeros and the relu mask's constants are splats
+        g.module
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 50e6, f"grad allocated {peak / 1e6:.0f} MB"
+
+
 def test_huge_comparison_traces_fast():
     t0 = time.perf_counter()
     f = Func("huge", lambda s: (s.input("x", (65536, 32768)) > 0.0).cast("f32").sum())
