@@ -45,6 +45,18 @@ def _mask_error():
         "NumPy bool array), or keep the shape: where(mask, x, 0), (x * mask).sum()")
 
 
+def _constant_value(t):
+    """The array of a Tensor made by scope.constant (a static mask), else None."""
+    for e in reversed(t.scope.trace.events):
+        if getattr(e, "results", None) and e.results[0] is t.value:
+            if e.op != "rlx.constant":
+                return None
+            shape, _, raw = e.data
+            flat = np.frombuffer(raw, np.int8).astype(np.bool_)
+            return np.broadcast_to(flat, shape) if flat.size == 1 else flat.reshape(shape)
+    return None
+
+
 def _normalize(x, key):
     """The key as a list of ("int", k) | ("slice", s) | ("none",) | ("arr", array or Tensor),
     one entry per dim of x (None entries extra), `...` expanded and masks made int arrays."""
@@ -64,7 +76,11 @@ def _normalize(x, key):
             if k.scope is not x.scope:
                 raise ValueError("index: the index Tensor comes from another traced function")
             if k.dtype == "i1":
-                raise _mask_error()
+                m = _constant_value(k)
+                if m is None:
+                    raise _mask_error()
+                items.append(("mask", m))
+                continue
             if k.dtype not in INT_DTYPES:
                 raise TypeError(f"index: index Tensors must be integer (i32/i64), got {k.dtype}")
             items.append(("arr", k))

@@ -295,8 +295,13 @@ class Tensor:
 
     def __and__(self, o): return self._logic("rlx.mul", o, "&")
     def __rand__(self, o): return self._logic("rlx.mul", o, "&")
-    def __or__(self, o): return self._logic("rlx.maximum", o, "|")
-    def __ror__(self, o): return self._logic("rlx.maximum", o, "|")
+    def __or__(self, o):
+        if self.dtype != "i1":
+            raise TypeError(f"|: needs i1 masks (from comparisons), got {self.dtype}")
+        a, b = self._pair("|", o)
+        return ~(~a & ~b)  # and/not only: every backend has them on i1
+
+    def __ror__(self, o): return self | o
     def __xor__(self, o): return self._logic("rlx.ne", o, "^")
     def __rxor__(self, o): return self._logic("rlx.ne", o, "^")
 

@@ -353,6 +353,11 @@ def test_constant_out_of_range_and_bad_keys_raise_at_trace_time():
 def test_traced_mask_index_is_a_clear_error():
     with pytest.raises(TypeError, match="boolean mask Tensor.*static mask"):
         Func("m", lambda s: (lambda x: x[x > 0])(s.input("x", (5,))))
+    # a mask Tensor that is a constant is static
+    m = np.array([True, False, True, True, False])
+    f = Func("mc", lambda s: s.input("x", (5,))[s.constant(m)])
+    x = np.arange(5, dtype=np.float32)
+    np.testing.assert_array_equal(f.run_on("interp", x=x)[0], x[m])
 
 
 # ---------------------------------------------------------------- item 3: pow at 0
@@ -505,3 +510,19 @@ def test_logsumexp_with_infinite_rows(dev):
     np.testing.assert_allclose(gx[2:], e / e.sum(1, keepdims=True), rtol=1e-6, atol=1e-7)
     (gi,) = g.grad("x").run_on(dev, x=x)
     assert np.isfinite(gi[2:]).all()
+
+
+def test_new_ops_compile_for_the_gpu():
+    """floor/ceil/round/rem (float and integer), masks' | and indexing lower to PTX
+    (rows of lowering/gpu_scalar.py); assembled by ptxas when one is installed."""
+    from rlxc.lowering import gpu_kernels, nvptx
+
+    def build(s):
+        x, y = s.input("x", (64,)), s.input("y", (64,))
+        xi, yi = x.cast("i32"), y.cast("i64")
+        return [x % y, x // y, x.round(), x.floor(), x.ceil(), xi % yi.cast("i32"),
+                yi // 3, (x > 0) | (y > 0), x[s.input("i", (3,), "i32")], x[::-2]]
+
+    art = gpu_kernels.compile_cuda(Func("g", build).module, ptxas=nvptx.find_ptxas() or False)
+    for ins in ("cvt.rmi.f32.f32", "cvt.rpi.f32.f32", "cvt.rni.f32.f32", "rem.s32", "rem.s64"):
+        assert ins in art.ptx, ins
