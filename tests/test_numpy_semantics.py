@@ -521,7 +521,7 @@ def test_new_ops_compile_for_the_gpu():
         x, y = s.input("x", (64,)), s.input("y", (64,))
         xi, yi = x.cast("i32"), y.cast("i64")
         return [x % y, x // y, x.round(), x.floor(), x.ceil(), xi % yi.cast("i32"),
-                yi // 3, (x > 0) | (y > 0), x[s.input("i", (3,), "i32")], x[::-2]]
+                yi // xi.cast("i64"), (x > 0) | (y > 0), x[s.input("i", (3,), "i32")], x[::-2]]
 
     art = gpu_kernels.compile_cuda(Func("g", build).module, ptxas=nvptx.find_ptxas() or False)
     for ins in ("cvt.rmi.f32.f32", "cvt.rpi.f32.f32", "cvt.rni.f32.f32", "rem.s32", "rem.s64"):
