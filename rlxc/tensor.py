@@ -3,8 +3,9 @@
 `GraphScope` declares the function's inputs, params and constants;
 `Tensor` is a traced value whose methods append rlx ops. NumPy broadcasting
 is resolved here: binary ops broadcast both sides explicitly with
-`rlx.broadcast_to`, and Python scalars become splat constants of the result
-shape. Shape errors are raised at trace time and name the op and the shapes
+`rlx.broadcast_to`, and Python scalars become rank-0 constants broadcast the
+same way (never an array of the result's size: constant folding later stores
+them as one-value splats). Shape errors are raised at trace time and name the op and the shapes
 (each op's shape function, dialect/shapes.py, runs as the op is recorded).
 
 What is recorded is a `Trace` (dialect/trace.py): Func builds the rlx module
@@ -685,7 +686,7 @@ def _check_size(what: str, shape, dtype: str) -> None:
     """An impossible tensor size fails here, naming the op (not deep in NumPy or LLVM)."""
     n = numel(shape) * (1 if dtype == "i1" else int(dtype[1:]) // 8)
     if n > MAX_BYTES:
-        raise ShapeError(f"{what}: a result of shape {tuple(shape)} {dtype} would hold {n} "
+        raise ShapeError(f"{what}: a tensor of shape {tuple(shape)} {dtype} would hold {n} "
                          f"bytes, more than any address space (2**63)")
 
 
