@@ -239,12 +239,13 @@ class Builder:
         return f"k{self._n}_{tag}"
 
     def _add(self, kernel, gen=None):
-        for ibuf, bound, opname, axis, label in (gen.checks if gen else []):
+        for ibuf, bound, opname, axis, *label in (gen.checks if gen else []):
+            label = label[0] if label else ""  # the op's label: the user's indexing
             key = (id(ibuf), bound)
             if key in self._checked:
                 continue
             code = len(self.errors) + 1
-            who = f"{label} ({opname})" if label else opname  # label: the user's indexing
+            who = f"{label} ({opname})" if label else opname
             msg = (f"{who}: index out of range [0, {bound}) along axis {axis}"
                    if opname == "rlx.gather" else f"{who}: index out of range [0, {bound})")
             self.errors[code] = ("IndexError", msg)
