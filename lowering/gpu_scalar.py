@@ -144,7 +144,8 @@ def _rem(ctx, op, x, y):
     if dt in ("f32", "f64"):
         return b.frem(x, y)
     t = REG_TYPE[dt]
-    bad = b.or_(b.icmp_signed("==", y, ir.Constant(t, 0)), b.icmp_signed("==", y, ir.Constant(t, -1)))
+    bad = b.or_(b.icmp_signed("==", y, ir.Constant(t, 0)),
+                b.icmp_signed("==", y, ir.Constant(t, -1)))
     return b.srem(x, b.select(bad, ir.Constant(t, 1), y))
 
 
