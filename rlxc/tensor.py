@@ -5,8 +5,9 @@
 is resolved here: binary ops broadcast both sides explicitly with
 `rlx.broadcast_to`, and Python scalars become rank-0 constants broadcast the
 same way (never an array of the result's size: constant folding later stores
-them as one-value splats). Shape errors are raised at trace time and name the op and the shapes
-(each op's shape function, dialect/shapes.py, runs as the op is recorded).
+them as one-value splats). Shape errors are raised at trace time and name the
+op and the shapes (each op's shape function, dialect/shapes.py, runs as the op
+is recorded). NumPy indexing (x[idx], masks, negative steps) is rlxc/indexing.py.
 
 What is recorded is a `Trace` (dialect/trace.py): Func builds the rlx module
 from it on first use, and its digest keys caches before any IR exists.
@@ -324,7 +325,7 @@ class Tensor:
         fix = (m != 0) & ((m < 0) != (b < 0))  # m and b of opposite signs
         mod = where(fix, m + b, m)
         if a.dtype in FLOAT_DTYPES:
-            q = (a - m) / b                   # exact: a - m is a multiple of b
+            q = (a - m) / b  # an integer up to rounding, which the next lines undo as NumPy
             q = where(fix, q - 1.0, q)
             fl = q.floor()
             fl = where((q - fl) > 0.5, fl + 1.0, fl)
