@@ -51,6 +51,7 @@ class GraphScope:
     def __init__(self):
         self.trace = Trace()
         self.args: list[Arg] = self.trace.args
+        self._splats: dict = {}  # (value bytes, dtype, shape) -> Tensor: one per scalar use
 
     # -- leaves ----------------------------------------------------------
     def _arg(self, name: str, shape, dtype: str, kind: str) -> "Tensor":
@@ -97,8 +98,19 @@ class GraphScope:
 
     def _splat(self, value, shape, dtype) -> "Tensor":
         """`value` everywhere in `shape`: a rank-0 constant and a broadcast_to (no array of
-        the full size is ever built; constant folding makes it a splat stored once)."""
-        return self._emit_const(np.asarray(value), dtype).broadcast_to(shape)
+        the full size is ever built; constant folding makes it a splat stored once). Each
+        (value, dtype) and (value, dtype, shape) is traced once: `x * 2.0` a thousand
+        times shares them, so the graph does not grow by two ops per Python scalar."""
+        _check_dtype(dtype)
+        raw = dense_bytes(np.asarray(value), dtype)[2]
+        shape = tuple(int(d) for d in shape)
+        t = self._splats.get((raw, dtype, shape))
+        if t is None:
+            c = self._splats.get((raw, dtype, ()))
+            if c is None:
+                c = self._splats[(raw, dtype, ())] = self._emit_const(np.asarray(value), dtype)
+            t = self._splats[(raw, dtype, shape)] = c.broadcast_to(shape)
+        return t
 
     def emit(self, op, operands, **params) -> "Tensor":
         """Record one rlx op (its name, like "rlx.pad", or its class) on `operands`."""
@@ -214,12 +226,12 @@ class Tensor:
 
     def _pair(self, what: str, other, swap=False) -> tuple["Tensor", "Tensor"]:
         """(self, other) as two Tensors of one dtype and the broadcast shape (swapped when
-        `other` was on the left); a Python scalar becomes a rank-0 constant."""
+        `other` was on the left); a Python scalar becomes a broadcast rank-0 constant."""
         o = self._lift(other, what)
         if o is None:
             if self.dtype not in FLOAT_DTYPES and not float(other).is_integer():
                 raise TypeError(f"{what}: float scalar {other} with {self.dtype} tensor")
-            o = self.scope._emit_const(np.asarray(other), self.dtype)
+            o = self.scope._splat(other, self.shape, self.dtype)
         elif "i1" in (o.dtype, self.dtype) and o.dtype != self.dtype:
             # a mask meets numbers: it counts as 0/1 of their dtype (x * (y == x), NumPy)
             if o.dtype == "i1":
