@@ -488,7 +488,7 @@ def test_transform_time_of_a_deep_mlp(layers):
     dt = time.perf_counter() - t0
     n = len(list(get_func(vg).body.block.ops))
     print(f"\n{layers}-layer MLP: {n_fwd} forward ops -> {n} ops in {dt * 1e3:.0f} ms")
-    assert n_fwd >= 17 * layers and n > 3 * n_fwd
+    assert n_fwd >= 16 * layers and n > 3 * n_fwd  # scalars are shared: 16 ops a layer
     assert dt < 1.0, f"value_and_grad of {n_fwd} ops took {dt:.2f} s"
 
 
