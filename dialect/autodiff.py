@@ -32,8 +32,10 @@ forward-mode rules with g := tangent.
 Documented choices: maximum/minimum and the max/min reductions split the
 cotangent evenly between ties (JAX's convention); prod uses a zero-safe form
 (exact first derivatives with zeros present; second derivatives are exact only
-away from zeros); fake_quant is straight-through; sign, stop_gradient and the
-comparisons have zero derivative; casts between floats pass the cotangent
+away from zeros); fake_quant is straight-through; sign, floor, ceil, round, stop_gradient
+and the comparisons have zero derivative (also at their jumps); d/dx x**z is 0
+where z == 0, even at x = 0 (PyTorch/autograd); abs'(0) = sign(0) = 0 and
+relu'(0) = 0 (README, "Derivatives at kinks"); casts between floats pass the cotangent
 through a cast back, casts to or from integers give none.
 """
 from __future__ import annotations
@@ -51,7 +53,16 @@ from rlxc.runtime.errors import NameLookupError
 
 from .module import get_func, outputs, signature
 from .ops import OPS, UNARY, CastOp, ConstantOp, make_op
-from .types import FLOAT_DTYPES, dense_attr, dtype_of, numel, shape_of, tensor_type
+from .types import (
+    FLOAT_DTYPES,
+    BytesAttr,
+    DenseIntOrFPElementsAttr,
+    dense_bytes,
+    dtype_of,
+    numel,
+    shape_of,
+    tensor_type,
+)
 
 
 # ---------------------------------------------------------------- building
@@ -119,8 +130,11 @@ class Builder:
         key = (float(value), shape, dtype)
         hit = self._consts.get(key)
         if hit is None:
+            # one stored value whatever the shape: never an array of the full size
+            raw = dense_bytes(np.asarray(value), dtype)[2] if numel(shape) else b""
+            attr = DenseIntOrFPElementsAttr(tensor_type(shape, dtype), BytesAttr(raw))
             op = ConstantOp.create(result_types=[tensor_type(shape, dtype)],
-                                   properties={"value": dense_attr(np.full(shape, value), dtype)})
+                                   properties={"value": attr})
             self.block.insert_op_before(op, self.anchor)
             hit = self._consts[key] = V(self, op.results[0])
         return hit
@@ -197,6 +211,8 @@ UNARY_VJPS: dict[str, Callable] = {}
 BINARY_VJPS: dict[str, tuple] = {}
 # Ops whose derivative is zero everywhere (rules return no cotangent).
 ZERO_DERIVATIVE = {"rlx.sign": "piecewise constant", "rlx.stop_gradient": "cuts the gradient",
+                   "rlx.floor": "piecewise constant", "rlx.ceil": "piecewise constant",
+                   "rlx.round": "piecewise constant",
                    "rlx.eq": "i1 result", "rlx.ne": "i1 result", "rlx.lt": "i1 result",
                    "rlx.le": "i1 result", "rlx.gt": "i1 result", "rlx.ge": "i1 result"}
 
@@ -289,6 +305,8 @@ defunary("rlx.reciprocal", lambda g, x, y: -(g * y * y))
 defunary("rlx.erf", lambda g, x, y: g * (-(x * x)).exp() * _TWO_OVER_SQRT_PI)
 defunary("rlx.stop_gradient", None)
 defunary("rlx.fake_quant", lambda g, x, y: g)  # straight-through estimator
+for _n in ("floor", "ceil", "round"):  # piecewise constant: 0, also at the jumps (as sign)
+    defunary(f"rlx.{_n}", None)
 
 
 # ---- elementwise binary: one expression per operand
@@ -309,8 +327,23 @@ defbinary("rlx.add", lambda g, x, z, y: g, lambda g, x, z, y: g)
 defbinary("rlx.sub", lambda g, x, z, y: g, lambda g, x, z, y: -g)
 defbinary("rlx.mul", lambda g, x, z, y: g * z, lambda g, x, z, y: g * x)
 defbinary("rlx.div", lambda g, x, z, y: g / z, lambda g, x, z, y: -(g * y / z))
-defbinary("rlx.pow", lambda g, x, z, y: g * z * x ** (z - 1.0),
-          lambda g, x, z, y: g * y * _safe_log(x))
+def _pow_dx(g, x, z, y):
+    """z * x**(z-1), and 0 where z == 0: d/dx x**0 is 0 also at x = 0, where the
+    formula gives 0 * 0**-1 = NaN (PyTorch's and autograd's choice; the limit)."""
+    b = x.b
+    zero = b.zeros_like(z)
+    return g * b.select(z.eq(zero), zero, z * x ** (z - 1.0))
+
+
+def _trunc(v):
+    """Round toward zero (the integer part of a float)."""
+    b = v.b
+    return b.select(v.lt(b.zeros_like(v)), v.ceil(), v.floor())
+
+
+defbinary("rlx.pow", _pow_dx, lambda g, x, z, y: g * y * _safe_log(x))
+# x rem z = x - trunc(x / z) * z
+defbinary("rlx.rem", lambda g, x, z, y: g, lambda g, x, z, y: -(g * _trunc(x / z)))
 defbinary("rlx.maximum", lambda g, x, z, y: g * _max_weight(x, z, "gt"),
           lambda g, x, z, y: g * _max_weight(z, x, "gt"))
 defbinary("rlx.minimum", lambda g, x, z, y: g * _max_weight(x, z, "lt"),
@@ -443,14 +476,16 @@ def _concat_vjp(b, op, g, need):
 
 @defrule("rlx.gather")
 def _gather_vjp(b, op, g, need):
-    axis = op.params()["axis"]
+    p = op.params()
     table, idx = op.operands
-    return [b.op("scatter_add", b.wrap(idx), g, axis=axis, dim=shape_of(table.type)[axis]), None]
+    return [b.op("scatter_add", b.wrap(idx), g, axis=p["axis"], dim=shape_of(table.type)[p["axis"]],
+                 label=p["label"]), None]
 
 
 @defrule("rlx.scatter_add")
 def _scatter_add_vjp(b, op, g, need):
-    return [None, b.op("gather", g, b.wrap(op.operands[0]), axis=op.params()["axis"])]
+    p = op.params()
+    return [None, b.op("gather", g, b.wrap(op.operands[0]), axis=p["axis"], label=p["label"])]
 
 
 @defrule("rlx.cast")
@@ -505,8 +540,13 @@ def grad_module(module: ModuleOp, wrt: list[str], with_value: bool = False) -> M
         raise ValueError(f"{what}: the function has no outputs")
     loss = outs[0]
     if not differentiable(loss):
-        raise TypeError(f"{what}: the loss (output 0) must be a float tensor, "
-                        f"got {dtype_of(loss.type)}")
+        dt = dtype_of(loss.type)
+        kind = "boolean" if dt == "i1" else "integer"
+        raise TypeError(f"{what}: output 0 is a {kind} ({dt}) tensor, which is not "
+                        f"differentiable: its values are piecewise constant in the inputs (a "
+                        f"comparison, a cast to an integer, integer arithmetic), so a gradient "
+                        f"would be zero wherever it exists. Differentiate a float output "
+                        f"(e.g. compute the loss before comparing or casting).")
     ops = [op for op in block.ops if op is not block.last_op]
 
     # forward: which values carry derivative information from `wrt`

@@ -10,7 +10,7 @@ collapse in one walk. `cleanup` repeats the passes to a fixed point. A direct
 walk is used instead of xDSL's PatternRewriteWalker: it is several times
 faster on graphs of thousands of ops.
 
-Rules (x: any value, c: a constant operand):
+Rules (x: any value, c: a constant operand, also a broadcast one, as the tracer's scalars):
 - x + 0, 0 + x, x - 0, x * 1, 1 * x, x / 1  ->  x
   (the sign of zero is not preserved: -0.0 + 0.0 is +0.0 in IEEE, these rules
   treat the two zeros alike, as compilers do under no-signed-zeros)
@@ -57,9 +57,16 @@ def defining(v, name: str):
     return owner if getattr(owner, "name", None) == name else None
 
 
-def splat_scalar(v):
-    """If `v` is a constant with one value everywhere, that value (a NumPy scalar); else None."""
+def _through_broadcast(v):
+    """The source of a broadcast_to (the tracer's scalars: a rank-0 constant broadcast)."""
     op = v.owner
+    return op.operands[0] if getattr(op, "name", None) == "rlx.broadcast_to" else v
+
+
+def splat_scalar(v):
+    """If `v` is a constant with one value everywhere (or one broadcast), that value (a NumPy
+    scalar); else None."""
+    op = _through_broadcast(v).owner
     if not isinstance(op, ConstantOp):
         return None
     attr = op.value
@@ -83,6 +90,7 @@ def finite(v) -> bool:
     """True when every element of `v` is provably finite."""
     if dtype_of(v.type) not in ("f32", "f64"):
         return True
+    v = _through_broadcast(v)
     op = v.owner
     if not isinstance(op, ConstantOp):
         return False

@@ -101,12 +101,17 @@ def _sign(x):
     return np.where(x == 0, x, np.sign(x)).astype(x.dtype)     # +-0 and NaN pass
 
 
-def _scatter_add(idx, upd, axis, dim):
+def _who(opname: str, label: str) -> str:
+    """How an index error names its op: the user's indexing (the op's label) when known."""
+    return f"{label} ({opname})" if label else opname
+
+
+def _scatter_add(idx, upd, axis, dim, label=""):
     n = idx.ndim
     out_shape = upd.shape[:axis] + (dim,) + upd.shape[axis + n:]
     out = np.zeros(out_shape, dtype=upd.dtype)
     if np.any((idx < 0) | (idx >= dim)):
-        raise IndexError(f"rlx.scatter_add: index out of range [0, {dim})")
+        raise IndexError(f"{_who('rlx.scatter_add', label)}: index out of range [0, {dim})")
     u = np.moveaxis(upd.reshape(upd.shape[:axis] + (-1,) + upd.shape[axis + n:]), axis, 0) \
         if n != 1 else np.moveaxis(upd, axis, 0)
     o = np.moveaxis(out, axis, 0)
@@ -114,12 +119,12 @@ def _scatter_add(idx, upd, axis, dim):
     return out
 
 
-def _gather(table, idx, axis):
+def _gather(table, idx, axis, label=""):
     d = table.shape[axis]
     if idx.size and (idx.min() < 0 or idx.max() >= d):
         pos = tuple(int(i) for i in np.argwhere((idx < 0) | (idx >= d))[0])
-        raise IndexError(f"rlx.gather: index out of range [0, {d}) along axis {axis}: "
-                         f"{int(idx[pos])} at position {pos} of the indices")
+        raise IndexError(f"{_who('rlx.gather', label)}: index out of range [0, {d}) along "
+                         f"axis {axis}: {int(idx[pos])} at position {pos} of the indices")
     return np.take(table, idx, axis=axis)
 
 
@@ -167,6 +172,9 @@ EVAL_RULES = {
     "rlx.reciprocal": lambda x: 1 / x,
     "rlx.erf": erf,
     "rlx.stop_gradient": lambda x: x,
+    "rlx.floor": np.floor,
+    "rlx.ceil": np.ceil,
+    "rlx.round": np.rint,  # halves to even
     "rlx.fake_quant": _fake_quant,
     # binary
     "rlx.add": np.add,
@@ -176,6 +184,7 @@ EVAL_RULES = {
     "rlx.pow": _pow,
     "rlx.maximum": _extremum(np.maximum, False),
     "rlx.minimum": _extremum(np.minimum, True),
+    "rlx.rem": np.fmod,  # integers: x rem 0 is 0 (NumPy's result)
     # compare
     "rlx.eq": np.equal,
     "rlx.ne": np.not_equal,

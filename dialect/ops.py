@@ -34,6 +34,7 @@ from xdsl.dialects.builtin import (
     DenseIntOrFPElementsAttr,
     FloatAttr,
     IntegerAttr,
+    StringAttr,
     TensorType,
     UnitAttr,
     f64,
@@ -73,6 +74,7 @@ _PARAM_KINDS = {
     "int": lambda: prop_def(IntegerAttr[i64]),
     "float": lambda: prop_def(FloatAttr),
     "flag": lambda: opt_prop_def(UnitAttr),
+    "str": lambda: opt_prop_def(StringAttr),
 }
 
 
@@ -85,6 +87,8 @@ def _to_prop(kind: str, value):
         return FloatAttr(float(value), f64)
     if kind == "flag":
         return UnitAttr() if value else None
+    if kind == "str":
+        return StringAttr(str(value)) if value else None
     raise KeyError(kind)
 
 
@@ -97,6 +101,8 @@ def _from_prop(kind: str, attr):
         return float(attr.value.data)
     if kind == "flag":
         return attr is not None
+    if kind == "str":
+        return attr.data if attr is not None else ""
     raise KeyError(kind)
 
 
@@ -138,7 +144,7 @@ def create_op(cls, operands, result_type, **params):
     """Build an op of class `cls` with a known result type (not checked: verify does)."""
     props = {}
     for k, kind in cls.PARAMS.items():
-        p = _to_prop(kind, params[k])
+        p = _to_prop(kind, params[k] if k in params or kind != "str" else "")
         if p is not None:
             props[k] = p
     return cls.create(operands=list(operands), result_types=[result_type], properties=props)
@@ -347,8 +353,8 @@ GatherOp = _define(
     "tensor<8x16xf32>",
     {"table": operand_def(TensorType), "indices": operand_def(TensorType),
      "result": result_def(TensorType)},
-    "$table `[` $indices `]` `axis` `=` $axis attr-dict `:` type($table) `,` type($indices) "
-    "`->` type($result)")
+    "$table `[` $indices `]` `axis` `=` $axis (`label` $label^)? attr-dict `:` type($table) `,` "
+    "type($indices) `->` type($result)")
 
 ScatterAddOp = _define(
     "scatter_add", "Zeros of the result shape with `updates` added at `indices` along `axis` "
@@ -357,8 +363,8 @@ ScatterAddOp = _define(
     "tensor<100x16xf32>",
     {"indices": operand_def(TensorType), "updates": operand_def(TensorType),
      "result": result_def(TensorType)},
-    "$indices `,` $updates `axis` `=` $axis `dim` `=` $dim attr-dict `:` type($indices) `,` "
-    "type($updates) `->` type($result)")
+    "$indices `,` $updates `axis` `=` $axis `dim` `=` $dim (`label` $label^)? attr-dict `:` "
+    "type($indices) `,` type($updates) `->` type($result)")
 
 
 @_register

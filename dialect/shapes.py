@@ -136,6 +136,7 @@ PARAM_KINDS = {
     "int": _i64,
     "float": float,
     "flag": bool,
+    "str": str,           # optional: "" when absent (not stored in the IR)
 }
 
 
@@ -175,7 +176,8 @@ class OpShape(NamedTuple):
 
     def canonical(self, params: dict) -> dict:
         """The op's parameters as stored in the IR (ints, floats, bools, int tuples)."""
-        return {k: PARAM_KINDS[kind](params[k]) for k, kind in self.params.items()}
+        return {k: PARAM_KINDS[kind](params[k] if k in params or kind != "str" else "")
+                for k, kind in self.params.items()}
 
 
 SHAPES: dict[str, OpShape] = {}
@@ -267,6 +269,10 @@ UNARY_OPS = {
     "reciprocal": ("1/x", {"dtypes": FLOATS}),
     "erf": ("the error function", {"math": "erf", "dtypes": F32}),
     "stop_gradient": ("identity whose derivative is zero", {}),
+    "floor": ("round down to an integer value (float result)", {"dtypes": FLOATS}),
+    "ceil": ("round up to an integer value (float result)", {"dtypes": FLOATS}),
+    "round": ("round to the nearest integer value, halves to even (NumPy's np.round)",
+              {"dtypes": FLOATS}),
 }
 BINARY_OPS = {
     "add": ("a + b", {}), "sub": ("a - b", {"dtypes": NUMBERS}), "mul": ("a * b", {}),
@@ -275,6 +281,8 @@ BINARY_OPS = {
     "pow": ("a ** b", {"dtypes": NUMBERS, **_HEAVY}),
     "maximum": ("elementwise max (NaN propagates)", {}),
     "minimum": ("elementwise min (NaN propagates)", {}),
+    "rem": ("truncated remainder, C fmod: the sign of a; integer a rem 0 is 0",
+            {"dtypes": NUMBERS, **_COSTLY}),
 }
 UNARY = {n: s for n, (s, _) in UNARY_OPS.items()}
 BINARY = {n: s for n, (s, _) in BINARY_OPS.items()}
@@ -285,6 +293,16 @@ for _n, (_s, _p) in UNARY_OPS.items():
     _shape(_n, "unary", _same_float(_n) if _n != "stop_gradient" else _same_any, **_p)
 for _n, (_s, _p) in BINARY_OPS.items():
     _shape(_n, "binary", _binary_infer(_n), **_p)
+
+
+def _infer_rem(types, **_):
+    shape, dtype = _binary_infer("rem")(types)
+    if dtype == "i1":
+        raise ShapeError("rem: expects float or i32/i64 tensors, got i1")
+    return shape, dtype
+
+
+_shape("rem", "binary", _infer_rem, **BINARY_OPS["rem"][1])
 for _n in COMPARE:
     _shape(_n, "compare", _compare_infer(_n))
 
@@ -425,7 +443,7 @@ def _infer_concat(types, axis):
     return s0[:axis] + (total,) + s0[axis + 1:], types[0].dtype
 
 
-def _infer_gather(types, axis):
+def _infer_gather(types, axis, label=""):
     table, idx = types
     st, si = table.shape, idx.shape
     if not 0 <= axis < len(st):
@@ -435,7 +453,7 @@ def _infer_gather(types, axis):
     return st[:axis] + si + st[axis + 1:], table.dtype
 
 
-def _infer_scatter_add(types, axis, dim):
+def _infer_scatter_add(types, axis, dim, label=""):
     idx, upd = types
     si, su = idx.shape, upd.shape
     if idx.dtype not in INT_DTYPES:
@@ -453,5 +471,8 @@ _shape("slice", "shape", _infer_slice, {"starts": "ints", "limits": "ints", "str
        view=True)
 _shape("pad", "shape", _infer_pad, {"low": "ints", "high": "ints"})
 _shape("concat", "variadic", _infer_concat, {"axis": "int"})
-_shape("gather", "gather", _infer_gather, {"axis": "int"})
-_shape("scatter_add", "gather", _infer_scatter_add, {"axis": "int", "dim": "int"}, root=True)
+# `label` (optional) names the user's indexing that made the op (`x[idx]` on axis 0 of a
+# (5, 3) tensor); index-out-of-range errors quote it, also from the backward's scatter_add.
+_shape("gather", "gather", _infer_gather, {"axis": "int", "label": "str"})
+_shape("scatter_add", "gather", _infer_scatter_add, {"axis": "int", "dim": "int", "label": "str"},
+       root=True)

@@ -214,10 +214,10 @@ BATCH_RULES.update({
 
 def _gather(bt: Batcher, op, xs, bs):
     (table, idx), (btab, bidx) = xs, bs
-    axis = op.params()["axis"]
+    axis, label = op.params()["axis"], op.params()["label"]
     GatherOp = OPS["rlx.gather"]
     if not bidx:
-        return bt.emit(GatherOp, [table, idx], axis=axis + 1)
+        return bt.emit(GatherOp, [table, idx], axis=axis + 1, label=label)
     if btab:
         # fold B into the gathered axis: (B, T..) -> (T[:a], B*Ta, T[a+1:]), idx += b*Ta
         st = shape_of(table)[1:]
@@ -225,17 +225,17 @@ def _gather(bt: Batcher, op, xs, bs):
                              + tuple(range(axis + 1, len(st) + 1)))
         table = bt.reshape(table, st[:axis] + (bt.B * st[axis],) + st[axis + 1:])
         idx = bt.batch_offsets(idx, st[axis])
-    r = bt.emit(GatherOp, [table, idx], axis=axis)  # T[:a] + (B, I..) + T[a+1:]
+    r = bt.emit(GatherOp, [table, idx], axis=axis, label=label)  # T[:a] + (B, I..) + T[a+1:]
     return bt.moveaxis_to_front(r, axis)
 
 
 def _scatter_add(bt: Batcher, op, xs, bs):
     (idx, upd), (bidx, bupd) = xs, bs
     p = op.params()
-    axis, dim = p["axis"], p["dim"]
+    axis, dim, label = p["axis"], p["dim"], p["label"]
     ScatterOp = OPS["rlx.scatter_add"]
     if not bidx:
-        return bt.emit(ScatterOp, [idx, upd], axis=axis + 1, dim=dim)
+        return bt.emit(ScatterOp, [idx, upd], axis=axis + 1, dim=dim, label=label)
     if not bupd:
         upd = bt.bcast(upd)
     # put B just before the indexed dims of the updates, scatter into B*dim rows
@@ -243,7 +243,7 @@ def _scatter_add(bt: Batcher, op, xs, bs):
     n = len(shape_of(idx)) - 1
     upd = bt.transpose(upd, tuple(range(1, axis + 1)) + (0,) + tuple(range(axis + 1, len(su) + 1)))
     idx = bt.batch_offsets(idx, dim)
-    r = bt.emit(ScatterOp, [idx, upd], axis=axis, dim=bt.B * dim)
+    r = bt.emit(ScatterOp, [idx, upd], axis=axis, dim=bt.B * dim, label=label)
     r = bt.reshape(r, su[:axis] + (bt.B, dim) + su[axis + n:])
     return bt.moveaxis_to_front(r, axis)
 

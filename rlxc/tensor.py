@@ -3,9 +3,11 @@
 `GraphScope` declares the function's inputs, params and constants;
 `Tensor` is a traced value whose methods append rlx ops. NumPy broadcasting
 is resolved here: binary ops broadcast both sides explicitly with
-`rlx.broadcast_to`, and Python scalars become splat constants of the result
-shape. Shape errors are raised at trace time and name the op and the shapes
-(each op's shape function, dialect/shapes.py, runs as the op is recorded).
+`rlx.broadcast_to`, and Python scalars become rank-0 constants broadcast the
+same way (never an array of the result's size: constant folding later stores
+them as one-value splats). Shape errors are raised at trace time and name the
+op and the shapes (each op's shape function, dialect/shapes.py, runs as the op
+is recorded). NumPy indexing (x[idx], masks, negative steps) is rlxc/indexing.py.
 
 What is recorded is a `Trace` (dialect/trace.py): Func builds the rlx module
 from it on first use, and its digest keys caches before any IR exists.
@@ -51,6 +53,7 @@ class GraphScope:
     def __init__(self):
         self.trace = Trace()
         self.args: list[Arg] = self.trace.args
+        self._splats: dict = {}  # (value bytes, dtype, shape) -> Tensor: one per scalar use
 
     # -- leaves ----------------------------------------------------------
     def _arg(self, name: str, shape, dtype: str, kind: str) -> "Tensor":
@@ -64,6 +67,7 @@ class GraphScope:
         shape = as_dims(shape, f"{kind} {name!r}")
         if any(d < 0 for d in shape):
             raise ShapeError(f"{kind} {name!r}: negative dimension in {shape}")
+        _check_size(f"{kind} {name!r}", shape, dtype)
         return Tensor(self, self.trace.add_arg(Arg(name, kind, shape, dtype)))
 
     def input(self, name: str, shape, dtype: str = "f32") -> "Tensor":
@@ -93,7 +97,20 @@ class GraphScope:
         return Tensor(self, v)
 
     def _splat(self, value, shape, dtype) -> "Tensor":
-        return self._emit_const(np.full(shape, value), dtype)
+        """`value` everywhere in `shape`: a rank-0 constant and a broadcast_to (no array of
+        the full size is ever built; constant folding makes it a splat stored once). Each
+        (value, dtype) and (value, dtype, shape) is traced once: `x * 2.0` a thousand
+        times shares them, so the graph does not grow by two ops per Python scalar."""
+        _check_dtype(dtype)
+        raw = dense_bytes(np.asarray(value), dtype)[2]
+        shape = tuple(int(d) for d in shape)
+        t = self._splats.get((raw, dtype, shape))
+        if t is None:
+            c = self._splats.get((raw, dtype, ()))
+            if c is None:
+                c = self._splats[(raw, dtype, ())] = self._emit_const(np.asarray(value), dtype)
+            t = self._splats[(raw, dtype, shape)] = c.broadcast_to(shape)
+        return t
 
     def emit(self, op, operands, **params) -> "Tensor":
         """Record one rlx op (its name, like "rlx.pad", or its class) on `operands`."""
@@ -101,6 +118,7 @@ class GraphScope:
         spec = SHAPES[name]
         shape, dtype = spec.infer([t.value.type for t in operands], **params)
         _check_dtype(dtype)
+        _check_size(name, shape, dtype)
         (v,) = self.trace.add(name, [t.value for t in operands], spec.canonical(params),
                               [TType(tuple(int(d) for d in shape), dtype)])
         return Tensor(self, v)
@@ -187,6 +205,8 @@ class Tensor:
     def __bool__(self):
         raise TypeError("a traced Tensor has no truth value; use where()/select instead")
 
+    # `==` and the other comparisons are elementwise (i1 masks, below), so a Tensor is
+    # hashed by identity, as JAX tracers are: Tensors still work as dict keys and in sets.
     __hash__ = object.__hash__
 
     # -- operand coercion -------------------------------------------------
@@ -204,18 +224,38 @@ class Tensor:
             return self.scope.constant(a, dt)
         raise TypeError(f"{what}: cannot combine a Tensor with {type(other).__name__}")
 
-    def _binary(self, op: str, other, swap=False) -> "Tensor":
-        what = op
+    def _pair(self, what: str, other, swap=False) -> tuple["Tensor", "Tensor"]:
+        """(self, other) as two Tensors of one dtype and the broadcast shape (swapped when
+        `other` was on the left); a Python scalar becomes a broadcast rank-0 constant."""
         o = self._lift(other, what)
         if o is None:
             if self.dtype not in FLOAT_DTYPES and not float(other).is_integer():
                 raise TypeError(f"{what}: float scalar {other} with {self.dtype} tensor")
             o = self.scope._splat(other, self.shape, self.dtype)
+        elif "i1" in (o.dtype, self.dtype) and o.dtype != self.dtype:
+            # a mask meets numbers: it counts as 0/1 of their dtype (x * (y == x), NumPy)
+            if o.dtype == "i1":
+                o = o.cast(self.dtype)
+            else:
+                return self.cast(o.dtype)._pair(what, o, swap)
         elif o.dtype != self.dtype:
             raise TypeError(f"{what}: dtypes differ: {self.dtype} vs {o.dtype}; use .cast()")
         a, b = (o, self) if swap else (self, o)
         shp = broadcast_shapes(a.shape, b.shape, what)
-        return self.scope.emit(op, [a.broadcast_to(shp), b.broadcast_to(shp)])
+        return a.broadcast_to(shp), b.broadcast_to(shp)
+
+    def _binary(self, op: str, other, swap=False) -> "Tensor":
+        return self.scope.emit(op, list(self._pair(op, other, swap)))
+
+    def _compare(self, op: str, other, swap=False) -> "Tensor":
+        """Elementwise comparison -> i1 mask. An integer tensor against a non-integer
+        number compares exactly in f64 (`arange(3) < 2.5`), as NumPy does."""
+        x = self
+        if isinstance(other, (numbers.Real, np.number)) and not isinstance(other, bool) and \
+                self.dtype not in FLOAT_DTYPES and self.dtype != "i1" and \
+                not float(other).is_integer():
+            x = self.cast("f64")
+        return x._binary(op, other, swap)
 
     def __add__(self, o): return self._binary("rlx.add", o)
     def __radd__(self, o): return self._binary("rlx.add", o, swap=True)
@@ -242,13 +282,119 @@ class Tensor:
     def minimum(self, o): return self._binary("rlx.minimum", o)
     def pow(self, o): return self._binary("rlx.pow", o)
 
-    # comparisons -> i1 masks
-    def eq(self, o): return self._binary("rlx.eq", o)
-    def ne(self, o): return self._binary("rlx.ne", o)
-    def lt(self, o): return self._binary("rlx.lt", o)
-    def le(self, o): return self._binary("rlx.le", o)
-    def gt(self, o): return self._binary("rlx.gt", o)
-    def ge(self, o): return self._binary("rlx.ge", o)
+    # comparisons -> i1 masks; the operators are elementwise, as in NumPy and JAX
+    def eq(self, o): return self._compare("rlx.eq", o)
+    def ne(self, o): return self._compare("rlx.ne", o)
+    def lt(self, o): return self._compare("rlx.lt", o)
+    def le(self, o): return self._compare("rlx.le", o)
+    def gt(self, o): return self._compare("rlx.gt", o)
+    def ge(self, o): return self._compare("rlx.ge", o)
+
+    def __eq__(self, o):
+        return self.eq(o) if _comparable(o) else NotImplemented
+
+    def __ne__(self, o):
+        return self.ne(o) if _comparable(o) else NotImplemented
+
+    def __lt__(self, o): return self.lt(o)
+    def __le__(self, o): return self.le(o)
+    def __gt__(self, o): return self.gt(o)
+    def __ge__(self, o): return self.ge(o)
+
+    # i1 masks: & | ^ ~ (logical; integer tensors have no bitwise ops)
+    def _logic(self, op, o, what):
+        if self.dtype != "i1":
+            raise TypeError(f"{what}: needs i1 masks (from comparisons), got {self.dtype}")
+        return self._binary(op, o)
+
+    def __and__(self, o): return self._logic("rlx.mul", o, "&")
+    def __rand__(self, o): return self._logic("rlx.mul", o, "&")
+    def __or__(self, o):
+        if self.dtype != "i1":
+            raise TypeError(f"|: needs i1 masks (from comparisons), got {self.dtype}")
+        a, b = self._pair("|", o)
+        return ~(~a & ~b)  # and/not only: every backend has them on i1
+
+    def __ror__(self, o): return self | o
+    def __xor__(self, o): return self._logic("rlx.ne", o, "^")
+    def __rxor__(self, o): return self._logic("rlx.ne", o, "^")
+
+    def __invert__(self):
+        return self._logic("rlx.eq", False, "~")
+
+    # -- remainder, floor division, rounding -----------------------------------
+    def fmod(self, o) -> "Tensor":
+        """C fmod: the remainder of truncated division, with the sign of `self`."""
+        self._no_bool("fmod")
+        return self._binary("rlx.rem", o)
+
+    def _divmod(self, other, swap, what):
+        """NumPy's divmod (npy_divmod): remainder with the sign of the divisor and the
+        floor quotient, from the truncated remainder m = fmod(a, b)."""
+        self._no_bool(what)
+        a, b = self._pair(what, other, swap)
+        m = a.scope.emit("rlx.rem", [a, b])
+        fix = (m != 0) & ((m < 0) != (b < 0))  # m and b of opposite signs
+        mod = where(fix, m + b, m)
+        if a.dtype in FLOAT_DTYPES:
+            q = (a - m) / b  # an integer up to rounding, which the next lines undo as NumPy
+            q = where(fix, q - 1.0, q)
+            fl = q.floor()
+            fl = where((q - fl) > 0.5, fl + 1.0, fl)
+            div = where(b == 0.0, a / b, fl)  # x // 0 is inf or NaN, like a / 0
+        else:
+            # integer: b == 0 gives 0 and MIN // -1 wraps to MIN (NumPy). The quotient of
+            # the exact multiple a - m: f64 division (`/` on integers) is off by at most
+            # ~2**11 beyond 2**53; the residual (a - m) - q0 * b is then small and exact
+            # (wrapping arithmetic) and one more division of it corrects q0 exactly
+            bs = where((b == 0) | (b == -1), 1, b)
+            q0 = (a - m) / bs
+            q = q0 + ((a - m) - q0 * bs) / bs
+            q = where(fix, q - 1, q)
+            div = where(b == 0, 0, where(b == -1, 0 - a, q))
+        return div.stop_gradient(), mod
+
+    def __mod__(self, o): return self._divmod(o, False, "%")[1]
+    def __rmod__(self, o): return self._divmod(o, True, "%")[1]
+    def __floordiv__(self, o): return self._divmod(o, False, "//")[0]
+    def __rfloordiv__(self, o): return self._divmod(o, True, "//")[0]
+    def __divmod__(self, o): return self._divmod(o, False, "divmod")
+    def __rdivmod__(self, o): return self._divmod(o, True, "divmod")
+    def remainder(self, o): return self % o
+    def floor_divide(self, o): return self // o
+
+    def _no_bool(self, what):
+        if self.dtype == "i1":
+            raise TypeError(f"{what}: not defined on i1 masks; cast to an integer or float")
+
+    def _rounding(self, name):
+        self._no_bool(name)
+        return self if self.dtype not in FLOAT_DTYPES else self._unary(name)
+
+    def floor(self): return self._rounding("floor")
+    def ceil(self): return self._rounding("ceil")
+
+    def round(self, decimals: int = 0) -> "Tensor":
+        """Round half to even, as np.round: `decimals` digits (scaled by 10**decimals)."""
+        if decimals == 0 or self.dtype not in FLOAT_DTYPES:
+            return self._rounding("round")
+        f = 10.0 ** abs(int(decimals))
+        if decimals > 0:
+            return (self * f)._rounding("round") / f
+        return (self / f)._rounding("round") * f
+
+    def __round__(self, ndigits=None):
+        return self.round(ndigits or 0)
+
+    def __floor__(self): return self.floor()
+    def __ceil__(self): return self.ceil()
+
+    def clip(self, lo=None, hi=None) -> "Tensor":
+        """min(max(x, lo), hi), as np.clip (either bound may be None; NaN propagates)."""
+        if lo is None and hi is None:
+            raise ValueError("clip: give lo, hi or both")
+        r = self if lo is None else self.maximum(lo)
+        return r if hi is None else r.minimum(hi)
 
     def where(self, a, b) -> "Tensor":
         """`self` is an i1 mask: a where true, b where false."""
@@ -411,55 +557,37 @@ class Tensor:
         return self.slice(starts, limits)
 
     def __getitem__(self, key) -> "Tensor":
-        """Basic indexing: ints, slices with positive steps, None and Ellipsis."""
-        if not isinstance(key, tuple):
-            key = (key,)
-        if any(k is Ellipsis for k in key):
-            i = key.index(Ellipsis)
-            n_real = sum(1 for k in key if k is not None and k is not Ellipsis)
-            key = key[:i] + (slice(None),) * (self.ndim - n_real) + key[i + 1:]
-        starts, limits, strides, out_shape = [], [], [], []
-        dim = 0
-        for k in key:
-            if k is None:
-                out_shape.append(1)
-                continue
-            if dim >= self.ndim:
-                raise ShapeError(f"index: too many indices for shape {self.shape}")
-            d = self.shape[dim]
-            if isinstance(k, (int, np.integer)):
-                k = int(k)
-                if not -d <= k < d:
-                    raise ShapeError(f"index: {k} out of range for dim {dim} of {self.shape}")
-                k %= d
-                starts.append(k), limits.append(k + 1), strides.append(1)
-            elif isinstance(k, slice):
-                s, l, st = k.indices(d)
-                if st < 1:
-                    raise ShapeError("index: only positive slice steps are supported")
-                l = max(l, s)
-                starts.append(s), limits.append(l), strides.append(st)
-                out_shape.append((l - s + st - 1) // st)
-            else:
-                raise TypeError(f"index: unsupported key {k!r} (use gather for tensor indices)")
-            dim += 1
-        for d in self.shape[dim:]:
-            starts.append(0), limits.append(d), strides.append(1)
-            out_shape.append(d)
-        r = self
-        if (tuple(starts), tuple(limits), tuple(strides)) != ((0,) * self.ndim, self.shape,
-                                                               (1,) * self.ndim):
-            r = self.slice(starts, limits, strides)
-        return r.reshape(tuple(out_shape))
+        """NumPy indexing: ints, slices (any step), None, ..., integer arrays, lists or
+        Tensors (negative entries count from the end), static bool masks (rlxc/indexing.py)."""
+        from rlxc.indexing import getitem
+
+        return getitem(self, key)
+
+    def take(self, indices, axis: int = 0) -> "Tensor":
+        """np.take: slices along `axis` at `indices`; negative indices count from the end."""
+        from rlxc.indexing import take
+
+        return take(self, indices, axis)
+
+    def flip(self, axis=None) -> "Tensor":
+        """np.flip: reverse the elements along `axis` (every axis when None)."""
+        from rlxc.indexing import flip
+
+        return flip(self, axis)
 
     def gather(self, indices, axis: int = 0) -> "Tensor":
-        """Take slices along `axis` at integer `indices` (embedding lookup when axis=0)."""
+        """Take slices along `axis` at integer `indices` in [0, n) (embedding lookup when
+        axis=0): the rlx.gather op itself. x[idx] and take() also accept negative indices."""
         if not isinstance(indices, Tensor):
             indices = self.scope.constant(np.asarray(indices))
         if indices.dtype not in INT_DTYPES:
             raise TypeError(f"gather: indices must be i32 or i64, got {indices.dtype}")
         axis = normalize_axes(axis, self.ndim, "gather")[0]
-        return self.scope.emit("rlx.gather", [self, indices], axis=axis)
+        return self.gather_raw(indices, axis)
+
+    def gather_raw(self, indices: "Tensor", axis: int, label: str = "") -> "Tensor":
+        """rlx.gather with an optional label that index errors quote (the user's indexing)."""
+        return self.scope.emit("rlx.gather", [self, indices], axis=axis, label=label)
 
     def index_select(self, axis: int, indices) -> "Tensor":
         return self.gather(indices, axis)
@@ -475,7 +603,11 @@ class Tensor:
 
     # -- composites ----------------------------------------------------------
     def logsumexp(self, axis=-1, keepdims=False) -> "Tensor":
+        """log(sum(exp(x))) shifted by the row max m; a non-finite m shifts by 0 instead
+        (JAX's rule), so a row holding +inf gives +inf and an all -inf row -inf, not the
+        NaN of inf - inf. Rows that are finite, or hold some -inf, keep finite gradients."""
         m = self.max(axis, keepdims=True).stop_gradient()
+        m = where(m.abs() < float("inf"), m, 0.0)
         r = (self - m).exp().sum(axis, keepdims=True).log() + m
         return r if keepdims else r.squeeze(normalize_axes(axis, self.ndim, "logsumexp"))
 
@@ -562,6 +694,22 @@ def concat(tensors, axis: int = 0) -> Tensor:
         raise TypeError("concat: needs a non-empty list of Tensors")
     axis = normalize_axes(axis, tensors[0].ndim, "concat")[0]
     return tensors[0].scope.emit("rlx.concat", tensors, axis=axis)
+
+
+def _comparable(o) -> bool:
+    """What `==` / `!=` compare elementwise; anything else falls back to Python's identity."""
+    return isinstance(o, (Tensor, numbers.Number, np.number, np.ndarray, list, tuple))
+
+
+MAX_BYTES = 2 ** 63 - 1  # byte sizes are signed 64-bit in the lowering and the runtime
+
+
+def _check_size(what: str, shape, dtype: str) -> None:
+    """An impossible tensor size fails here, naming the op (not deep in NumPy or LLVM)."""
+    n = numel(shape) * (1 if dtype == "i1" else int(dtype[1:]) // 8)
+    if n > MAX_BYTES:
+        raise ShapeError(f"{what}: a tensor of shape {tuple(shape)} {dtype} would hold {n} "
+                         f"bytes, more than any address space (2**63)")
 
 
 def _check_dtype(dtype: str) -> None:

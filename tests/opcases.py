@@ -62,6 +62,18 @@ _unary("sign", "sign", np.sign)
 _unary("reciprocal", "reciprocal", lambda x: 1 / x, _pos)
 _unary("erf", "erf", _erf)
 _unary("stop_gradient", "stop_gradient", lambda x: x)
+_unary("floor", "floor", np.floor)
+_unary("ceil", "ceil", np.ceil)
+_HALVES = np.array([[-2.5, -1.5, -0.5, 0.5, 1.5], [2.5, -0.49, 0.51, 3.7, -3.7],
+                    [0.0, -0.0, 1.0, -1.0, 2.0]], np.float32)
+case("round", {"x": _HALVES}, lambda s, x: x.round(), np.round)  # halves to even
+# numerators whose quotients are not near an integer (f32 and f64 floor alike)
+_NUM = (np.array([[0.3, 1.7, 2.4], [-0.3, -1.7, -2.4], [3.6, -3.6, 1.1]]) * 1.25).astype(np.float32)
+_DEN = np.array([[1.25, 1.25, -1.25], [1.25, -1.25, -1.25], [1.25, 1.25, -1.25]], np.float32)
+case("fmod", {"x": _NUM * 3, "y": _DEN}, lambda s, x, y: x.fmod(y), np.fmod)
+case("mod", {"x": _NUM * 3, "y": _DEN}, lambda s, x, y: x % y, np.remainder)
+case("floordiv", {"x": _NUM * 3, "y": _DEN}, lambda s, x, y: x // y, np.floor_divide)
+case("clip", {"x": _r(3, 5)}, lambda s, x: x.clip(-0.5, 1.0), lambda x: np.clip(x, -0.5, 1.0))
 case("fake_quant", {"x": _r(4, 6)}, lambda s, x: x.fake_quant("e2m1"),
      lambda x: np.clip(np.sign(x) * np.array([0, .5, 1, 1.5, 2, 3, 4, 6])[
          np.abs(np.abs(x)[..., None] - np.array([0, .5, 1, 1.5, 2, 3, 4, 6])).argmin(-1)], -6, 6))
@@ -114,6 +126,12 @@ case("gather", {"x": _r(10, 4)}, lambda s, x: x.gather(np.array([3, 0, 9, 3], np
 case("index_select", {"x": _r(3, 10)},
      lambda s, x: x.index_select(1, np.array([[1, 2], [9, 0]], np.int64)),
      lambda x: x[:, [[1, 2], [9, 0]]])
+case("getitem_array", {"x": _r(5, 6)}, lambda s, x: x[[0, -1, 2, 2]], lambda x: x[[0, -1, 2, 2]])
+case("getitem_two_arrays", {"x": _r(5, 6)}, lambda s, x: x[np.array([[0], [4]]), [1, -1, 3]],
+     lambda x: x[np.array([[0], [4]]), [1, -1, 3]])
+case("getitem_neg_step", {"x": _r(6, 5)}, lambda s, x: x[::-1, 4:0:-2],
+     lambda x: x[::-1, 4:0:-2])
+case("flip", {"x": _r(3, 4)}, lambda s, x: x.flip(), lambda x: np.flip(x))
 case("scatter_add", {"x": _r(4, 3)},
      lambda s, x: s.emit(rlxc.dialect.ops.ScatterAddOp,
                          [s.constant(np.array([1, 3, 1, 0], np.int32)), x], axis=0, dim=5),

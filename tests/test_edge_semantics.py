@@ -71,13 +71,13 @@ class Run:
         self.f = rlxc.Func(name, build)
 
     def all(self, **inputs):
-        args = self.f._bind((), inputs)
+        args = self.f.bind_call((), inputs)
         return {"cpu": self.f.run_on("cpu", **inputs),
                 "gpu-emu": emu.emulate(self.f.module, args),
                 "interp": interpret(self.f.module, args)}
 
     def ref64(self, **inputs):
-        return interpret(self.f.module, self.f._bind((), inputs), float_dtype=np.float64)
+        return interpret(self.f.module, self.f.bind_call((), inputs), float_dtype=np.float64)
 
 
 def _unary(name, dt="f32", params=None):
@@ -249,7 +249,7 @@ def test_pow_integer(dt):
     r = _binary("rlx.pow", len(x), dt)
     _same_bits(r.f.run_on("cpu", x=x, y=y)[0], r.f.run_on("interp", x=x, y=y)[0], "cpu")
     with pytest.raises(NotImplementedError, match=f"rlx.pow on {dt}"):
-        emu.emulate(r.f.module, r.f._bind((), {"x": x, "y": y}))
+        emu.emulate(r.f.module, r.f.bind_call((), {"x": x, "y": y}))
 
 
 def test_select():
@@ -310,7 +310,7 @@ def test_reductions_propagate_nan_and_inf():
 # ---------------------------------------------------------------- indices
 
 def _raises_everywhere(r, msg, **inputs):
-    args = r.f._bind((), inputs)
+    args = r.f.bind_call((), inputs)
     for k, fn in (("cpu", lambda: r.f.run_on("cpu", **inputs)),
                   ("gpu-emu", lambda: emu.emulate(r.f.module, args)),
                   ("interp", lambda: interpret(r.f.module, args))):
@@ -349,8 +349,8 @@ def test_gpu_error_flag_resets_between_runs():
     prog = emu.emulate_program(f.module)
     try:
         with pytest.raises(IndexError, match="along axis 0"):
-            prog.run(f._bind((), {"E": E, "i": np.array([0, 11, 0], np.int32)}))
-        good = prog.run(f._bind((), {"E": E, "i": np.array([0, 9, 3], np.int32)}))
+            prog.run(f.bind_call((), {"E": E, "i": np.array([0, 11, 0], np.int32)}))
+        good = prog.run(f.bind_call((), {"E": E, "i": np.array([0, 9, 3], np.int32)}))
         np.testing.assert_array_equal(good[0], E[[0, 9, 3]])
     finally:
         prog.close()

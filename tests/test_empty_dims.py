@@ -133,7 +133,7 @@ def test_empty_dims_gpu_emulator(name):
     f, inputs, want = _build(name)
     prog = gpu_emu.emulate_program(f.module, gpu_emu.EmuDriver())
     try:
-        got = prog.run(f._bind((), dict(inputs)))
+        got = prog.run(f.bind_call((), dict(inputs)))
     finally:
         prog.close()
     _same(got, want, "gpu emulator")
@@ -197,7 +197,7 @@ def test_gather_from_empty_table():
             f.run_on(device, **inputs)
     prog = gpu_emu.emulate_program(f.module, gpu_emu.EmuDriver())
     try:
-        got = prog.run(f._bind((), inputs))
+        got = prog.run(f.bind_call((), inputs))
     finally:
         prog.close()
     _same(got, [np.zeros((2, 4), F32)], "gpu emulator")

@@ -354,7 +354,7 @@ def test_named_formats_bit_exact_gpu_emulator():
     f = Func("fq_named_gpu", lambda s: _fake_quant_all(s.input("x", x.shape)))
     prog = gpu_emu.emulate_program(f.module, gpu_emu.EmuDriver())
     try:
-        got = prog.run(f._bind((), {"x": x}))
+        got = prog.run(f.bind_call((), {"x": x}))
     finally:
         prog.close()
     for name, g in zip(NAMED, got):

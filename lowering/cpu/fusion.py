@@ -256,7 +256,7 @@ class Gen:
             axis = p["axis"]
             ibuf = self.bufs[ind]
             bound = ts[axis]
-            self.checks.append((ibuf, bound, name, axis))
+            self.checks.append((ibuf, bound, name, axis, p.get("label", "")))
             n = len(si)
             pos = ix.of(ix.LoadIdx(ibuf, ix.linearize(idx[axis:axis + n], si), bound))
             return self.value(table, tuple(idx[:axis]) + (pos,) + tuple(idx[axis + n:]))

@@ -219,13 +219,15 @@ class Builder:
         return f"k{self._n}_{tag}"
 
     def _add(self, kernel, gen=None):
-        for ibuf, bound, opname, axis in (gen.checks if gen else []):
+        for ibuf, bound, opname, axis, *label in (gen.checks if gen else []):
+            label = label[0] if label else ""  # the op's label: the user's indexing
             key = (id(ibuf), bound)
             if key in self._checked:
                 continue
             code = len(self.errors) + 1
-            msg = (f"{opname}: index out of range [0, {bound}) along axis {axis}"
-                   if opname == "rlx.gather" else f"{opname}: index out of range [0, {bound})")
+            who = f"{label} ({opname})" if label else opname
+            msg = (f"{who}: index out of range [0, {bound}) along axis {axis}"
+                   if opname == "rlx.gather" else f"{who}: index out of range [0, {bound})")
             self.errors[code] = ("IndexError", msg)
             self._checked[key] = code
             self.kernels.append(CheckKernel(self._kname("check"), f"indices of {opname}",
@@ -341,7 +343,7 @@ class Builder:
         ibuf = self.bufs[ind]
 
         def value(g, idx):
-            g.checks.append((ibuf, dim, op.name, axis))
+            g.checks.append((ibuf, dim, op.name, axis, p.get("label", "")))
             return g.value(upd, idx)
 
         def off_fn(idx):

@@ -29,6 +29,9 @@ through the CPU, the GPU emulator and the interpreter):
                  add/max = or, mul/min = and
   div            floats IEEE; integers truncate toward zero and saturate
                  (INT_MIN / -1 = INT_MAX), and x / 0 = 0 (also 0 / 0)
+  rem            truncated remainder (C fmod, the sign of x); integers: x rem 0 = 0 and
+                 INT_MIN rem -1 = 0 (NumPy); `%` and `//` are built from it by the tracer
+  floor/ceil/round  llvm.floor / ceil / roundeven (round: halves to even, as np.round)
   pow            floats: C/NumPy pow (CPU: libm powf / pow; GPU: exp(y*log|x|) with
                  NumPy's sign and NaN rules); integers: computed in f64, then cast
                  like a float -> int cast (2 ** -1 = 0, 0 ** -1 = INT_MAX)
@@ -213,8 +216,18 @@ def _pow(b, x, y, dt, flags=()):
     return _fptosi(b, r, ty)
 
 
+def _rem(b, x, y, dt, flags=()):
+    """Truncated remainder (C fmod): the sign of x.  Integers: x rem 0 and INT_MIN rem -1
+    are 0 (NumPy's results; srem would trap)."""
+    if _is_float(dt):
+        return b.frem(x, y)
+    ty = x.type
+    bad = b.or_(b.icmp_signed("==", y, const(ty, 0)), b.icmp_signed("==", y, const(ty, -1)))
+    return b.srem(x, b.select(bad, const(ty, 1), y))
+
+
 _COMBINE = {"add": _add, "sub": _sub, "mul": _mul, "div": _div, "max": _max, "min": _min,
-            "pow": _pow,
+            "pow": _pow, "rem": _rem,
             "or": lambda b, x, y, dt, flags=(): b.or_(x, y),
             "and": lambda b, x, y, dt, flags=(): b.and_(x, y)}
 
@@ -357,6 +370,11 @@ def _sign(c, x):
     return b.select(pos, const(ty, 1), b.select(neg, const(ty, -1), const(ty, 0)))
 
 
+def _rounding(intrin):
+    """floor / ceil / round (halves to even): one intrinsic each (vroundps; cvt.rmi/rpi/rni)."""
+    return lambda c, x: c.b.call(intrinsic(c.b, intrin, x.type), [x])
+
+
 def _math(name):
     def rule(c, x):
         from rlxc.lowering.shared import mathlib
@@ -390,6 +408,9 @@ LOWER_RULES = {
     "rlx.abs": _abs,
     "rlx.sign": _sign,
     "rlx.stop_gradient": lambda c, x: x,
+    "rlx.floor": _rounding("llvm.floor"),
+    "rlx.ceil": _rounding("llvm.ceil"),
+    "rlx.round": _rounding("llvm.roundeven"),
     "rlx.fake_quant": lambda c, x: fake_quant(c.b, x, **c.params),
     "rlx.cast": lambda c, x: cast(c.b, x, c.arg_dtype, c.dtype),
     "rlx.select": lambda c, m, x, y: c.b.select(m, x, y),
@@ -400,6 +421,7 @@ LOWER_RULES = {
     "rlx.pow": _binary("pow"),
     "rlx.maximum": _binary("max"),
     "rlx.minimum": _binary("min"),
+    "rlx.rem": _binary("rem"),
     **{f"rlx.{n}": _compare(n) for n in (*FCMP, "ne")},
     # every transcendental: derived from its `math` property (dialect/shapes.py)
     **{name: _math(s.math) for name, s in SHAPES.items() if s.math},
