@@ -50,7 +50,6 @@ import os
 import sys
 import threading
 import time
-from collections import deque
 
 import numpy as np
 
@@ -112,10 +111,11 @@ def _cores() -> int:
 class ThreadGovernor:
     """Chooses, per call, between one thread and the library's maximum (see the header).
 
-    `begin()` returns the timing token of a call (its thread count and start time,
-    after setting the library's count when it changes); `end(token)` records how long
-    the call took and re-decides.  Cheap on the call path: a counter, a compare and
-    two perf_counter reads; the medians are recomputed only in `end`.
+    `begin()` returns the timing token of a call (its thread count, start time and
+    whether it starts cold, after setting the library's count when it changes);
+    `end(token)` records how long the call took and re-decides.  Cheap on the call
+    path: a counter, a compare and two perf_counter reads; the medians are recomputed
+    only in `end`.
 
     The team is judged warm: a team call right after a one-thread call finds the
     team's threads asleep (they stop spinning soon after a region) and pays their
@@ -125,7 +125,16 @@ class ThreadGovernor:
     team's threads went to sleep, other processes took the caches) is recorded as cold,
     and a median is taken over the warm calls of its window when there are two: a
     caller that pauses between bursts is judged by its bursts, one that always pauses
-    by its cold calls."""
+    by its cold calls.
+
+    Thread safety without a lock: several Python threads may call one library at once,
+    so `begin`/`end` run concurrently.  Each call-time window is an immutable tuple
+    that `end` replaces whole (one reference store: readers see the old or the new
+    tuple, never one being changed), `configure` replaces the whole window table, and
+    every other field is a single value that one store replaces.  A race can lose a
+    sample or a counter increment, or run a call with another call's thread count;
+    that only affects which count is chosen, never a result (split reductions have a
+    fixed chunk count)."""
 
     __slots__ = ("_set", "nmax", "cur", "calls", "hist", "seen", "adaptive", "_fixed",
                  "best", "other", "every", "ready", "ones", "prev", "last_end", "cold")
@@ -138,18 +147,20 @@ class ThreadGovernor:
 
     def configure(self, n: int) -> None:
         """Maximum threads `n` (0 = all cores); resets what was learned."""
-        self.nmax = int(n)
-        self._fixed = (not self.adaptive or self._set is None or self.nmax == 1 or
-                       (self.nmax == 0 and _cores() <= 1))
+        n = int(n)
+        self._fixed = True  # while the fields below change, calls just use the maximum
+        self.nmax = n
         self.calls = self.ones = 0  # governed calls, and how many of them ran on one thread
-        self.seen = set()
-        self.hist = {1: deque(maxlen=WINDOW), self.nmax: deque(maxlen=WINDOW)}
-        self.best, self.other, self.every = self.nmax, 1, EXPLORE
+        self.seen = frozenset()
+        self.hist = {1: (), n: ()}  # count -> tuple of its last WINDOW (time, cold) entries
+        self.best, self.other, self.every = n, 1, EXPLORE
         self.ready = False
         self.prev = None
         self.last_end = None
         self.cold = False
-        self._apply(self.nmax)
+        self._apply(n)
+        self._fixed = (not self.adaptive or self._set is None or n == 1 or
+                       (n == 0 and _cores() <= 1))
 
     def _apply(self, n: int) -> None:
         if n != self.cur:
@@ -167,34 +178,40 @@ class ThreadGovernor:
                 n = 1 if c % (3 + TEAM_BURST) < 3 else self.nmax
             else:
                 burst = TEAM_BURST if self.other != 1 else 1
-                n = self.other if c % self.every >= self.every - burst else self.best
+                every = self.every
+                n = self.other if c % every >= every - burst else self.best
             if n == 1:
                 self.ones += 1
             if n != self.cur:
                 self._apply(n)
         now = time.perf_counter()
-        self.cold = self.last_end is not None and now - self.last_end > IDLE_COLD
-        return n, now
+        last = self.last_end
+        self.cold = cold = last is not None and now - last > IDLE_COLD
+        return n, now, cold
 
     def end(self, token) -> None:
-        n, t0 = token
+        n, t0, cold = token
         self.last_end = now = time.perf_counter()
         dt = now - t0
         if self._fixed:
             return
         prev, self.prev = self.prev, n
-        h = self.hist.get(n)
+        hist = self.hist  # one snapshot of the table: configure may replace it meanwhile
+        h = hist.get(n)
         if h is None:
             return
         if n not in self.seen:  # the first call at a count pays one-time costs
-            self.seen.add(n)
+            self.seen = self.seen | {n}
             return
         if n != 1 and prev == 1:
             return  # a cold team (see the class doc)
-        h.append((dt, self.cold))
+        hist[n] = h = (h + ((dt, cold),))[-WINDOW:]
         if self.ready and n == self.best and self.calls % 4:
             return  # re-decide after every 4th call of the current choice (sorting costs)
-        one, many = self.hist[1], self.hist[self.nmax]
+        nmax = next((k for k in hist if k != 1), None)
+        if nmax is None:
+            return
+        one, many = hist[1], hist[nmax]
         if len(one) < 2 or len(many) < 2:
             return
         self.ready = True
@@ -202,16 +219,18 @@ class ThreadGovernor:
         # a team must win clearly: on a busy machine a team call can cost 10x a
         # one-thread call, a one-thread call at most the team's speed-up
         if tn < PREFER_TEAM * t1:
-            self.best, self.other, ratio = self.nmax, 1, t1 / tn
+            best, ratio = nmax, t1 / tn
         else:
-            self.best, self.other, ratio = 1, self.nmax, tn / t1
+            best, ratio = 1, tn / t1
         # re-try the other count regularly, less often the worse it was; when its
         # latest time would win, soon again (until its median flips or it loses)
         last1, lastn = one[-1][0], many[-1][0]
-        if (lastn < PREFER_TEAM * t1) if self.best == 1 else (tn >= PREFER_TEAM * last1):
-            self.every = 2 * TEAM_BURST
+        if (lastn < PREFER_TEAM * t1) if best == 1 else (tn >= PREFER_TEAM * last1):
+            every = 2 * TEAM_BURST
         else:
-            self.every = EXPLORE if ratio < 1.5 else EXPLORE * 4 if ratio < 4 else EXPLORE * 16
+            every = EXPLORE if ratio < 1.5 else EXPLORE * 4 if ratio < 4 else EXPLORE * 16
+        self.every = every
+        self.best, self.other = best, (1 if best != 1 else nmax)
 
 
 def _median(d) -> float:
