@@ -15,8 +15,8 @@ it copies only when the array is not already like that), so no data is copied.
 A returned array is never overwritten by a later call while anything still
 references it.  Outputs are fresh arrays, except that a large one (at least
 REUSE_MIN_BYTES) whose previous array nobody references any more (its only
-reference is the caller's own: the user dropped it and every view of it) is
-written again in place: fresh memory of that size usually comes from mmap,
+caller dropped it and every view of it, so the array object is gone and any
+weak reference to it was cleared) is written again in place: fresh memory of that size usually comes from mmap,
 and the kernel's zero-filling page faults cost about as much as writing the
 data (RLXC_REUSE_OUTPUTS=0 turns this off).  The foreign call releases the GIL.
 
@@ -50,6 +50,7 @@ import os
 import sys
 import threading
 import time
+from weakref import getweakrefcount as _weakrefs
 
 import numpy as np
 
@@ -374,33 +375,29 @@ class CpuCaller:
         return outs
 
     def _outputs(self, st) -> list:
-        """Fresh outputs, except large ones whose previous array nobody else holds.
+        """Fresh outputs, except large ones whose previous array is gone.
 
-        A large output is a 64-byte aligned view of a private byte buffer `raw`, kept
-        in `st.prev` as (raw, array).  It is free when the array's only references
-        are that tuple and getrefcount's argument (2) and raw's are the tuple, the
-        array's base and the argument (3): any view a user made of it has raw as its
-        base (NumPy collapses view chains), so it raises raw's count."""
+        A large output is a 64-byte aligned view of a private byte buffer `raw`; only
+        `raw` is kept in `st.prev` (the returned array is not), so the array dies as
+        soon as the caller drops it and every view of it, and weak references to it are
+        cleared then.  The buffer is written again only when nothing but that list and
+        getrefcount's argument hold `raw` (any array or view of it has raw as its base,
+        NumPy collapses view chains; a buffer export holds the array) and no weak
+        reference to `raw` exists: no reference of any kind can reach the old data."""
         prev = st.prev
         outs, keep = [], []
-        p = None
         for i, (s, d) in enumerate(self._out_specs):
-            p = prev[i] if prev is not None else None
-            if p is not None and sys.getrefcount(p[1]) == 2 and sys.getrefcount(p[0]) == 3:
-                outs.append(p[1])
-                keep.append(p)
-                continue
             nbytes = np.dtype(d).itemsize * _numel(s)
             if nbytes < REUSE_MIN_BYTES:
                 outs.append(np.empty(s, d))
                 keep.append(None)
                 continue
-            raw = np.empty(nbytes + 64, np.uint8)
+            raw = prev[i] if prev is not None else None
+            if raw is None or sys.getrefcount(raw) != 3 or _weakrefs(raw):
+                raw = np.empty(nbytes + 64, np.uint8)  # (3: prev, `raw` and the argument)
             off = -_addr(raw) % 64
-            o = raw[off:off + nbytes].view(d).reshape(s)
-            outs.append(o)
-            keep.append((raw, o))
-        del p
+            outs.append(raw[off:off + nbytes].view(d).reshape(s))
+            keep.append(raw)
         st.prev = keep
         return outs
 
