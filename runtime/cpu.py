@@ -251,10 +251,26 @@ def env_threads() -> int:
         raise ValueError(f"RLXC_NUM_THREADS={v!r} is not an integer") from None
 
 
-class CpuLibrary:
-    """One loaded shared library and the description of its entry point."""
+def signature_text(args: list, outputs: list, workspace_size: int) -> str:
+    """The canonical text of a library's signature: what its `ENTRY_signature()` symbol
+    returns (lowering/llvmgen.py) and what its metadata must describe."""
+    import json
 
-    def __init__(self, so_path: str, meta: dict):
+    return json.dumps({"abi": ABI, "args": [[a["name"], a["kind"], a["dtype"], list(a["shape"])]
+                                            for a in args],
+                       "outputs": [[o["dtype"], list(o["shape"])] for o in outputs],
+                       "workspace": int(workspace_size)}, separators=(",", ":"))
+
+
+class CpuLibrary:
+    """One loaded shared library and the description of its entry point.
+
+    The metadata is cross-checked against the library: its entry and workspace
+    symbols, the workspace size, and the signature text that `ENTRY_signature()`
+    returns (args, outputs and workspace; required with `require_signature`, as the
+    compile cache does; checked whenever the library has it)."""
+
+    def __init__(self, so_path: str, meta: dict, require_signature: bool = False):
         if meta.get("abi") != ABI:
             raise ArtifactError(f"{so_path}: metadata ABI {meta.get('abi')!r}, runtime {ABI}")
         self.path = so_path
@@ -277,6 +293,23 @@ class CpuLibrary:
         if self.workspace_size != int(meta["workspace_size"]):
             raise ArtifactError(f"{so_path}: workspace size {self.workspace_size} differs "
                                 f"from its metadata ({meta['workspace_size']})")
+        try:
+            sigf = getattr(self.lib, meta["entry"] + "_signature")
+        except AttributeError:
+            sigf = None
+            if require_signature:
+                raise ArtifactError(f"{so_path}: missing symbol {meta['entry']}_signature")
+        if sigf is not None:
+            sigf.restype = ctypes.c_char_p
+            sigf.argtypes = []
+            have = (sigf() or b"").decode("utf-8", "replace")
+            try:
+                want = signature_text(meta["args"], meta["outputs"], meta["workspace_size"])
+            except (KeyError, TypeError, ValueError) as e:
+                raise ArtifactError(f"{so_path}: malformed metadata ({e!r})") from None
+            if have != want:
+                raise ArtifactError(f"{so_path}: the metadata's signature {want} differs "
+                                    f"from the library's own {have}")
         self.args = meta["args"]
         self.inputs = [a for a in self.args if a["kind"] == "input"]
         self.params = [a for a in self.args if a["kind"] == "param"]
