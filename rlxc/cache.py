@@ -31,8 +31,8 @@ a linker that could not write), the half-written files are removed, a CacheWarni
 says so once, and the program is written to a private temporary folder of this
 process (/tmp/rlxc-cache-pPID-*) instead, which is removed at exit (with the
 folders of processes that were killed before they could remove theirs).  Stale
-temporary files of compiles that were killed (`.tmp-pPID-*` of a dead process, or
-older than a day) are removed when an entry is written.
+temporary files of compiles that were killed (`.tmp-pPID-*` of a process that is
+gone; a name without a pid: older than a day) are removed when an entry is written.
 
 Fingerprint: every .py file under lowering/ (recursively) and dialect/ plus the
 llvmlite version, hashed without importing them, so any compiler edit invalidates
@@ -56,8 +56,8 @@ import warnings
 FORMAT = "rlxc-cache-2"
 STATS = {"compiles": 0, "disk_hits": 0, "memory_hits": 0, "rejected": 0, "fallbacks": 0}
 FINGERPRINT_PACKAGES = ("rlxc.lowering", "rlxc.dialect")  # the code that decides codegen
-STALE_AGE = 24 * 3600.0  # a temporary file older than this is stale whoever wrote it
-DEAD_AGE = 60.0          # ... and one of a dead process older than this
+STALE_AGE = 24 * 3600.0  # a temporary file without a pid in its name is stale after this
+DEAD_AGE = 60.0          # one of a process that is gone, after this
 
 _fingerprint = None
 _warned: set = set()
@@ -285,8 +285,9 @@ _PID = re.compile(r"\.p(\d+)[.-]|-p(\d+)-")
 
 def remove_stale(d: str, match) -> int:
     """Remove the entries of folder `d` whose name satisfies `match(name)` and that are
-    stale: written by a process that is gone (its pid is in the name as `pPID`) more
-    than DEAD_AGE ago, or older than STALE_AGE.  Returns how many were removed."""
+    stale: written more than DEAD_AGE ago by a process that is gone (its pid is in the
+    name as `pPID`), or, for a name without a pid, older than STALE_AGE.  Returns how
+    many were removed."""
     n = 0
     now = time.time()
     try:
@@ -301,8 +302,8 @@ def remove_stale(d: str, match) -> int:
             age = now - os.lstat(p).st_mtime
             m = _PID.search(name)
             pid = int(m.group(1) or m.group(2)) if m else None
-            if age > STALE_AGE or (pid is not None and pid != os.getpid() and
-                                   age > DEAD_AGE and not _alive(pid)):
+            if (age > STALE_AGE) if pid is None else \
+                    (pid != os.getpid() and age > DEAD_AGE and not _alive(pid)):
                 if os.path.isdir(p) and not os.path.islink(p):
                     shutil.rmtree(p)
                 else:
@@ -313,14 +314,25 @@ def remove_stale(d: str, match) -> int:
     return n
 
 
+_swept: list = []
+
+
+def _sweep_tmp() -> None:
+    """Once per process: remove the private folders of killed processes from the
+    temporary folder (this module's rlxc-cache-pPID-*, compile_cpu's rlxc-pPID-*)."""
+    if not _swept:
+        _swept.append(True)
+        remove_stale(tempfile.gettempdir(), lambda n: n.startswith(("rlxc-cache-p", "rlxc-p")))
+
+
 def private_dir() -> str:
     """This process's private fallback folder (removed at exit)."""
     with _lock:
         if not _private:
-            tmp = tempfile.gettempdir()
-            remove_stale(tmp, lambda n: n.startswith("rlxc-cache-p"))
+            _sweep_tmp()
             _private.append(tempfile.mkdtemp(prefix=f"rlxc-cache-p{os.getpid()}-"))
             atexit.register(shutil.rmtree, _private[0], True)
+        os.makedirs(_private[0], mode=0o700, exist_ok=True)  # (a tmp cleaner removed it)
         return _private[0]
 
 
@@ -349,6 +361,7 @@ def store(key: str, kind: str, write, meta: dict, suffix: str, d: str | None = N
     written; a failure there raises, with every file it started removed."""
     d = d or cache_dir()
     meta = json.loads(json.dumps(meta))  # a plain JSON copy: what a reader will see
+    _sweep_tmp()
     if _writable(d):
         remove_stale(d, lambda n: n.startswith(".tmp-"))
         try:
