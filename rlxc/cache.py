@@ -47,6 +47,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -167,10 +168,18 @@ def _sha256(path: str) -> tuple[str, int]:
 
 # ------------------------------------------------------------------ reading
 
+def _regular(path: str, what: str) -> None:
+    """BadEntry unless `path` is a regular file (not a directory, FIFO, device...)."""
+    mode = os.stat(path).st_mode
+    if stat.S_ISDIR(mode):
+        raise BadEntry(f"{what} is a directory")
+    if not stat.S_ISREG(mode):
+        raise BadEntry(f"{what} is not a regular file")
+
+
 def _read_object(path: str) -> dict:
     """The JSON object at `path` (BadEntry when it is not a regular file holding one)."""
-    if os.path.isdir(path):
-        raise BadEntry("the entry path is a directory")
+    _regular(path, "the entry path")
     with open(path, "rb") as f:
         data = f.read(1 << 24)
     try:
@@ -200,8 +209,7 @@ def _verified(d: str, key: str, kind: str) -> tuple[str, dict]:
             os.path.basename(name) == name and isinstance(meta, dict)):
         raise BadEntry("malformed entry")
     path = os.path.join(d, name)
-    if os.path.isdir(path):
-        raise BadEntry("the payload path is a directory")
+    _regular(path, "the payload path")
     sha, size = _sha256(path)
     if sha != info.get("sha256") or size != info.get("size"):
         raise BadEntry("payload checksum mismatch")

@@ -195,3 +195,14 @@ def test_trainer_alias_naming_another_entry_is_dropped(tmp_path, damage):
     assert _trainer(cache, "b")["losses"] == b["losses"]  # b's entry was not touched
     warm = _trainer(cache, "a")
     assert not warm["built"] and warm["losses"] == a["losses"] and not warm["warnings"]
+
+
+def test_fifo_in_place_of_an_entry_does_not_hang(tmp_path):
+    cache = tmp_path / "cache"
+    _run(cache)
+    js = _entry(cache)
+    js.unlink()
+    os.mkfifo(js)
+    again = _run(cache)
+    assert np.allclose(again["out"], _want()) and again["compiles"] == 1
+    assert js.is_file()
