@@ -153,7 +153,8 @@ class ThreadGovernor:
         self.nmax = n
         self.calls = self.ones = 0  # governed calls, and how many of them ran on one thread
         self.seen = frozenset()
-        self.hist = {1: (), n: ()}  # count -> tuple of its last WINDOW (time, cold) entries
+        # (team size, {count: tuple of its last WINDOW (time, cold) entries}), replaced whole
+        self.hist = (n, {1: (), n: ()})
         self.best, self.other, self.every = n, 1, EXPLORE
         self.ready = False
         self.prev = None
@@ -197,7 +198,7 @@ class ThreadGovernor:
         if self._fixed:
             return
         prev, self.prev = self.prev, n
-        hist = self.hist  # one snapshot of the table: configure may replace it meanwhile
+        nmax, hist = self.hist  # one snapshot: configure may replace it meanwhile
         h = hist.get(n)
         if h is None:
             return
@@ -206,12 +207,10 @@ class ThreadGovernor:
             return
         if n != 1 and prev == 1:
             return  # a cold team (see the class doc)
-        hist[n] = h = (h + ((dt, cold),))[-WINDOW:]
+        h += ((dt, cold),)
+        hist[n] = h = h[1:] if len(h) > WINDOW else h
         if self.ready and n == self.best and self.calls % 4:
             return  # re-decide after every 4th call of the current choice (sorting costs)
-        nmax = next((k for k in hist if k != 1), None)
-        if nmax is None:
-            return
         one, many = hist[1], hist[nmax]
         if len(one) < 2 or len(many) < 2:
             return
