@@ -13,65 +13,37 @@
 CudaJitted for "cuda"; this module never imports the registry.  Calls go
 through runtime/call.py.
 
-Disk cache: $RLXC_CACHE_DIR, else ~/.cache/rlxc.  An entry is KEY.json plus
-KEY-SHA16.so, where SHA16 starts the sha256 of the library's bytes; the JSON
-holds the full sha256, the byte size and the runtime metadata.  Loading checks
-all three before dlopen, so a truncated or altered library, or an unreadable
-JSON, is detected and rebuilt, never loaded.  Writes are atomic: the library
-is linked to a private temporary name and renamed, then the JSON is written to
-a temporary file and renamed, so a reader sees either no entry or a complete
-one.  Two processes compiling the same function at once each write complete
-files and the last rename wins; both results are valid (the library name is
-content-addressed, so a JSON never points at a library with other contents).
-The compiler fingerprint (a hash of the lowering sources) is part of the key,
-so editing the compiler invalidates old entries.  `STATS` counts compiles and
-hits (tests use it to prove that a second lookup compiles nothing).
+Disk cache: rlxc/cache.py (backend-agnostic; the CPU stores the .so, the GPU the
+program container).  An entry is checksummed JSON plus a content-addressed
+payload; it is cross-checked against the Func (its signature and output shapes)
+and against what the loaded program itself reports, and rebuilt (with one
+CacheWarning) when anything disagrees.  The key holds the IR hash, the device
+and its options and the compiler fingerprint (every source file of lowering/
+and dialect/), so editing the compiler invalidates old entries.  `STATS`
+counts compiles and hits (tests use it to prove that a second lookup compiles
+nothing).
 """
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import tempfile
 import threading
-import uuid
 
 import numpy as np
 
+from rlxc import cache
+from rlxc.cache import STATS, cache_dir, compiler_fingerprint  # noqa: F401 (public names)
 from rlxc.runtime.cpu import ABI, NP_DTYPES, CpuCaller, CpuExecutor, CpuLibrary
 from rlxc.runtime.errors import ArtifactError
 from rlxc.runtime.signature import coerce
 from rlxc.runtime.targets import target as runtime_target
 from rlxc.runtime.targets import target_names
 
-STATS = {"compiles": 0, "disk_hits": 0, "memory_hits": 0, "rejected": 0}
-CACHE_FORMAT = "rlxc-cpu-cache"
-
-# the lowering files whose contents decide the generated CPU code
-def _backend_sources() -> list[str]:
-    """Every source file of the lowering package (all backends and shared rules), relative
-    paths in a stable order: the disk cache is keyed by all of them, so no file is forgotten."""
-    import rlxc.lowering as low
-
-    root = os.path.dirname(low.__file__)
-    out = []
-    for d, dirs, files in os.walk(root):
-        dirs[:] = sorted(x for x in dirs if not x.startswith((".", "__")))
-        out += [os.path.relpath(os.path.join(d, f), root) for f in sorted(files)
-                if f.endswith((".py", ".in"))]
-    return out
-
 _libs: dict = {}
 _executors: dict = {}
 _lock = threading.Lock()
 _key_locks: dict = {}
 _compile_lock = threading.Lock()
-_fingerprint = None
-
-
-def cache_dir() -> str:
-    return os.environ.get("RLXC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache",
-                                                            "rlxc")
 
 
 def clear_memory_cache() -> None:
@@ -79,34 +51,7 @@ def clear_memory_cache() -> None:
     with _lock:
         _libs.clear()
         _executors.clear()
-
-
-def compiler_fingerprint() -> str:
-    """Hash of every lowering source file and the LLVM binding version."""
-    global _fingerprint
-    if _fingerprint is None:
-        import rlxc.lowering as low
-
-        h = hashlib.sha256()
-        d = os.path.dirname(low.__file__)
-        for n in _backend_sources():
-            try:
-                with open(os.path.join(d, n), "rb") as f:
-                    h.update(n.encode() + b"\0" + f.read())
-            except OSError:
-                h.update(n.encode() + b"\0missing")
-        # llvmlite's version without importing it (a cache hit must not load LLVM) or
-        # importlib.metadata (tens of ms): the bytes of its _version.py
-        from importlib.util import find_spec
-
-        spec = find_spec("llvmlite")
-        try:
-            with open(os.path.join(os.path.dirname(spec.origin), "_version.py"), "rb") as f:
-                h.update(f.read())
-        except (OSError, TypeError, AttributeError):  # pragma: no cover
-            h.update(b"llvmlite ?")
-        _fingerprint = h.hexdigest()[:16]
-    return _fingerprint
+        _cuda_programs.clear()
 
 
 def _cpu_key(cpu: str) -> str:
@@ -153,9 +98,36 @@ def _is_cpu(name: str) -> bool:
 
 
 def _entry_key(name: str, device: str, cpu: str, opt: int, threads: int) -> str:
-    return hashlib.sha256("|".join([name, device, _cpu_key(cpu), f"O{opt}", f"t{threads}",
-                                    compiler_fingerprint(), f"abi{ABI}"])
-                          .encode()).hexdigest()[:40]
+    return cache.entry_key(name, device, _cpu_key(cpu), f"O{opt}", f"t{threads}", f"abi{ABI}")
+
+
+def _key_lock(mkey) -> threading.Lock:
+    with _lock:
+        return _key_locks.setdefault(mkey, threading.Lock())
+
+
+def _signature_check(func):
+    """check(meta): the entry describes `func` (its arguments, output count and shapes;
+    dtypes and the rest are checked against the program itself when it is loaded)."""
+    want_args = [(a.name, a.kind, [int(d) for d in a.shape], a.dtype)
+                 for a in func.signature()]
+    want_outs = None
+
+    def check(meta):
+        nonlocal want_outs
+        args = [(a["name"], a["kind"], list(a["shape"]), a["dtype"]) for a in meta["args"]]
+        if args != want_args:
+            raise cache.BadEntry(f"arguments {args} differ from the Func's {want_args}")
+        if want_outs is None:
+            want_outs = [[int(d) for d in s] for s in func.output_shapes()]
+        outs = [list(o["shape"]) for o in meta["outputs"]]
+        if outs != want_outs:
+            raise cache.BadEntry(f"output shapes {outs} differ from the Func's {want_outs}")
+    return check
+
+
+def _open_cpu(path: str, meta: dict) -> CpuLibrary:
+    return CpuLibrary(path, meta, require_signature=True)
 
 
 def library(func, device: str = "cpu", **options) -> CpuLibrary:
@@ -167,34 +139,34 @@ def library(func, device: str = "cpu", **options) -> CpuLibrary:
     if lib is not None:
         STATS["memory_hits"] += 1
         return lib
-    with _lock:
-        klock = _key_locks.setdefault(mkey, threading.Lock())
-    with klock:
+    with _key_lock(mkey):
         lib = _libs.get(mkey)
         if lib is not None:
             STATS["memory_hits"] += 1
             return lib
         key = _entry_key(func.ir_hash(), device, cpu, opt, threads)
-        d = cache_dir()
-        lib = _load_entry(d, key)
+        lib = cache.load(key, "cpu", _open_cpu, _signature_check(func))
         if lib is not None:
             STATS["disk_hits"] += 1
         else:
-            lib = _compile_entry(d, key, func, cpu, opt, threads)
+            lib = _compile_entry(key, func, cpu, opt, threads)
         lib.cache_key = key
         _libs[mkey] = lib
         return lib
 
 
-def library_for(alias: str, make_func, device: str = "cpu", **options) -> CpuLibrary:
+def library_for(alias: str, make_func, device: str = "cpu", check=None,
+                **options) -> CpuLibrary:
     """The library of the Func that `make_func()` returns, looked up by `alias`.
 
     `alias` must determine that Func's IR (e.g. the model's IR hash plus how a
     train step is built from it, with the sources that build it).  A disk file
-    ALIAS_KEY.alias names the entry it resolved to last time, so a warm process
-    loads the library without tracing or transforming anything; on a miss (or a
-    stale or broken alias) the Func is built and looked up as `library` does, and
-    the alias is (re)written."""
+    ALIAS_KEY.alias names the entry it resolved to last time (checksummed, with the
+    alias itself and a digest of that entry's signature: rlxc/cache.py), so a warm
+    process loads the library without tracing or transforming anything.  `check(meta)`
+    (optional) raises ValueError when the entry's metadata does not fit the caller.
+    On a miss, or a stale, altered or mismatched alias (dropped with a CacheWarning),
+    the Func is built and looked up as `library` does, and the alias is (re)written."""
     _check_device(device)
     cpu, opt, threads = _options(options)
     akey = _entry_key("alias:" + alias, device, cpu, opt, threads)
@@ -203,109 +175,57 @@ def library_for(alias: str, make_func, device: str = "cpu", **options) -> CpuLib
     if lib is not None:
         STATS["memory_hits"] += 1
         return lib
-    d = cache_dir()
-    ap = os.path.join(d, akey + ".alias")
-    try:
-        with open(ap, encoding="utf-8") as f:
-            target = f.read().strip()
-    except OSError:
-        target = ""
-    if len(target) == 40 and all(c in "0123456789abcdef" for c in target):
-        lib = _load_entry(d, target)
+    with _key_lock(mkey):
+        lib = _libs.get(mkey)
         if lib is not None:
-            STATS["disk_hits"] += 1
-            lib.cache_key = target
-            _libs[mkey] = lib
+            STATS["memory_hits"] += 1
             return lib
-    lib = library(make_func(), device, **options)
-    try:
-        if os.access(d, os.W_OK):
-            _write_atomic(ap, lib.cache_key.encode())
-    except OSError:
-        pass
-    _libs[mkey] = lib
-    return lib
+        hit = cache.read_alias(akey)
+        if hit is not None:
+            target, sig = hit
+            lib = cache.load(target, "cpu", _open_cpu)
+            if lib is not None:
+                try:
+                    if cache.signature_digest(lib.meta) != sig:
+                        raise cache.BadEntry("it names an entry with another signature")
+                    if check is not None:
+                        check(lib.meta)
+                except (ValueError, KeyError, TypeError) as e:
+                    cache.drop_alias(akey, str(e))
+                    lib = None
+            if lib is not None:
+                STATS["disk_hits"] += 1
+                lib.cache_key = target
+                _libs[mkey] = lib
+                return lib
+        lib = library(make_func(), device, **options)
+        if check is not None:
+            check(lib.meta)
+        if os.path.isfile(os.path.join(cache_dir(), lib.cache_key + ".json")):
+            cache.write_alias(akey, lib.cache_key, lib.meta)
+        _libs[mkey] = lib
+        return lib
 
 
-def _sha256(path: str) -> tuple[str, int]:
-    h = hashlib.sha256()
-    n = 0
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-            n += len(chunk)
-    return h.hexdigest(), n
-
-
-def _load_entry(d: str, key: str) -> CpuLibrary | None:
-    jp = os.path.join(d, key + ".json")
-    if not os.path.exists(jp):
-        return None
-    try:
-        with open(jp, encoding="utf-8") as f:
-            info = json.load(f)
-        if info.get("format") != CACHE_FORMAT or info.get("key") != key or \
-                info.get("abi") != ABI:
-            raise ValueError("foreign entry")
-        so = os.path.join(d, os.path.basename(info["so"]))
-        sha, size = _sha256(so)
-        if sha != info["sha256"] or size != info["size"]:
-            raise ValueError("library checksum mismatch")
-        return CpuLibrary(so, info["meta"])
-    except (OSError, ValueError, KeyError, TypeError, ArtifactError):
-        STATS["rejected"] += 1
-        return None
-
-
-def _write_atomic(path: str, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path))
-    try:
-        os.chmod(tmp, 0o644)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def _compile_entry(d, key, func, cpu, opt, threads) -> CpuLibrary:
+def _compile_entry(key, func, cpu, opt, threads) -> CpuLibrary:
     from rlxc.lowering.cpu.driver import compile_cpu
+    from rlxc.lowering.cpu.target import link_shared
 
-    try:
-        os.makedirs(d, exist_ok=True)
-        writable = os.access(d, os.W_OK)
-    except OSError:
-        writable = False
-    work = d if writable else tempfile.mkdtemp(prefix="rlxc-")
-    tmp_so = os.path.join(work, f".tmp-{key[:16]}-{os.getpid()}-{uuid.uuid4().hex[:8]}.so")
-    try:
-        with _compile_lock:  # LLVM's global context is not thread-safe
-            art = compile_cpu(func.module, func.symbol, cpu=cpu, opt=opt, so_path=tmp_so,
-                              max_threads=threads)
-        STATS["compiles"] += 1
-        sha, size = _sha256(tmp_so)
-        so = os.path.join(work, f"{key}-{sha[:16]}.so")
-        os.replace(tmp_so, so)
-    finally:
-        if os.path.exists(tmp_so):
-            os.unlink(tmp_so)
-    meta = art.metadata()
-    if writable:
-        info = {"format": CACHE_FORMAT, "abi": ABI, "key": key, "so": os.path.basename(so),
-                "sha256": sha, "size": size, "meta": meta}
-        _write_atomic(os.path.join(d, key + ".json"),
-                      json.dumps(info, indent=1, sort_keys=True).encode())
-    return CpuLibrary(so, meta)
+    with _compile_lock:  # LLVM's global context is not thread-safe
+        art = compile_cpu(func.module, func.symbol, cpu=cpu, opt=opt, link=False,
+                          max_threads=threads)
+    STATS["compiles"] += 1
+    entry = cache.store(key, "cpu", lambda path: link_shared([art.object], path, cpu=cpu),
+                        art.metadata(), ".so")
+    return CpuLibrary(entry.path, entry.meta, require_signature=True)
 
 
 _cuda_programs: dict = {}
 
 
 def cuda_program(func, arch: str | None = None):
-    """The loaded GPU program for `func` (compiled once per IR hash and arch).
+    """The loaded GPU program for `func` (memory cache, then the disk cache, then compile;
+    per IR hash and arch).
 
     Raises runtime.cuda.CudaUnavailable (a clear RlxError) when no GPU/driver is present,
     before anything is compiled."""
@@ -313,14 +233,54 @@ def cuda_program(func, arch: str | None = None):
 
     ctx = rt.context(0)
     arch = arch or ctx.arch
-    key = (func.ir_hash(), arch)
-    prog = _cuda_programs.get(key)
-    if prog is None:
-        from rlxc.lowering.gpu.driver import compile_cuda
+    mkey = (func.ir_hash(), arch)
+    prog = _cuda_programs.get(mkey)
+    if prog is not None:
+        STATS["memory_hits"] += 1
+        return prog
+    with _key_lock(("cuda",) + mkey):
+        prog = _cuda_programs.get(mkey)
+        if prog is not None:
+            return prog
+        key = cache.entry_key(func.ir_hash(), "cuda", arch, rt.FORMAT)
+        prog = cache.load(key, "cuda", _open_cuda, _signature_check(func))
+        if prog is not None:
+            STATS["disk_hits"] += 1
+        else:
+            from rlxc.lowering.gpu.driver import compile_cuda
 
-        STATS["compiles"] += 1
-        prog = _cuda_programs[key] = compile_cuda(func.module, func.symbol, arch=arch).program()
-    return prog
+            with _compile_lock:
+                art = compile_cuda(func.module, func.symbol, arch=arch)
+            STATS["compiles"] += 1
+            data = art.to_bytes()
+            meta = {k: art.meta[k] for k in ("format", "name", "arch", "args", "outputs")}
+            entry = cache.store(key, "cuda", lambda path: _write_file(path, data), meta,
+                                ".rlxgpu")
+            prog = _open_cuda(entry.path, entry.meta)
+        _cuda_programs[mkey] = prog
+        return prog
+
+
+def _write_file(path: str, data: bytes) -> None:
+    with open(path, "xb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _open_cuda(path: str, meta: dict):
+    """Load a cached GPU program container, cross-checked against the entry's metadata."""
+    from rlxc.runtime import cuda as rt
+
+    with open(path, "rb") as f:
+        full, blobs = rt.load_artifact(f.read())
+    for k in ("format", "name", "arch"):
+        if full.get(k) != meta.get(k):
+            raise ArtifactError(f"{path}: {k} {full.get(k)!r} differs from the cache "
+                                f"entry's {meta.get(k)!r}")
+    if cache.signature_digest(full) != cache.signature_digest(meta):
+        raise ArtifactError(f"{path}: the program's signature differs from the cache entry's")
+    return rt.CudaProgram(full, blobs)
 
 
 def executor(func, device: str = "cpu", **options) -> CpuExecutor:
@@ -418,6 +378,5 @@ class Jitted:
         return f"Jitted({self.func.name!r}, {self.lib.path})"
 
 
-__all__ = ["executor", "jit", "cuda_program", "CudaJitted", "library",
-           "library_for", "Jitted",
-           "STATS", "cache_dir", "clear_memory_cache", "compiler_fingerprint"]
+__all__ = ["executor", "jit", "cuda_program", "CudaJitted", "library", "library_for", "Jitted",
+           "STATS", "cache_dir", "clear_memory_cache", "compiler_fingerprint", "cache"]

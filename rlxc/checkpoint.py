@@ -12,9 +12,10 @@ Algorithm
 ---------
 * save: validate names and arrays, serialize in memory with
   ``safetensors.numpy.save`` (arrays made C-contiguous first), write to a
-  temporary file in the destination directory, fsync, then ``os.replace``
-  onto the destination, so readers see the old file or the new one, never a
-  torn write.
+  temporary file ``.NAME.pPID.*.tmp`` in the destination directory, fsync,
+  then ``os.replace`` onto the destination, so readers see the old file or the
+  new one, never a torn write.  Temporary files that killed saves left behind
+  (their process is gone, or they are older than a day) are removed first.
 * load: ``safetensors.numpy.load_file``; a missing file raises
   FileNotFoundError and an unreadable one CheckpointError, both naming the
   path; with ``expected`` (name -> shape) every missing tensor, wrongly
@@ -104,8 +105,9 @@ def save_tensors(path: str | os.PathLike, tensors: Mapping[str, np.ndarray],
         raise CheckpointError(f"cannot serialize checkpoint {path!r}: {exc}") from exc
 
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory,
-                               prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    base = os.path.basename(path)
+    _remove_stale_temps(directory, base)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{base}.p{os.getpid()}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -118,6 +120,15 @@ def save_tensors(path: str | os.PathLike, tensors: Mapping[str, np.ndarray],
         except FileNotFoundError:
             pass
         raise
+
+
+def _remove_stale_temps(directory: str, base: str) -> None:
+    """Remove `.BASE.*.tmp` files that saves killed mid-write left behind (of a process
+    that is gone, or older than a day: rlxc.cache.remove_stale)."""
+    from rlxc.cache import remove_stale
+
+    prefix = f".{base}."
+    remove_stale(directory, lambda n: n.startswith(prefix) and n.endswith(".tmp"))
 
 
 def load_tensors(path: str | os.PathLike,

@@ -168,24 +168,31 @@ class CpuBackend(Backend):
 
         return build_artifact(spec, outdir, progress)
 
+    def _run_options(self, options: dict) -> dict:
+        """Options of the compile cache (rlxc/backends.py) with this target's cpu string."""
+        out = dict(options)
+        out["cpu"] = self.cpu_string(out.get("cpu"))
+        return out
+
     def executor(self, func, **options):
         from rlxc.backends import executor
 
         self.target.require()  # a cross target: refuse before compiling anything
-        return executor(func, self.name, **options)
+        return executor(func, self.name, **self._run_options(options))
 
     def jit(self, func, **options):
         from rlxc.backends import jit
 
         self.target.require()
-        return jit(func, self.name, **options)
+        return jit(func, self.name, **self._run_options(options))
 
     def step_engine(self, prog, args, state_pos):
         from rlxc.backends import library_for
 
         self.target.require()
         # found by the step's alias when compiled before: no trace, no transform
-        lib = library_for(prog.cache_alias(), lambda: prog.func, self.name)
+        lib = library_for(prog.cache_alias(), lambda: prog.func, self.name,
+                          **self._run_options({}))
         return ResidentCall(lib, args, state_pos)
 
 

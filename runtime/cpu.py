@@ -16,8 +16,8 @@ it copies only when the array is not already like that), so no data is copied.
 A returned array is never overwritten by a later call while anything still
 references it.  Outputs are fresh arrays, except that a large one (at least
 REUSE_MIN_BYTES) whose previous array nobody references any more (its only
-reference is the caller's own: the user dropped it and every view of it) is
-written again in place: fresh memory of that size usually comes from mmap,
+caller dropped it and every view of it, so the array object is gone and any
+weak reference to it was cleared) is written again in place: fresh memory of that size usually comes from mmap,
 and the kernel's zero-filling page faults cost about as much as writing the
 data (RLXC_REUSE_OUTPUTS=0 turns this off).  The foreign call releases the GIL.
 
@@ -51,7 +51,7 @@ import os
 import sys
 import threading
 import time
-from collections import deque
+from weakref import getweakrefcount as _weakrefs
 
 import numpy as np
 
@@ -90,10 +90,11 @@ def _cores() -> int:
 class ThreadGovernor:
     """Chooses, per call, between one thread and the library's maximum (see the header).
 
-    `begin()` returns the timing token of a call (its thread count and start time,
-    after setting the library's count when it changes); `end(token)` records how long
-    the call took and re-decides.  Cheap on the call path: a counter, a compare and
-    two perf_counter reads; the medians are recomputed only in `end`.
+    `begin()` returns the timing token of a call (its thread count, start time and
+    whether it starts cold, after setting the library's count when it changes);
+    `end(token)` records how long the call took and re-decides.  Cheap on the call
+    path: a counter, a compare and two perf_counter reads; the medians are recomputed
+    only in `end`.
 
     The team is judged warm: a team call right after a one-thread call finds the
     team's threads asleep (they stop spinning soon after a region) and pays their
@@ -103,7 +104,16 @@ class ThreadGovernor:
     team's threads went to sleep, other processes took the caches) is recorded as cold,
     and a median is taken over the warm calls of its window when there are two: a
     caller that pauses between bursts is judged by its bursts, one that always pauses
-    by its cold calls."""
+    by its cold calls.
+
+    Thread safety without a lock: several Python threads may call one library at once,
+    so `begin`/`end` run concurrently.  Each call-time window is an immutable tuple
+    that `end` replaces whole (one reference store: readers see the old or the new
+    tuple, never one being changed), `configure` replaces the whole window table, and
+    every other field is a single value that one store replaces.  A race can lose a
+    sample or a counter increment, or run a call with another call's thread count;
+    that only affects which count is chosen, never a result (split reductions have a
+    fixed chunk count)."""
 
     __slots__ = ("_set", "nmax", "cur", "calls", "hist", "seen", "adaptive", "_fixed",
                  "best", "other", "every", "ready", "ones", "prev", "last_end", "cold")
@@ -116,18 +126,21 @@ class ThreadGovernor:
 
     def configure(self, n: int) -> None:
         """Maximum threads `n` (0 = all cores); resets what was learned."""
-        self.nmax = int(n)
-        self._fixed = (not self.adaptive or self._set is None or self.nmax == 1 or
-                       (self.nmax == 0 and _cores() <= 1))
+        n = int(n)
+        self._fixed = True  # while the fields below change, calls just use the maximum
+        self.nmax = n
         self.calls = self.ones = 0  # governed calls, and how many of them ran on one thread
-        self.seen = set()
-        self.hist = {1: deque(maxlen=WINDOW), self.nmax: deque(maxlen=WINDOW)}
-        self.best, self.other, self.every = self.nmax, 1, EXPLORE
+        self.seen = frozenset()
+        # (team size, {count: tuple of its last WINDOW (time, cold) entries}), replaced whole
+        self.hist = (n, {1: (), n: ()})
+        self.best, self.other, self.every = n, 1, EXPLORE
         self.ready = False
         self.prev = None
         self.last_end = None
         self.cold = False
-        self._apply(self.nmax)
+        self._apply(n)
+        self._fixed = (not self.adaptive or self._set is None or n == 1 or
+                       (n == 0 and _cores() <= 1))
 
     def _apply(self, n: int) -> None:
         if n != self.cur:
@@ -145,34 +158,38 @@ class ThreadGovernor:
                 n = 1 if c % (3 + TEAM_BURST) < 3 else self.nmax
             else:
                 burst = TEAM_BURST if self.other != 1 else 1
-                n = self.other if c % self.every >= self.every - burst else self.best
+                every = self.every
+                n = self.other if c % every >= every - burst else self.best
             if n == 1:
                 self.ones += 1
             if n != self.cur:
                 self._apply(n)
         now = time.perf_counter()
-        self.cold = self.last_end is not None and now - self.last_end > IDLE_COLD
-        return n, now
+        last = self.last_end
+        self.cold = cold = last is not None and now - last > IDLE_COLD
+        return n, now, cold
 
     def end(self, token) -> None:
-        n, t0 = token
+        n, t0, cold = token
         self.last_end = now = time.perf_counter()
         dt = now - t0
         if self._fixed:
             return
         prev, self.prev = self.prev, n
-        h = self.hist.get(n)
+        nmax, hist = self.hist  # one snapshot: configure may replace it meanwhile
+        h = hist.get(n)
         if h is None:
             return
         if n not in self.seen:  # the first call at a count pays one-time costs
-            self.seen.add(n)
+            self.seen = self.seen | {n}
             return
         if n != 1 and prev == 1:
             return  # a cold team (see the class doc)
-        h.append((dt, self.cold))
+        h += ((dt, cold),)
+        hist[n] = h = h[1:] if len(h) > WINDOW else h
         if self.ready and n == self.best and self.calls % 4:
             return  # re-decide after every 4th call of the current choice (sorting costs)
-        one, many = self.hist[1], self.hist[self.nmax]
+        one, many = hist[1], hist[nmax]
         if len(one) < 2 or len(many) < 2:
             return
         self.ready = True
@@ -180,16 +197,18 @@ class ThreadGovernor:
         # a team must win clearly: on a busy machine a team call can cost 10x a
         # one-thread call, a one-thread call at most the team's speed-up
         if tn < PREFER_TEAM * t1:
-            self.best, self.other, ratio = self.nmax, 1, t1 / tn
+            best, ratio = nmax, t1 / tn
         else:
-            self.best, self.other, ratio = 1, self.nmax, tn / t1
+            best, ratio = 1, tn / t1
         # re-try the other count regularly, less often the worse it was; when its
         # latest time would win, soon again (until its median flips or it loses)
         last1, lastn = one[-1][0], many[-1][0]
-        if (lastn < PREFER_TEAM * t1) if self.best == 1 else (tn >= PREFER_TEAM * last1):
-            self.every = 2 * TEAM_BURST
+        if (lastn < PREFER_TEAM * t1) if best == 1 else (tn >= PREFER_TEAM * last1):
+            every = 2 * TEAM_BURST
         else:
-            self.every = EXPLORE if ratio < 1.5 else EXPLORE * 4 if ratio < 4 else EXPLORE * 16
+            every = EXPLORE if ratio < 1.5 else EXPLORE * 4 if ratio < 4 else EXPLORE * 16
+        self.every = every
+        self.best, self.other = best, (1 if best != 1 else nmax)
 
 
 def _median(d) -> float:
@@ -209,10 +228,26 @@ def env_threads() -> int:
         raise ValueError(f"RLXC_NUM_THREADS={v!r} is not an integer") from None
 
 
-class CpuLibrary:
-    """One loaded shared library and the description of its entry point."""
+def signature_text(args: list, outputs: list, workspace_size: int) -> str:
+    """The canonical text of a library's signature: what its `ENTRY_signature()` symbol
+    returns (lowering/llvmgen.py) and what its metadata must describe."""
+    import json
 
-    def __init__(self, so_path: str, meta: dict):
+    return json.dumps({"abi": ABI, "args": [[a["name"], a["kind"], a["dtype"], list(a["shape"])]
+                                            for a in args],
+                       "outputs": [[o["dtype"], list(o["shape"])] for o in outputs],
+                       "workspace": int(workspace_size)}, separators=(",", ":"))
+
+
+class CpuLibrary:
+    """One loaded shared library and the description of its entry point.
+
+    The metadata is cross-checked against the library: its entry and workspace
+    symbols, the workspace size, and the signature text that `ENTRY_signature()`
+    returns (args, outputs and workspace; required with `require_signature`, as the
+    compile cache does; checked whenever the library has it)."""
+
+    def __init__(self, so_path: str, meta: dict, require_signature: bool = False):
         if meta.get("abi") != ABI:
             raise ArtifactError(f"{so_path}: metadata ABI {meta.get('abi')!r}, runtime {ABI}")
         self.path = so_path
@@ -235,6 +270,23 @@ class CpuLibrary:
         if self.workspace_size != int(meta["workspace_size"]):
             raise ArtifactError(f"{so_path}: workspace size {self.workspace_size} differs "
                                 f"from its metadata ({meta['workspace_size']})")
+        try:
+            sigf = getattr(self.lib, meta["entry"] + "_signature")
+        except AttributeError:
+            sigf = None
+            if require_signature:
+                raise ArtifactError(f"{so_path}: missing symbol {meta['entry']}_signature")
+        if sigf is not None:
+            sigf.restype = ctypes.c_char_p
+            sigf.argtypes = []
+            have = (sigf() or b"").decode("utf-8", "replace")
+            try:
+                want = signature_text(meta["args"], meta["outputs"], meta["workspace_size"])
+            except (KeyError, TypeError, ValueError) as e:
+                raise ArtifactError(f"{so_path}: malformed metadata ({e!r})") from None
+            if have != want:
+                raise ArtifactError(f"{so_path}: the metadata's signature {want} differs "
+                                    f"from the library's own {have}")
         self.args = meta["args"]
         self.inputs = [a for a in self.args if a["kind"] == "input"]
         self.params = [a for a in self.args if a["kind"] == "param"]
@@ -327,33 +379,29 @@ class CpuCaller:
         return outs
 
     def _outputs(self, st) -> list:
-        """Fresh outputs, except large ones whose previous array nobody else holds.
+        """Fresh outputs, except large ones whose previous array is gone.
 
-        A large output is a 64-byte aligned view of a private byte buffer `raw`, kept
-        in `st.prev` as (raw, array).  It is free when the array's only references
-        are that tuple and getrefcount's argument (2) and raw's are the tuple, the
-        array's base and the argument (3): any view a user made of it has raw as its
-        base (NumPy collapses view chains), so it raises raw's count."""
+        A large output is a 64-byte aligned view of a private byte buffer `raw`; only
+        `raw` is kept in `st.prev` (the returned array is not), so the array dies as
+        soon as the caller drops it and every view of it, and weak references to it are
+        cleared then.  The buffer is written again only when nothing but that list and
+        getrefcount's argument hold `raw` (any array or view of it has raw as its base,
+        NumPy collapses view chains; a buffer export holds the array) and no weak
+        reference to `raw` exists: no reference of any kind can reach the old data."""
         prev = st.prev
         outs, keep = [], []
-        p = None
         for i, (s, d) in enumerate(self._out_specs):
-            p = prev[i] if prev is not None else None
-            if p is not None and sys.getrefcount(p[1]) == 2 and sys.getrefcount(p[0]) == 3:
-                outs.append(p[1])
-                keep.append(p)
-                continue
             nbytes = np.dtype(d).itemsize * _numel(s)
             if nbytes < REUSE_MIN_BYTES:
                 outs.append(np.empty(s, d))
                 keep.append(None)
                 continue
-            raw = np.empty(nbytes + 64, np.uint8)
+            raw = prev[i] if prev is not None else None
+            if raw is None or sys.getrefcount(raw) != 3 or _weakrefs(raw):
+                raw = np.empty(nbytes + 64, np.uint8)  # (3: prev, `raw` and the argument)
             off = -_addr(raw) % 64
-            o = raw[off:off + nbytes].view(d).reshape(s)
-            outs.append(o)
-            keep.append((raw, o))
-        del p
+            outs.append(raw[off:off + nbytes].view(d).reshape(s))
+            keep.append(raw)
         st.prev = keep
         return outs
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import rlxc.backends as B
+import rlxc.cache as C
 from rlxc import Func
 
 SCRIPT = textwrap.dedent("""
@@ -62,7 +63,8 @@ def cache(tmp_path, monkeypatch):
     d = tmp_path / "cache"
     monkeypatch.setenv("RLXC_CACHE_DIR", str(d))
     B.clear_memory_cache()
-    monkeypatch.setattr(B, "_fingerprint", None)  # recomputed, as a subprocess does
+    monkeypatch.setattr(C, "_fingerprint", None)  # recomputed, as a subprocess does
+    monkeypatch.setattr(C, "_warned", set())
     yield d
     B.clear_memory_cache()
 
@@ -91,7 +93,7 @@ def test_hits_and_misses(cache):
     js, sos = _entries(cache)
     assert len(js) == 2 and len(sos) == 2
     info = json.loads(js[0].read_text())
-    assert info["format"] == "rlxc-cpu-cache" and len(info["sha256"]) == 64
+    assert info["format"] == C.FORMAT and info["kind"] == "cpu" and len(info["sha256"]) == 64
 
 
 def test_second_process_compiles_nothing(cache):
@@ -127,7 +129,8 @@ def test_corrupt_entry_is_rebuilt_not_loaded(cache, damage):
         so.unlink()
     c0, r0 = B.STATS["compiles"], B.STATS["rejected"]
     f = _func("bad")
-    assert np.isclose(f.run(x=np.arange(5, dtype=np.float32))[0], _expected())
+    with pytest.warns(C.CacheWarning, match="dropped entry"):
+        assert np.isclose(f.run(x=np.arange(5, dtype=np.float32))[0], _expected())
     assert B.STATS["compiles"] == c0 + 1 and B.STATS["rejected"] == r0 + 1
     # the rebuilt entry is valid: a fresh process loads it without compiling
     again = _subprocess("bad", cache)

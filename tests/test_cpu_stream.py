@@ -88,3 +88,32 @@ def test_large_outputs_are_reused_once_released():
     addr = j.run(x=x)[0].__array_interface__["data"][0]
     assert addr % 64 == 0
     assert j.run(x=x)[0].__array_interface__["data"][0] == addr  # released, so reused
+
+
+def test_reuse_never_overwrites_an_array_a_weakref_can_still_reach():
+    """A WeakValueDictionary memo of an output (issue 13 item 20): the runtime keeps only
+    the raw buffer, so when the caller drops the array it dies (its weak references are
+    cleared) before its memory is written again; a weak reference to the buffer itself
+    stops reuse."""
+    import weakref
+
+    n = 1 << 20
+    j = Func("memo", lambda s: s.input("x", (n,)) + 1.0).jit()
+    x = np.zeros(n, np.float32)
+    memo = weakref.WeakValueDictionary()
+    memo["a"] = j.run(x=x)[0]
+    b = j.run(x=x + 1)[0]                # `a` was dropped: it is gone, memo["a"] with it
+    assert "a" not in memo or np.all(memo["a"] == 1.0)
+    assert "a" not in memo
+    np.testing.assert_array_equal(b, 2.0)
+    r = weakref.ref(b)
+    addr = b.__array_interface__["data"][0]
+    del b
+    assert r() is None                   # nothing but the caller held it
+    c = j.run(x=x + 2)[0]
+    assert c.__array_interface__["data"][0] == addr  # so its memory is reused
+    wbase = weakref.ref(c.base)          # a weak reference to the buffer itself:
+    del c
+    d = j.run(x=x + 3)[0]                # not reused, but released (the weakref dies)
+    assert wbase() is None and d.__array_interface__["data"][0] != addr
+    np.testing.assert_array_equal(d, 4.0)

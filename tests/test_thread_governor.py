@@ -1,5 +1,10 @@
 """runtime.cpu.ThreadGovernor: one thread or the team, whichever the call times favour."""
+import sys
 import time
+
+import pytest
+
+from rlxc.runtime.cpu import _cores
 
 from rlxc.runtime.cpu import EXPLORE, ThreadGovernor
 
@@ -8,9 +13,9 @@ def _drive(gov, cost, calls):
     """Run `calls` fake calls whose duration is cost[n] at thread count n."""
     used = []
     for _ in range(calls):
-        n, _t0 = gov.begin()
+        n, _t0, cold = gov.begin()
         used.append(n)
-        gov.end((n, time.perf_counter() - cost[n]))
+        gov.end((n, time.perf_counter() - cost[n], cold))
     return used
 
 
@@ -36,9 +41,9 @@ def test_a_cold_team_call_is_not_held_against_the_team():
     gov = ThreadGovernor(lambda n: None, 2)
     used, prev = [], None
     for _ in range(300):
-        n, _t0 = gov.begin()
+        n, _t0, cold = gov.begin()
         cost = 1e-3 if n == 1 else (5e-3 if prev == 1 else 0.5e-3)
-        gov.end((n, time.perf_counter() - cost))
+        gov.end((n, time.perf_counter() - cost, cold))
         used.append(n)
         prev = n
     assert used[100:].count(2) > 0.9 * 200
@@ -56,9 +61,9 @@ def test_calls_after_a_pause_are_judged_cold():
         for i in range(150):
             if i % pause_every == 0:
                 time.sleep(1.5 * IDLE_COLD)
-            n, _t0 = gov.begin()
-            cost = 1e-3 if n == 1 else (cold_team if gov.cold else 0.5e-3)
-            gov.end((n, time.perf_counter() - cost))
+            n, _t0, cold = gov.begin()
+            cost = 1e-3 if n == 1 else (cold_team if cold else 0.5e-3)
+            gov.end((n, time.perf_counter() - cost, cold))
             used.append(n)
         return used[50:]
     bursts = drive(5, 2e-3)
@@ -87,3 +92,70 @@ def test_disabled_or_single_thread_is_fixed(monkeypatch):
     monkeypatch.delenv("RLXC_ADAPTIVE_THREADS")
     gov = ThreadGovernor(lambda n: None, 1)
     assert set(_drive(gov, {1: 1e-3}, 20)) == {1}
+
+
+def test_tokens_from_many_threads_never_break_the_governor():
+    """begin/end from 8 threads at once (what concurrent calls of one library do): the
+    shared call-time windows are swapped whole, never mutated while another thread
+    reads them, so no `deque mutated during iteration` (issue 13 item 14)."""
+    import threading
+
+    gov = ThreadGovernor(lambda n: None, 2)
+    errors, stop = [], time.perf_counter() + 1.0
+
+    def worker():
+        try:
+            while time.perf_counter() < stop:
+                tok = gov.begin()
+                gov.end(tok)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+    ts = [threading.Thread(target=worker) for _ in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors, errors[:1]
+    assert gov.calls > 1000
+
+
+@pytest.mark.slow
+def test_concurrent_calls_of_one_library_are_safe_and_exact():
+    """8 threads call one compiled (forking, governed) function for 3 s: no exception,
+    and every result is bit-identical to the single-threaded one."""
+    import threading
+
+    import numpy as np
+
+    from rlxc import Func
+
+    n = 1 << 16
+    j = Func("gov_mt", lambda s: ((s.input("x", (n,)) * 1.5).tanh() * 2.0).sum()).jit()
+    assert j.lib.governor.adaptive and not j.lib.governor._fixed or _cores() < 2
+    xs = [np.random.default_rng(i).standard_normal(n).astype(np.float32) for i in range(8)]
+    want = [j.run(x=x)[0].copy() for x in xs]
+    errors, bad, calls = [], [], [0] * 8
+    stop = time.perf_counter() + 3.0
+
+    def worker(i):
+        try:
+            while time.perf_counter() < stop:
+                got = j.run(x=xs[i])[0]
+                if got.tobytes() != want[i].tobytes():
+                    bad.append((i, got, want[i]))
+                calls[i] += 1
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+    ts = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often: races show up within seconds
+    try:
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert not errors, errors[:1]
+    assert not bad, bad[:1]
+    assert min(calls) > 0

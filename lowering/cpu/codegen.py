@@ -383,11 +383,29 @@ class ModuleGen:
             self.globals[id(buf)] = g
         return g
 
+    def signature_symbol(self, p) -> None:
+        """`const char *SYM_signature()`: the signature as the library knows it, which
+        the runtime compares with the metadata it was given (runtime/cpu.py)."""
+        from rlxc.runtime.cpu import signature_text
+
+        data = bytearray(signature_text(
+            [{"name": a.name, "kind": a.kind, "shape": list(a.shape), "dtype": a.dtype}
+             for a in p.args], [{"shape": list(s), "dtype": d} for s, d in p.outputs],
+            p.workspace_size).encode() + b"\0")
+        g = ir.GlobalVariable(self.m, ir.ArrayType(I8, len(data)), f"{self.sym}.signature")
+        g.initializer = ir.Constant(ir.ArrayType(I8, len(data)), data)
+        g.global_constant = True
+        g.linkage = "private"
+        fn = ir.Function(self.m, ir.FunctionType(I8P, []), f"{self.sym}_signature")
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        b.ret(b.bitcast(g, I8P))
+
     def generate(self) -> ir.Module:
         p = self.p
         wsfn = ir.Function(self.m, ir.FunctionType(I64, []), f"{self.sym}_workspace_size")
         b = ir.IRBuilder(wsfn.append_basic_block("entry"))
         b.ret(c64(p.workspace_size))
+        self.signature_symbol(p)
 
         entry = ir.Function(self.m, ir.FunctionType(I32, [I8PP, I8PP, I8PP, I8P]), self.sym)
         entry.attributes.add("nounwind")

@@ -25,7 +25,9 @@ range in gather/scatter_add, detected before any memory is touched).
 """
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -160,8 +162,10 @@ def compile_cpu(func_module, name: str | None = None, cpu: str = "native", opt: 
     path = None
     if link:
         t0 = time.perf_counter()
-        if so_path is None:
-            so_path = os.path.join(tempfile.mkdtemp(prefix="rlxc-"), f"lib{name}.so")
+        if so_path is None:  # a private folder of this process, removed at exit
+            tmp = tempfile.mkdtemp(prefix=f"rlxc-p{os.getpid()}-")
+            atexit.register(shutil.rmtree, tmp, True)
+            so_path = os.path.join(tmp, f"lib{name}.so")
         path = link_shared([obj], so_path, cpu=cpu)
         t["link"] = time.perf_counter() - t0
     args = [{"name": a.name, "kind": a.kind, "shape": list(a.shape), "dtype": a.dtype}

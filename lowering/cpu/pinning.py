@@ -1,7 +1,8 @@
 """Pin the OpenMP team's worker threads, one per allowed CPU (the calling thread stays free).
 
     entry of a library whose kernels may fork (codegen.py):
-        NAME.pin_team()                      once per team size, before the first region
+        NAME.pin_team()                      once per calling thread and team size,
+                                             before the first region
           │ t = rlxc_num_threads or omp_get_max_threads(); nothing if t < 2 or done for t
           │ GOMP_parallel(NAME.pin_worker, NULL, t, 0)
           ▼
@@ -17,6 +18,12 @@ the other idles, and each region's join waits for a scheduler slice: measured
 on a 2-core VM, a 0.6 ms call became 8 ms per region and stayed so.  Bound
 workers cannot be moved onto the caller's CPU; the caller itself is not bound
 (pinning it would pin every thread it creates later).
+
+State.  `NAME.pinned_for` (the team size pinned; -1: pinning is off) is a
+thread_local global: libgomp gives every thread that starts a parallel region
+its own pool of workers, so the state belongs to the calling thread; one shared
+global would be a data race between concurrent callers and would leave the
+teams of every caller but the first unpinned.
 
 Skipped when the user binds threads (OMP_PROC_BIND or GOMP_CPU_AFFINITY set),
 or with RLXC_PIN_THREADS=0.  The workers belong to libgomp's pool of the calling
@@ -121,8 +128,12 @@ def emit_pin_team(m: ir.Module, sym: str) -> ir.Function:
     """Define `void SYM.pin_team()` in `m` (see the module docstring); returns it."""
     gv = thread_control(m)
     assert gv.name == NUM_THREADS_GLOBAL
-    done = ir.GlobalVariable(m, I32, f"{sym}.pinned_for")  # team size pinned; -1: never
+    # team size pinned; -1: never.  One per calling thread: libgomp keeps a separate
+    # pool of workers for every thread that starts a team, so each caller pins its own,
+    # and concurrent callers never share (race on) this state.
+    done = ir.GlobalVariable(m, I32, f"{sym}.pinned_for")
     done.linkage = "internal"
+    done.storage_class = "thread_local"
     done.initializer = ir.Constant(I32, 0)
     worker = _pin_worker(m, sym)
     getenv = _declare(m, "getenv", ir.FunctionType(I8P, [I8P]))
