@@ -361,7 +361,7 @@ def _select_vjp(b, op, g, need):
 
 
 # ---- reductions
-def _reduce_weights(b, op):
+def reduce_weights(b, op):
     """d y / d x for max/min (argmax indicator over tie count) and prod (zero-safe),
     as a tensor of x's shape (the unreduced partials)."""
     (x,), y = _ops(op, b)
@@ -391,7 +391,7 @@ def defreducer(name: str):
         gb = b.unreduce(g, shp, p["axes"], p["keepdims"])
         if name in ("rlx.sum", "rlx.mean"):
             return [gb]
-        return [gb * _reduce_weights(b, op)]
+        return [gb * reduce_weights(b, op)]
 
 
 for _n in ("sum", "mean", "max", "min", "prod"):

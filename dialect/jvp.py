@@ -36,7 +36,7 @@ from .autodiff import (
     UNARY_VJPS,
     ZERO_DERIVATIVE,
     Builder,
-    _reduce_weights,
+    reduce_weights,
     differentiable,
     grad_module,
     replace_module,
@@ -133,7 +133,7 @@ deflinear("rlx.mean")
 def _weighted_reduce_jvp(b, op, ts):
     """max/min/prod: the tangent is sum(partials * t) over the reduced axes."""
     p = op.params()
-    return b.reduce("sum", _reduce_weights(b, op) * ts[0], p["axes"], p["keepdims"])
+    return b.reduce("sum", reduce_weights(b, op) * ts[0], p["axes"], p["keepdims"])
 
 
 for _n in ("max", "min", "prod"):

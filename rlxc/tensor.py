@@ -717,4 +717,40 @@ def _check_dtype(dtype: str) -> None:
         raise TypeError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
 
 
-__all__ = ["GraphScope", "Tensor", "where", "concat", "KINDS"]
+# NumPy's spellings of elementwise ops whose rlx name is the C/JAX one (x.arctan() is x.atan()).
+NUMPY_ALIASES = {"arcsin": "asin", "arccos": "acos", "arctan": "atan", "arctan2": "atan2",
+                 "arcsinh": "asinh", "arccosh": "acosh", "arctanh": "atanh"}
+
+
+def _derive_elementwise_methods() -> None:
+    """Every unary and binary elementwise op of the dialect (dialect/shapes.py UNARY,
+    BINARY) is a Tensor method of the same name unless one is written above, so adding
+    an op needs no line here; NUMPY_ALIASES add NumPy's names."""
+    from rlxc.dialect.shapes import BINARY, UNARY
+
+    def unary(name, doc):
+        def m(self):
+            return self._unary(name)
+        m.__name__, m.__doc__ = name, f"Elementwise {doc}."
+        return m
+
+    def binary(name, doc):
+        def m(self, other):
+            return self._binary(f"rlx.{name}", other)
+        m.__name__, m.__doc__ = name, f"Elementwise {doc} (NumPy broadcasting)."
+        return m
+
+    for name, doc in UNARY.items():
+        if not hasattr(Tensor, name):
+            setattr(Tensor, name, unary(name, doc))
+    for name, doc in BINARY.items():
+        if not hasattr(Tensor, name):
+            setattr(Tensor, name, binary(name, doc))
+    for alias, name in NUMPY_ALIASES.items():
+        if hasattr(Tensor, name) and not hasattr(Tensor, alias):
+            setattr(Tensor, alias, getattr(Tensor, name))
+
+
+_derive_elementwise_methods()
+
+__all__ = ["GraphScope", "Tensor", "where", "concat", "KINDS", "NUMPY_ALIASES"]

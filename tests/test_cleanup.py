@@ -344,8 +344,10 @@ def test_cleanup_of_thousands_of_ops_is_fast():
     f = rlxc.Func("deep", build)
     n0 = len(_ops(f.module))
     assert n0 > 3000
-    t0 = time.perf_counter()
+    # CPU time of this process, not wall time: other jobs on a shared machine must not
+    # decide the result (the bound is ~3x what cleanup takes on an idle core)
+    t0 = time.process_time()
     mod = cleanup(f.module.clone())
-    dt = time.perf_counter() - t0
+    dt = time.process_time() - t0
     assert len(_ops(mod)) < n0 / 2
-    assert dt < 1.0, f"cleanup of {n0} ops took {dt:.3f} s"
+    assert dt < 1.0, f"cleanup of {n0} ops took {dt:.3f} s of CPU time"

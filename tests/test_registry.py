@@ -170,7 +170,7 @@ def _imports(path):
                 yield a.name, [], 0
 
 
-@pytest.mark.parametrize("folder", ["rlxc", "runtime", "cli"])
+@pytest.mark.parametrize("folder", ["rlxc", "runtime", "cli", "lowering", "dialect"])
 def test_no_module_imports_another_modules_private_name(folder):
     bad = [f"{p.relative_to(ROOT)}: from {mod} import {n}"
            for p in sorted((ROOT / folder).rglob("*.py"))

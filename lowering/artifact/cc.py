@@ -27,9 +27,9 @@ GLUE_FLAGS = ["-std=c99", "-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wext
 def find_cc(cpu: str = "native") -> str:
     """The C compiler for `cpu`'s target: $CC/cc for this machine, the target's cross
     compiler (lowering/cpu/target.TARGETS) for another architecture."""
-    from rlxc.lowering.cpu.target import _cc as target_cc
+    from rlxc.lowering.cpu.target import cc_for
 
-    return target_cc(cpu)
+    return cc_for(cpu)
 
 
 def run_cc(args: list, what: str) -> None:

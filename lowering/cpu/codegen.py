@@ -65,7 +65,7 @@ def c64(v: int):
     return ir.Constant(I64, int(v))
 
 
-class _Body:
+class Body:
     """Emits statements and expressions of one kernel function."""
 
     def __init__(self, fn: ir.Function, ptrs: dict, lanes: int = 16):
@@ -304,7 +304,7 @@ def _align(dt: str) -> int:
     return {"f32": 4, "f64": 8, "i1": 1, "i32": 4, "i64": 8}[dt]
 
 
-def _ptr_type(dt: str):
+def ptr_type(dt: str):
     return MEM_TYPES[dt].as_pointer()
 
 
@@ -335,9 +335,9 @@ class ModuleGen:
         bufs = k.buffers()
         par = k.body[0] if k.body and isinstance(k.body[0], For) and k.body[0].parallel \
             else None
-        fn = self._fn(k.name, VOID, [_ptr_type(x.dtype) for x in bufs] + ([I64, I64] if par
+        fn = self._fn(k.name, VOID, [ptr_type(x.dtype) for x in bufs] + ([I64, I64] if par
                                                                           else []))
-        body = _Body(fn, {id(x): a for x, a in zip(bufs, fn.args)}, _lanes(self.cpu))
+        body = Body(fn, {id(x): a for x, a in zip(bufs, fn.args)}, _lanes(self.cpu))
         b = ir.IRBuilder(fn.entry_basic_block)
         for s in walk(k.body):  # accumulators live in entry-block allocas (SROA -> phis)
             if isinstance(s, AccDecl) and id(s.acc) not in body.accs:
@@ -349,12 +349,12 @@ class ModuleGen:
         return fn, bufs, par
 
     def check_kernel(self, k: CheckKernel):
-        fn = self._fn(k.name, I32, [_ptr_type(k.buf.dtype)])
+        fn = self._fn(k.name, I32, [ptr_type(k.buf.dtype)])
         b = ir.IRBuilder(fn.entry_basic_block)
         ity = MEM_TYPES[k.buf.dtype]
         bad = b.alloca(ir.IntType(1), name="bad")
         b.store(ir.Constant(ir.IntType(1), 0), bad)
-        body = _Body(fn, {id(k.buf): fn.args[0]})
+        body = Body(fn, {id(k.buf): fn.args[0]})
         var = ix.Var("i", k.numel)
 
         def emit(bb, vars_):
@@ -424,7 +424,7 @@ class ModuleGen:
         def ptr(buf):
             q = ptrs.get(id(buf))
             if q is None:
-                pt = _ptr_type(buf.dtype)
+                pt = ptr_type(buf.dtype)
                 if buf.kind in arrays:
                     raw = b.load(b.gep(arrays[buf.kind], [ir.Constant(I32, buf.index)],
                                        inbounds=True))

@@ -44,7 +44,7 @@ def _declare(module, name, fnty):
 
 def matmul_kernel(g, k: MatmulKernel):
     """The kernel function of a MatmulKernel; returns (function, buffers it takes)."""
-    from rlxc.lowering.cpu.codegen import VOID, _Body, _ptr_type
+    from rlxc.lowering.cpu.codegen import VOID, Body, ptr_type
     from rlxc.lowering.cpu.sgemm_kernels import sgemm_signature
 
     slots = epilogue_slots(k)
@@ -53,7 +53,7 @@ def matmul_kernel(g, k: MatmulKernel):
     for x in bufs + [s[0] for s in slots]:
         if all(x is not y for y in argbufs):
             argbufs.append(x)
-    fn = g._fn(k.name, VOID, [_ptr_type(x.dtype) for x in argbufs])
+    fn = g._fn(k.name, VOID, [ptr_type(x.dtype) for x in argbufs])
     ptrs = {id(x): a for x, a in zip(argbufs, fn.args)}
     plain, cb = sgemmlib.symbols(g.cpu)
     g.uses_sgemm = True
@@ -63,7 +63,7 @@ def matmul_kernel(g, k: MatmulKernel):
     else:
         sg = _declare(g.m, cb, sgemm_signature([I8P, I8P]))
         epi = _epilogue_fn(g, k, slots)
-    body = _Body(fn, ptrs)
+    body = Body(fn, ptrs)
     b = ir.IRBuilder(fn.entry_basic_block)
     ctx = b.alloca(ir.ArrayType(F32P, max(1, len(slots))), name="epi.ctx")
     ws_floats = c64(k.scratch.numel)

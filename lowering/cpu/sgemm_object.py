@@ -51,11 +51,11 @@ def _key(cpu: str) -> tuple[str, str]:
     from importlib.metadata import version
 
     from rlxc.lowering.cpu.sgemm_kernels import sgemm_config
-    from rlxc.lowering.cpu.target import _resolve_cpu
+    from rlxc.lowering.cpu.target import resolve_cpu
 
     from rlxc.lowering.cpu.target import resolve_target
 
-    name, feats = _resolve_cpu(cpu)
+    name, feats = resolve_cpu(cpu)
     triple = resolve_target(cpu)[0].triple
     h = hashlib.sha256(f"{triple}|{name}|{feats}|{sgemm_config(cpu)}|{version('llvmlite')}"
                        .encode())
@@ -198,12 +198,12 @@ def relocatable_link(objects: list[bytes], cpu: str = "native") -> bytes:
     C compiler of `cpu`'s target)."""
     import subprocess
 
-    from rlxc.lowering.cpu.target import _cc, write_objects
+    from rlxc.lowering.cpu.target import cc_for, write_objects
 
     with tempfile.TemporaryDirectory(prefix="rlxc-r-") as tmp:
         paths = write_objects(tmp, objects)
         out = os.path.join(tmp, "all.o")
-        proc = subprocess.run([_cc(cpu), "-nostdlib", "-r", "-o", out, *paths],
+        proc = subprocess.run([cc_for(cpu), "-nostdlib", "-r", "-o", out, *paths],
                               capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"relocatable link failed: {proc.stderr.strip()}")

@@ -164,7 +164,7 @@ def is_host(cpu: str = "native") -> bool:
     return resolve_target(cpu)[0].arch == host_target().arch
 
 
-def _resolve_cpu(cpu: str) -> tuple[str, str]:
+def resolve_cpu(cpu: str) -> tuple[str, str]:
     _, name, features = resolve_target(cpu)
     return name, features
 
@@ -267,7 +267,7 @@ def emit_asm(m, cpu: str = "native", opt: int = 3) -> str:
     return target_machine(cpu, opt).emit_assembly(mod)
 
 
-def _cc(cpu: str = "native") -> str:
+def cc_for(cpu: str = "native") -> str:
     """The C compiler driver that links for ``cpu``'s target ($CC/cc for the host)."""
     tgt = resolve_target(cpu)[0]
     if tgt.arch != host_target().arch:
@@ -306,7 +306,7 @@ def link_shared(objects: list[bytes], out_path: str, extra_libs=("gomp",),
     out_path = os.path.abspath(out_path)
     out_dir = os.path.dirname(out_path) or "."
     os.makedirs(out_dir, exist_ok=True)
-    cc = _cc(cpu)
+    cc = cc_for(cpu)
     with tempfile.TemporaryDirectory(prefix="rlxc-link-") as tmp:
         obj_paths = write_objects(tmp, objects)
         libs = []

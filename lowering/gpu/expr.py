@@ -133,10 +133,10 @@ def check_index(ctx, op, iv, bound: int) -> None:
 
 def element_ptr(ctx, v, lin):
     dt = dtype_of(v.type)
-    return ctx.b.gep(ctx.pointer(v), [_gep_index(ctx, lin)], source_etype=MEM_TYPE[dt])
+    return ctx.b.gep(ctx.pointer(v), [gep_index(ctx, lin)], source_etype=MEM_TYPE[dt])
 
 
-def _gep_index(ctx, lin):
+def gep_index(ctx, lin):
     return ctx.b.zext(lin, I64) if lin.type == I32 else lin
 
 

@@ -186,7 +186,7 @@ def gen_matmul(mod, plan, k, target, setup, make_launch):
                 ok = b.and_(ok, pred)
             off = b.add(boff, b.add(b.mul(gx, c(opnd.sx)), b.mul(gk, c(opnd.sk))))
             off = b.select(ok, off, c(0))
-            p = b.gep(ptr, [E._gep_index(ctx, off)], source_etype=F32)
+            p = b.gep(ptr, [E.gep_index(ctx, off)], source_etype=F32)
             if vw == 4:
                 val = b.load(p, typ=V4, align=16)
                 val = b.select(ok, val, ir.Constant(V4, [0.0] * 4))
