@@ -33,12 +33,13 @@ host code (FMA) / over every 8th float32 with baseline x86-64 code (no FMA).  Al
   sin, cos  j = round(x*2/pi); r = x - j*pi/2 with pi/2 in five parts (68 bits), the first four
             10 bits wide so every j*P_k is exact for |j| < 2^14; the chain is exact up to two
             Knuth two-sums, so r is off by at most ~0.5 ulp even next to a multiple of pi/2
-            (|r| >= 2^-27.8 for float32 |x| < 2^15).  sin r, cos r: Cephes polynomials on
-            [-pi/4, pi/4]; j mod 4 picks the polynomial and the sign.  The bound holds for
-            |x| <= SIN_COS_EXACT_RANGE = 25735 (2^14*pi/2).  Beyond it j*P_1 is no longer exact
-            (exact only through an FMA): measured absolute error <= 1e-6 for |x| <= 1e5 without
-            FMA (<= 3e-7 up to 4e6 with FMA); past ~4e6 (2^22) the result is meaningless but
-            still in [-1, 1]; +-inf gives NaN.                      2 ulp (1.56 / 1.55)
+            (|r| >= 2^-27.8 for float32 |x| < 2^15).  Finite |x| >= 2^14: Payne-Hanek in
+            64-bit integers (see _reduce_pio2_large_f32: 96 bits of 2/pi cut out by the
+            exponent, no table, no loads), then r rounded once to float32.  That block runs
+            only when some lane needs it (a uniform branch; LLVM's loop vectorizer if-converts
+            it, which costs ~2.3x on a vectorized 1M-element sin).  sin r, cos r: Cephes
+            polynomials on [-pi/4, pi/4]; j mod 4 picks the polynomial and the sign.
+            +-inf gives NaN.  The bound holds for every finite float32.   2 ulp (1.53 / 1.55)
   tanh, sigmoid, silu, gelu_tanh share a cheaper exp core, e^(c*v) = 2^(n+k)*(1 + c*h) for
             c = -1 or 2: reduced on v itself (the polynomial's coefficients absorb the power-of-
             two c, so -v or 2v costs nothing), e^r = 1 + r + r^2*Q(r) of degree 6 (minimax,
@@ -82,20 +83,28 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-__all__ = ["emit", "get_function", "SUPPORTED", "SIN_COS_EXACT_RANGE", "GELU_TANH_EXACT_FROM"]
+__all__ = ["emit", "get_function", "SUPPORTED", "GELU_TANH_EXACT_FROM"]
 
 F32 = ir.FloatType()
+F64 = ir.DoubleType()
 I32 = ir.IntType(32)
+I64 = ir.IntType(64)
+
+
+def type_suffix(ty: ir.Type) -> str:
+    """f32, f64, v8f32, v4f64, ... (LLVM intrinsic and helper name suffix)."""
+    if isinstance(ty, ir.VectorType):
+        return f"v{ty.count}{type_suffix(ty.element)}"
+    return "f64" if isinstance(ty, ir.DoubleType) else "f32"
 
 # Max error in float32 ulps of the exact result (subnormal ulp = 2^-149) over all finite
-# inputs, enforced by tests/test_mathlib.py; sin/cos: for |x| <= SIN_COS_EXACT_RANGE,
-# gelu_tanh: for x >= GELU_TANH_EXACT_FROM (the header gives the error elsewhere).
+# inputs, enforced by tests/test_mathlib.py; gelu_tanh: for x >= GELU_TANH_EXACT_FROM (the
+# header gives the error elsewhere).
 SUPPORTED: dict[str, float] = {
     "exp": 1.5, "expm1": 2.0, "log": 1.0, "log1p": 2.0,
     "sin": 2.0, "cos": 2.0, "tanh": 2.0, "sigmoid": 3.0, "silu": 3.0,
     "erf": 1.5, "erfc": 3.5, "gelu": 4.0, "gelu_tanh": 3.5, "softplus": 2.5,
 }
-SIN_COS_EXACT_RANGE = 25735.0   # 2^14 * pi/2: every j*P_k of the reduction is exact
 GELU_TANH_EXACT_FROM = -1.0     # below: <= 4 + 3*|2u| ulp, 2u = 2*sqrt(2/pi)*(x + 0.044715x^3)
 
 
@@ -106,8 +115,16 @@ class _Ops:
     def __init__(self, b: ir.IRBuilder, ty: ir.Type):
         self.b, self.ty = b, ty
         self.n = ty.count if isinstance(ty, ir.VectorType) else None
-        self.ity = I32 if self.n is None else ir.VectorType(I32, self.n)
-        self.suffix = "f32" if self.n is None else f"v{self.n}f32"
+        elem = ty.element if self.n else ty
+        self.is64 = isinstance(elem, ir.DoubleType)
+        it = I64 if self.is64 else I32
+        self.ity = it if self.n is None else ir.VectorType(it, self.n)
+        self.mb, self.bias = (52, 1023) if self.is64 else (23, 127)   # mantissa bits, bias
+        self.suffix = type_suffix(ty)
+
+    def like(self, elem):
+        """_Ops for `elem` (a scalar type) at this width."""
+        return _Ops(self.b, elem if self.n is None else ir.VectorType(elem, self.n))
 
     # constants
     def f(self, v: float):
@@ -134,6 +151,14 @@ class _Ops:
     def fma(self, a, c, d):
         """a*c + d, fused where the target has FMA (llvm.fmuladd)."""
         return self.b.call(self._intrinsic("llvm.fmuladd", 3), [a, c, d])
+
+    def _intrinsic_int(self, name, nargs):
+        sfx = f"i{self.ity.element.width if self.n else self.ity.width}"
+        full = f"{name}.{sfx if self.n is None else f'v{self.n}{sfx}'}"
+        fn = self.b.module.globals.get(full)
+        if fn is None:
+            fn = ir.Function(self.b.module, ir.FunctionType(self.ity, [self.ity] * nargs), full)
+        return fn
 
     def abs(self, a): return self.b.call(self._intrinsic("llvm.fabs", 1), [a])
     def copysign(self, mag, sgn): return self.b.call(self._intrinsic("llvm.copysign", 2), [mag, sgn])
@@ -168,10 +193,21 @@ class _Ops:
     def shl(self, a, k): return self.b.shl(a, self.i(k))
     def ashr(self, a, k): return self.b.ashr(a, self.i(k))
     def itof(self, i): return self.b.sitofp(i, self.ty)
+    def lshr(self, a, k): return self.b.lshr(a, self.i(k))
+    def ior(self, a, c): return self.b.or_(a, c)
+    def icmp(self, op, a, c): return self.b.icmp_signed(op, a, c)
+    def isel(self, cond, a, c): return self.b.select(cond, a, c)
+
+    def convert(self, v, other: "_Ops"):
+        """v (a value of `other`'s float type) converted to this float type."""
+        wide = self.is64 and not other.is64
+        if self.is64 == other.is64:
+            return v
+        return (self.b.fpext if wide else self.b.fptrunc)(v, self.ty)
 
     def pow2(self, n):
-        """2.0**n for integer n in [-126, 127] (255 gives inf), via the exponent field."""
-        return self.flt(self.shl(self.iadd(n, self.i(127)), 23))
+        """2.0**n for integer n in [1-bias, bias] (bias+1 gives inf), via the exponent field."""
+        return self.flt(self.shl(self.iadd(n, self.i(self.bias)), self.mb))
 
     def ldexp(self, v, n):
         """v * 2**n for n in [-252, 254] as two exact-or-final multiplies (one rounding)."""
@@ -465,6 +501,91 @@ def _two_sum(o, a, c):
     return s, o.add(o.sub(a, o.sub(s, cc)), o.sub(c, cc))
 
 
+# 2/pi = TWO_OVER_PI_BITS * 2^-1280 (the first 1280 bits, truncated; fdlibm's ipio2 table)
+TWO_OVER_PI_BITS = int(
+    "a2f9836e4e441529fc2757d1f534ddc0db6295993c439041fe5163abdebbc561b7246e3a424dd2e006492eea"
+    "09d1921cfe1deb1cb129a73ee88235f52ebb4484e99c7026b45f7e413991d639835339f49c845f8bbdf9283b"
+    "1ff897ffde05980fef2f118b5a0a6d1f6d367ecf27cb09b74f463f669e5fea2d7527bac7ebe5f17b3d0739f7"
+    "8a5292ea6bfb5fb11f8d5d0856033046fc7b6babf0cfbc209af4361d", 16)
+_PH_E0 = 141                # biased exponent of 2^14: Payne-Hanek takes |x| >= 16384
+
+
+# the 32-bit words of 2/pi's fraction, W[k] = bits 32k+1 .. 32k+32, behind one zero word
+_PH_WORDS = [0] + [(TWO_OVER_PI_BITS >> (1280 - 32 * (k + 1))) & 0xFFFFFFFF for k in range(9)]
+_PH_WORDS64 = [(_PH_WORDS[2 * k] << 32) | _PH_WORDS[2 * k + 1] for k in range(5)]
+
+
+def _reduce_pio2_large_f32(o, x):
+    """Payne-Hanek for float32 |x| >= 2^14 (E >= _PH_E0), table-free, branch-free, in
+    integer arithmetic: x = m*2^q, m a 24-bit integer, q = E - 150 in [-9, 104].  Bits of
+    2/pi of weight >= 2^(2-q) contribute multiples of 4 to x*2/pi and are dropped; the next
+    96 bits (V = 2^q*2/pi mod 4 to 2^-94) are cut out of the constant 64-bit words by 5-way
+    selects and two funnel shifts, as 32-bit words A, B, C (lsb weights 2^-30, 2^-62,
+    2^-94).  In 64-bit integers (units 2^-62, wrapping = mod 4):
+        F = (m*A << 32) + m*B + (m*C >> 32)      (each product 56 bits, exact)
+    has error < 2^-61 from the shift and m*2^-94 < 2^-70 from the truncated 2/pi, against
+    |x*2/pi - j| >= 2^-29.86 for every float32 (x = 16367173*2^72 is the nearest to a
+    multiple of pi/2): a relative error below 2^-31.  j = F rounded
+    to the nearest quadrant (top two bits), the signed rest converted to float64 and scaled
+    by pi/2*2^-62, then rounded to float32.  Returns (r, j in the low bits of an integer);
+    sin/cos(-x) reduce |x| and negate both."""
+    L = o.like(F64)                                  # integer ops on i64 lanes: L.ity
+    bits = o.bits(x)
+    e = o.iand(o.lshr(bits, 23), o.i(255))
+    m = L.b.zext(o.ior(o.iand(bits, o.i(0x7FFFFF)), o.i(0x800000)), L.ity)
+    sp = o.iadd(e, o.i(30 - 150))                    # bit q-1 of 2/pi, +31: in [21, 135]
+    sp = L.b.zext(o.isel(o.icmp("<", sp, o.i(0)), o.i(0), sp), L.ity)
+    g, sh = L.lshr(sp, 6), L.iand(sp, L.i(63))
+    is_g = [L.icmp("==", g, L.i(k)) for k in (1, 2)]
+    words = []
+    for t in range(3):                               # G[g + t], g in 0..2
+        v = L.i(_signed64(_PH_WORDS64[t]))
+        for k in (1, 2):
+            v = L.isel(is_g[k - 1], L.i(_signed64(_PH_WORDS64[k + t])), v)
+        words.append(v)
+    fshl = L._intrinsic_int("llvm.fshl", 3)
+    hi = L.b.call(fshl, [words[0], words[1], sh])
+    lo = L.b.call(fshl, [words[1], words[2], sh])
+    a, b_, c = L.lshr(hi, 32), L.iand(hi, L.i(0xFFFFFFFF)), L.lshr(lo, 32)
+    f = L.iadd(L.iadd(L.shl(L.b.mul(m, a), 32), L.b.mul(m, b_)), L.lshr(L.b.mul(m, c), 32))
+    f = L.iadd(f, L.i(1 << 61))                      # + half a quadrant: j = top two bits
+    jq = o.b.trunc(L.lshr(f, 62), o.ity)
+    rest = L.isub(L.iand(f, L.i((1 << 62) - 1)), L.i(1 << 61))
+    rd = L.mul(L.b.sitofp(rest, L.ty), L.f(1.5707963267948966 * 2.0 ** -62))
+    y = o.convert(rd, L)
+    neg = o.lt(x, o.f(0.0))
+    return o.sel(neg, o.neg(y), y), o.isel(neg, o.isub(o.i(0), jq), jq)
+
+
+def _signed64(v: int) -> int:
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _if_any(o, mask, compute, fallback):
+    """Values `compute()` where `mask` holds, `fallback` elsewhere, with compute() emitted in
+    a block that runs only when some lane of mask is set (a uniform branch: free on a GPU
+    and for explicit vectors; LLVM's loop vectorizer if-converts it into selects)."""
+    b = o.b
+    anyset = mask if o.n is None else b.icmp_unsigned(
+        "!=", b.bitcast(mask, ir.IntType(o.n)), ir.Constant(ir.IntType(o.n), 0))
+    entry = b.block
+    slow = b.append_basic_block("rare")
+    join = b.append_basic_block("join")
+    b.cbranch(anyset, slow, join)
+    b.position_at_end(slow)
+    vals = [b.select(mask, v, f) for v, f in zip(compute(), fallback)]
+    slow_end = b.block
+    b.branch(join)
+    b.position_at_end(join)
+    out = []
+    for v, f in zip(vals, fallback):
+        phi = b.phi(f.type)
+        phi.add_incoming(f, entry)
+        phi.add_incoming(v, slow_end)
+        out.append(phi)
+    return out
+
+
 def _sincos(o, x, quadrant_offset):
     t = o.fma(x, o.f(_TWO_OVER_PI), o.f(_MAGIC))
     j = o.sub(t, o.f(_MAGIC))
@@ -473,9 +594,12 @@ def _sincos(o, x, quadrant_offset):
     r, e3 = _two_sum(o, r, o.mul(j, p3))              # j*p3, j*p4 exact; sums exact with e
     r, e4 = _two_sum(o, r, o.mul(j, p4))
     r = o.add(r, o.fma(j, p5, o.add(e3, e4)))         # the only rounding of size ulp(r)
-    # far outside the accurate range r is garbage: keep it where the polynomials are sane
-    r = o.clamp(r, -1.0, 1.0)
-    q = o.iadd(o.bits(t), o.i(quadrant_offset))      # low bits of t's mantissa = j mod 4
+    q = o.bits(t)                                     # low bits of t's mantissa = j mod 4
+    # finite |x| >= 2^14: Payne-Hanek, in a block entered only when some lane needs it
+    be = o.iand(o.lshr(o.bits(x), 23), o.i(255))
+    large = o.b.and_(o.icmp(">=", be, o.i(_PH_E0)), o.icmp("<", be, o.i(255)))
+    r, q = _if_any(o, large, lambda: _reduce_pio2_large_f32(o, x), (r, q))
+    q = o.iadd(q, o.i(quadrant_offset))
     z = o.mul(r, r)
     s = o.fma(o.mul(r, z), o.horner(z, _SIN_S), r)
     c = o.fma(o.mul(z, z), o.horner(z, _COS_C), o.fma(z, o.f(-0.5), o.f(1.0)))
