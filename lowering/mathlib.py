@@ -81,143 +81,42 @@ gelu/silu/gelu_tanh(-inf) = -0, (+inf) = inf; odd functions keep the sign of -0.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from llvmlite import ir
 
-__all__ = ["emit", "get_function", "SUPPORTED", "GELU_TANH_EXACT_FROM"]
+__all__ = ["emit", "get_function", "names", "FUNCTIONS", "Fn", "BOUNDS", "SUPPORTED",
+           "GELU_TANH_EXACT_FROM"]
 
-F32 = ir.FloatType()
-F64 = ir.DoubleType()
-I32 = ir.IntType(32)
-I64 = ir.IntType(64)
+from .mathlib_core import F32, F64, I32, I64, KERNELS, Ops as _Ops, two_sum as _two_sum, type_suffix
+
+class Fn(NamedTuple):
+    """One math function: its arity and its max error in ulps of the exact result over all
+    finite inputs (None: not available for that dtype; the header gives the exceptions)."""
+    arity: int
+    ulp_f32: float | None
+    ulp_f64: float | None
+
+    def ulp(self, dtype: str) -> float | None:
+        return self.ulp_f32 if dtype == "f32" else self.ulp_f64
 
 
-def type_suffix(ty: ir.Type) -> str:
-    """f32, f64, v8f32, v4f64, ... (LLVM intrinsic and helper name suffix)."""
-    if isinstance(ty, ir.VectorType):
-        return f"v{ty.count}{type_suffix(ty.element)}"
-    return "f64" if isinstance(ty, ir.DoubleType) else "f32"
-
-# Max error in float32 ulps of the exact result (subnormal ulp = 2^-149) over all finite
-# inputs, enforced by tests/test_mathlib.py; gelu_tanh: for x >= GELU_TANH_EXACT_FROM (the
-# header gives the error elsewhere).
-SUPPORTED: dict[str, float] = {
-    "exp": 1.5, "expm1": 2.0, "log": 1.0, "log1p": 2.0,
-    "sin": 2.0, "cos": 2.0, "tanh": 2.0, "sigmoid": 3.0, "silu": 3.0,
-    "erf": 1.5, "erfc": 3.5, "gelu": 4.0, "gelu_tanh": 3.5, "softplus": 2.5,
+# Max error in ulps of the exact result (float32: subnormal ulp 2^-149; float64: 2^-1074) over
+# all finite inputs, enforced by tests/test_mathlib*.py; gelu_tanh f32: for x >=
+# GELU_TANH_EXACT_FROM (the header gives the error elsewhere).  FUNCTIONS is built from this
+# and the registered kernels; every kernel must have a bound here.
+BOUNDS: dict[str, dict[str, float]] = {
+    "f32": {
+        "exp": 1.5, "expm1": 2.0, "log": 1.0, "log1p": 2.0,
+        "sin": 2.0, "cos": 2.0, "tanh": 2.0, "sigmoid": 3.0, "silu": 3.0,
+        "erf": 1.5, "erfc": 3.5, "gelu": 4.0, "gelu_tanh": 3.5, "softplus": 2.5,
+    },
+    "f64": {
+        "exp": 1.0, "expm1": 2.0, "log": 1.0, "log1p": 2.0, "sin": 1.0, "cos": 1.0,
+        "tanh": 3.0, "sigmoid": 2.5, "silu": 3.0, "softplus": 2.0, "gelu_tanh": 3.5,
+    },
 }
 GELU_TANH_EXACT_FROM = -1.0     # below: <= 4 + 3*|2u| ulp, 2u = 2*sqrt(2/pi)*(x + 0.044715x^3)
-
-
-# ---------------------------------------------------------------------------- builder helpers
-class _Ops:
-    """Arithmetic on one float type (float or <N x float>), constants splatted to match."""
-
-    def __init__(self, b: ir.IRBuilder, ty: ir.Type):
-        self.b, self.ty = b, ty
-        self.n = ty.count if isinstance(ty, ir.VectorType) else None
-        elem = ty.element if self.n else ty
-        self.is64 = isinstance(elem, ir.DoubleType)
-        it = I64 if self.is64 else I32
-        self.ity = it if self.n is None else ir.VectorType(it, self.n)
-        self.mb, self.bias = (52, 1023) if self.is64 else (23, 127)   # mantissa bits, bias
-        self.suffix = type_suffix(ty)
-
-    def like(self, elem):
-        """_Ops for `elem` (a scalar type) at this width."""
-        return _Ops(self.b, elem if self.n is None else ir.VectorType(elem, self.n))
-
-    # constants
-    def f(self, v: float):
-        return ir.Constant(self.ty, v if self.n is None else [v] * self.n)
-
-    def i(self, v: int):
-        return ir.Constant(self.ity, v if self.n is None else [v] * self.n)
-
-    # float arithmetic (no fast-math flags: IEEE semantics, NaN/inf preserved)
-    def add(self, a, c): return self.b.fadd(a, c)
-    def sub(self, a, c): return self.b.fsub(a, c)
-    def mul(self, a, c): return self.b.fmul(a, c)
-    def div(self, a, c): return self.b.fdiv(a, c)
-    def neg(self, a): return self.b.fneg(a)
-
-    def _intrinsic(self, name, nargs):
-        module = self.b.module
-        full = f"{name}.{self.suffix}"
-        fn = module.globals.get(full)
-        if fn is None:
-            fn = ir.Function(module, ir.FunctionType(self.ty, [self.ty] * nargs), full)
-        return fn
-
-    def fma(self, a, c, d):
-        """a*c + d, fused where the target has FMA (llvm.fmuladd)."""
-        return self.b.call(self._intrinsic("llvm.fmuladd", 3), [a, c, d])
-
-    def _intrinsic_int(self, name, nargs):
-        sfx = f"i{self.ity.element.width if self.n else self.ity.width}"
-        full = f"{name}.{sfx if self.n is None else f'v{self.n}{sfx}'}"
-        fn = self.b.module.globals.get(full)
-        if fn is None:
-            fn = ir.Function(self.b.module, ir.FunctionType(self.ity, [self.ity] * nargs), full)
-        return fn
-
-    def abs(self, a): return self.b.call(self._intrinsic("llvm.fabs", 1), [a])
-    def copysign(self, mag, sgn): return self.b.call(self._intrinsic("llvm.copysign", 2), [mag, sgn])
-
-    def horner(self, x, coeffs):
-        """coeffs[0] + coeffs[1]*x + ...; each coefficient a float or a ready value."""
-        cs = [self.f(c) if isinstance(c, float) else c for c in coeffs]
-        acc = cs[-1]
-        for c in reversed(cs[:-1]):
-            acc = self.fma(acc, x, c)
-        return acc
-
-    # compares: ordered (false on NaN) unless stated
-    def lt(self, a, c): return self.b.fcmp_ordered("<", a, c)
-    def gt(self, a, c): return self.b.fcmp_ordered(">", a, c)
-    def eq(self, a, c): return self.b.fcmp_ordered("==", a, c)
-    def ult(self, a, c): return self.b.fcmp_unordered("<", a, c)   # true on NaN
-    def sel(self, cond, a, c): return self.b.select(cond, a, c)
-
-    def clamp(self, x, lo, hi):
-        """min(max(x, lo), hi) that keeps NaN (ordered compares, selects)."""
-        x = self.sel(self.lt(x, self.f(lo)), self.f(lo), x)
-        return self.sel(self.gt(x, self.f(hi)), self.f(hi), x)
-
-    # bits
-    def bits(self, x): return self.b.bitcast(x, self.ity)
-    def flt(self, i): return self.b.bitcast(i, self.ty)
-    def iadd(self, a, c): return self.b.add(a, c)
-    def isub(self, a, c): return self.b.sub(a, c)
-    def iand(self, a, c): return self.b.and_(a, c)
-    def ixor(self, a, c): return self.b.xor(a, c)
-    def shl(self, a, k): return self.b.shl(a, self.i(k))
-    def ashr(self, a, k): return self.b.ashr(a, self.i(k))
-    def itof(self, i): return self.b.sitofp(i, self.ty)
-    def lshr(self, a, k): return self.b.lshr(a, self.i(k))
-    def ior(self, a, c): return self.b.or_(a, c)
-    def icmp(self, op, a, c): return self.b.icmp_signed(op, a, c)
-    def isel(self, cond, a, c): return self.b.select(cond, a, c)
-
-    def convert(self, v, other: "_Ops"):
-        """v (a value of `other`'s float type) converted to this float type."""
-        wide = self.is64 and not other.is64
-        if self.is64 == other.is64:
-            return v
-        return (self.b.fpext if wide else self.b.fptrunc)(v, self.ty)
-
-    def pow2(self, n):
-        """2.0**n for integer n in [1-bias, bias] (bias+1 gives inf), via the exponent field."""
-        return self.flt(self.shl(self.iadd(n, self.i(self.bias)), self.mb))
-
-    def ldexp(self, v, n):
-        """v * 2**n for n in [-252, 254] as two exact-or-final multiplies (one rounding)."""
-        n1 = self.ashr(n, 1)
-        return self.mul(self.mul(v, self.pow2(n1)), self.pow2(self.isub(n, n1)))
-
-    def split(self, x):
-        """x = hi + lo with hi = x cut to 12 significant bits, so hi*hi is exact."""
-        hi = self.flt(self.iand(self.bits(x), self.i(-4096)))   # 0xFFFFF000
-        return hi, self.sub(x, hi)
 
 
 # ---------------------------------------------------------------------------- exp family
@@ -494,13 +393,6 @@ _SIN_S = (-1.6666654611e-1, 8.3321608736e-3, -1.9515295891e-4)
 _COS_C = (4.166664568298827e-2, -1.388731625493765e-3, 2.443315711809948e-5)
 
 
-def _two_sum(o, a, c):
-    """a + c = s + e exactly (Knuth; no FMA needed)."""
-    s = o.add(a, c)
-    cc = o.sub(s, a)
-    return s, o.add(o.sub(a, o.sub(s, cc)), o.sub(c, cc))
-
-
 # 2/pi = TWO_OVER_PI_BITS * 2^-1280 (the first 1280 bits, truncated; fdlibm's ipio2 table)
 TWO_OVER_PI_BITS = int(
     "a2f9836e4e441529fc2757d1f534ddc0db6295993c439041fe5163abdebbc561b7246e3a424dd2e006492eea"
@@ -617,43 +509,71 @@ def _cos(o, x):
 
 
 # ---------------------------------------------------------------------------- registry / API
-_IMPL = {
+KERNELS.update({(name, "f32"): fn for name, fn in {
     "exp": _exp, "expm1": _expm1, "log": _log, "log1p": _log1p,
     "sin": _sin, "cos": _cos, "tanh": _tanh, "sigmoid": _sigmoid, "silu": _silu,
     "erf": _erf, "erfc": _erfc, "gelu": _gelu, "gelu_tanh": _gelu_tanh, "softplus": _softplus,
-}
-assert _IMPL.keys() == SUPPORTED.keys()
+}.items()})
+from . import mathlib_f64, mathlib_more  # noqa: E402,F401  (register their kernels)
+
+FUNCTIONS: dict[str, Fn] = {}
+for (_name, _dt), _fn in KERNELS.items():
+    _arity = _fn.__code__.co_argcount - len(_fn.__defaults__ or ()) - 1    # fn(o, *args)
+    _have = FUNCTIONS.get(_name, Fn(_arity, None, None))
+    _ulp = BOUNDS[_dt][_name]
+    FUNCTIONS[_name] = (_have._replace(ulp_f32=_ulp) if _dt == "f32"
+                        else _have._replace(ulp_f64=_ulp))
+FUNCTIONS = dict(sorted(FUNCTIONS.items()))
+SUPPORTED = {n: f.ulp_f32 for n, f in FUNCTIONS.items() if f.ulp_f32 is not None}
 
 
-def _check_type(name: str, ty: ir.Type) -> None:
-    if name not in _IMPL:
+def names(dtype: str = "f32", arity: int | None = None) -> list[str]:
+    """The function names available for dtype ("f32" or "f64"), optionally of one arity."""
+    return [n for n, f in FUNCTIONS.items()
+            if f.ulp(dtype) is not None and (arity is None or f.arity == arity)]
+
+
+def _check(name: str, types: list) -> str:
+    fn = FUNCTIONS.get(name)
+    if fn is None:
         raise KeyError(f"rlx.math: no elementwise math rule for {name!r} "
-                       f"(have: {', '.join(sorted(_IMPL))})")
+                       f"(have: {', '.join(FUNCTIONS)})")
+    if len(types) != fn.arity:
+        raise TypeError(f"rlx.math.{name}: takes {fn.arity} argument(s), got {len(types)}")
+    ty = types[0]
     elem = ty.element if isinstance(ty, ir.VectorType) else ty
-    if not isinstance(elem, ir.FloatType):
-        raise TypeError(f"rlx.math.{name}: expected float or <N x float>, got {ty}")
+    if not isinstance(elem, (ir.FloatType, ir.DoubleType)) or any(t != ty for t in types):
+        raise TypeError(f"rlx.math.{name}: expected float, double or a vector of them "
+                        f"(all arguments alike), got {', '.join(map(str, types))}")
+    dt = "f64" if isinstance(elem, ir.DoubleType) else "f32"
+    if fn.ulp(dt) is None:
+        raise TypeError(f"rlx.math.{name}: no {dt} version (have: {', '.join(names(dt))})")
+    return dt
 
 
 def get_function(module: ir.Module, name: str, ty: ir.Type) -> ir.Function:
-    """The internal alwaysinline function `rlx.math.<name>.<f32|vNf32>` of `module`,
-    defined on first use."""
-    _check_type(name, ty)
-    suffix = "f32" if not isinstance(ty, ir.VectorType) else f"v{ty.count}f32"
-    fname = f"rlx.math.{name}.{suffix}"
+    """The internal alwaysinline function `rlx.math.<name>.<f32|f64|vNf32|vNf64>` of `module`
+    (arguments and result of type ty), defined on first use."""
+    dt = _check(name, [ty] * FUNCTIONS[name].arity if name in FUNCTIONS else [ty])
+    fname = f"rlx.math.{name}.{type_suffix(ty)}"
     fn = module.globals.get(fname)
     if fn is None:
-        fn = ir.Function(module, ir.FunctionType(ty, [ty]), fname)
+        arity = FUNCTIONS[name].arity
+        fn = ir.Function(module, ir.FunctionType(ty, [ty] * arity), fname)
         fn.linkage = "internal"
         fn.attributes.add("alwaysinline")
         fn.attributes.add("nounwind")
-        fn.args[0].name = "x"
+        for a, nm in zip(fn.args, "xy"):
+            a.name = nm
         b = ir.IRBuilder(fn.append_basic_block("entry"))
-        b.ret(_IMPL[name](_Ops(b, ty), fn.args[0]))
+        b.ret(KERNELS[(name, dt)](_Ops(b, ty), *fn.args))
     return fn
 
 
-def emit(builder: ir.IRBuilder, name: str, x: ir.Value) -> ir.Value:
-    """Emit `name(x)` at the builder's position; x is float or <N x float>, and so is the
-    result.  Calls an internal alwaysinline helper (defined once per module)."""
-    fn = get_function(builder.module, name, x.type)
-    return builder.call(fn, [x], name=f"{name}")
+def emit(builder: ir.IRBuilder, name: str, *args: ir.Value) -> ir.Value:
+    """Emit `name(*args)` at the builder's position; the arguments are all float, double or
+    <N x float|double> of one type, and so is the result.  Calls an internal alwaysinline
+    helper (defined once per module and type)."""
+    _check(name, [a.type for a in args])
+    fn = get_function(builder.module, name, args[0].type)
+    return builder.call(fn, list(args), name=name)

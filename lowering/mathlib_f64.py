@@ -1,0 +1,218 @@
+"""float64 kernels of mathlib (the table of algorithms and bounds is in mathlib.py's header).
+
+Same rules as the float32 kernels: branch-free selects (sin/cos: one uniform branch), no
+libm, no llvm.exp/log/sin/floor, only llvm.fmuladd/fabs/copysign, NaN in gives NaN out.
+Integer views are i64; rounding to an integer is the add/sub of 1.5*2^52.  The polynomials
+are truncated Taylor series (exp, log: coefficients 1/k! and 2/(2k+1), evaluated to well
+past 2^-60) and fdlibm's minimax kernels (sin, cos on [-pi/4, pi/4]).
+"""
+from __future__ import annotations
+
+import math
+
+from .mathlib_core import F64, KERNELS, two_sum
+
+_LOG2E = 1.4426950408889634
+_MAGIC = 6755399441055744.0               # 1.5*2^52: (v + MAGIC) - MAGIC = round(v), |v| < 2^51
+_MAGIC_BITS = 0x4338000000000000
+_LN2_HI = 6.93147180369123816490e-01      # 32 significant bits: n*_LN2_HI exact for |n| < 2^21
+_LN2_LO = 1.90821492927058770002e-10      # ln2 - _LN2_HI
+# e^r - 1 = r + r^2*Q(r), Q = sum r^k/(k+2)!, k <= 11: truncation < 2^-60 for |r| <= ln2/2
+_EXP_Q = tuple(1.0 / math.factorial(k + 2) for k in range(12))
+_EXP_MIN, _EXP_MAX = -746.0, 710.0        # e^-746 < 2^-1075 rounds to 0, e^710 > DBL_MAX
+
+
+def _exp_reduce(o, x, lo=_EXP_MIN):
+    """x -> (r, n), e^x = e^r * 2^n, |r| <= ln2/2 + tiny; x - n*ln2_hi is exact."""
+    x = o.clamp(x, lo, _EXP_MAX)
+    t = o.fma(x, o.f(_LOG2E), o.f(_MAGIC))
+    n = o.isub(o.bits(t), o.i(_MAGIC_BITS))
+    nf = o.sub(t, o.f(_MAGIC))
+    r = o.fma(nf, o.f(-_LN2_HI), x)
+    return o.fma(nf, o.f(-_LN2_LO), r), n
+
+
+def _expm1_poly(o, r):
+    return o.fma(o.mul(r, r), o.horner(r, _EXP_Q), r)
+
+
+def _exp(o, x):
+    r, n = _exp_reduce(o, x)
+    return o.ldexp(o.add(_expm1_poly(o, r), o.f(1.0)), n)
+
+
+def _expm1(o, x):
+    r, n = _exp_reduce(o, o.sel(o.lt(x, o.f(-40.0)), o.f(-40.0), x))
+    em = _expm1_poly(o, r)
+    s = o.pow2(n)                                    # used for x <= 38 (n <= 55)
+    small = o.fma(s, em, o.sub(s, o.f(1.0)))         # s - 1 off by <= 1 only when s*e^r > 2^54
+    big = o.ldexp(o.add(em, o.f(1.0)), n)            # e^x - 1 == e^x to double precision
+    res = o.sel(o.gt(x, o.f(38.0)), big, small)
+    return o.sel(o.eq(x, o.f(0.0)), x, res)          # expm1(-0) = -0
+
+
+_SQRT_HALF_BITS = 0x3FE6A09E667F3BCD
+# log(1+f) = 2 atanh(s), s = f/(2+f): R(z) = sum 2 z^k/(2k+1), k = 1..10, z = s^2 <= 0.0295
+_LOG_R = tuple(2.0 / (2 * k + 1) for k in range(1, 11))
+
+
+def _log(o, x, specials=True):
+    """fdlibm's e_log: x = 2^k*(1+f), 1+f in [sqrt(1/2), sqrt(2)), log(1+f) = f - (hfsq -
+    s*(hfsq + R)), hfsq = f^2/2, k*ln2 added in two parts; < 1 ulp."""
+    tiny = o.lt(x, o.f(2.0 ** -1022))
+    xs = o.sel(tiny, o.mul(x, o.f(2.0 ** 54)), x)
+    ix = o.isub(o.bits(xs), o.i(_SQRT_HALF_BITS))
+    e = o.iadd(o.ashr(ix, 52), o.b.select(tiny, o.i(-54), o.i(0)))
+    m = o.flt(o.iadd(o.iand(ix, o.i((1 << 52) - 1)), o.i(_SQRT_HALF_BITS)))
+    f = o.sub(m, o.f(1.0))                           # exact (Sterbenz)
+    k = o.itof(e)
+    s = o.div(f, o.add(o.f(2.0), f))
+    z = o.mul(s, s)
+    rr = o.mul(z, o.horner(z, _LOG_R))
+    hfsq = o.mul(o.f(0.5), o.mul(f, f))
+    inner = o.fma(s, o.add(hfsq, rr), o.mul(k, o.f(_LN2_LO)))
+    r = o.fma(k, o.f(_LN2_HI), o.sub(f, o.sub(hfsq, inner)))
+    if not specials:
+        return r
+    r = o.sel(o.eq(x, o.f(float("inf"))), x, r)
+    r = o.sel(o.eq(x, o.f(0.0)), o.f(float("-inf")), r)
+    return o.sel(o.ult(x, o.f(0.0)), o.f(float("nan")), r)   # x < 0 or NaN
+
+
+def _log1p(o, x):
+    u = o.add(o.f(1.0), x)
+    corr = o.div(o.sub(x, o.sub(u, o.f(1.0))), u)     # rounding error of u, relative
+    finite = o.b.and_(o.gt(u, o.f(0.0)), o.lt(u, o.f(float("inf"))))
+    r = o.add(_log(o, u), o.sel(finite, corr, o.f(0.0)))
+    return o.sel(o.eq(x, o.f(0.0)), x, r)            # log1p(-0) = -0
+
+
+# ---------------------------------------------------------------------------- logistic family
+def _exp_neg_abs(o, x):
+    """e^-|x| (NaN stays NaN)."""
+    return _exp(o, o.neg(o.abs(x)))
+
+
+def _sigmoid(o, x):
+    e = _exp_neg_abs(o, x)
+    d = o.add(o.f(1.0), e)
+    return o.sel(o.lt(x, o.f(0.0)), o.div(e, d), o.div(o.f(1.0), d))
+
+
+def _scaled_logistic(o, w, f):
+    """f * sigmoid(w) = f/(1+e) (w >= 0) or f*e/(1+e) (w < 0), e = e^-|w|: no cancellation.
+    For w < 0 numerator and denominator are formed times 2^64 (f*e*2^64 stays normal down
+    to w = -700), so a tiny result is rounded once, by the division, into the subnormals."""
+    r, n = _exp_reduce(o, o.neg(o.abs(w)), -800.0)   # e^-800 * 2^64 * 800 underflows
+    p = o.add(_expm1_poly(o, r), o.f(1.0))           # e = p * 2^n
+    e = o.ldexp(p, n)
+    neg = o.lt(w, o.f(0.0))
+    num = o.sel(neg, o.mul(f, o.ldexp(p, o.iadd(n, o.i(64)))), f)
+    den = o.add(o.f(1.0), e)
+    return o.div(num, o.sel(neg, o.mul(den, o.f(2.0 ** 64)), den))
+
+
+def _silu(o, x):
+    xc = o.sel(o.lt(x, o.f(-800.0)), o.f(-800.0), x)  # silu(-inf) = -0, not -inf*0
+    return _scaled_logistic(o, xc, xc)
+
+
+_GELU_C1 = 1.5957691216057308            # 2*sqrt(2/pi)
+_GELU_C3 = 1.5957691216057308 * 0.044715
+
+
+def _gelu_tanh(o, x):
+    xc = o.sel(o.lt(x, o.f(-40.0)), o.f(-40.0), x)    # the result is -0 long before -40
+    w = o.mul(xc, o.fma(o.f(_GELU_C3), o.mul(xc, xc), o.f(_GELU_C1)))
+    return _scaled_logistic(o, w, xc)
+
+
+def _softplus(o, x):
+    e = _exp_neg_abs(o, x)
+    u = o.add(o.f(1.0), e)                           # in [1, 2]
+    l1p = o.add(_log(o, u, specials=False), o.div(o.sub(e, o.sub(u, o.f(1.0))), u))
+    return o.add(o.sel(o.gt(x, o.f(0.0)), x, o.f(0.0)), l1p)
+
+
+def _tanh(o, x):
+    """fdlibm's s_tanh: |x| < 1: -t/(t+2), t = expm1(-2|x|); else 1 - 2/(expm1(2|x|) + 2);
+    |x| clamped to 20 (tanh rounds to 1)."""
+    a = o.sel(o.gt(o.abs(x), o.f(20.0)), o.f(20.0), o.abs(x))
+    a2 = o.add(a, a)
+    tn = _expm1(o, o.neg(a2))
+    small = o.div(o.neg(tn), o.add(tn, o.f(2.0)))
+    tp = _expm1(o, a2)
+    large = o.sub(o.f(1.0), o.div(o.f(2.0), o.add(tp, o.f(2.0))))
+    return o.copysign(o.sel(o.lt(a, o.f(1.0)), small, large), x)
+
+
+# ---------------------------------------------------------------------------- sin / cos
+_TWO_OVER_PI = 0.6366197723675814
+# pi/2 = C1 + C2 + C3 + C4: C1..C3 27 bits each (j*C_k exact for |j| < 2^26), C4 rounded
+_PIO2 = (1.570796325802803, 9.920935739593517e-10, 5.721188709663575e-18,
+         1.6446256936324258e-26)
+SIN_COS_MAX = 2.0 ** 26                   # the reduction is exact below (|j| < 2^26 * 2/pi)
+# fdlibm __kernel_sin / __kernel_cos on [-pi/4, pi/4]
+_S = (-1.66666666666666324348e-01, 8.33333333332248946124e-03, -1.98412698298579493134e-04,
+      2.75573137070700676789e-06, -2.50507602534068634195e-08, 1.58969099521155010221e-10)
+_C = (4.16666666666666019037e-02, -1.38888888888741095749e-03, 2.48015872894767294178e-05,
+      -2.75573143513906633035e-07, 2.08757232129817482790e-09, -1.13596475577881948265e-11)
+
+
+def _reduce_pio2(o, x):
+    """x = j*pi/2 + (hi + lo), |hi + lo| <= pi/4 + tiny, exact up to ~2^-106 for |x| < 2^26:
+    x - j*C1 is exact, j*C2 and j*C3 are added with two-sums, j*C4 rounded once."""
+    t = o.fma(x, o.f(_TWO_OVER_PI), o.f(_MAGIC))
+    j = o.sub(t, o.f(_MAGIC))
+    c1, c2, c3, c4 = (o.f(-c) for c in _PIO2)
+    r1 = o.fma(j, c1, x)
+    r2, e2 = two_sum(o, r1, o.mul(j, c2))
+    r3, e3 = two_sum(o, r2, o.mul(j, c3))
+    tail = o.fma(j, c4, o.add(e2, e3))
+    hi = o.add(r3, tail)
+    lo = o.sub(tail, o.sub(hi, r3))
+    return hi, lo, o.bits(t)                         # low bits of t = j mod 4
+
+
+def _ksin(o, x, y):
+    """sin(x + y), |x| <= pi/4, |y| <= ulp(x)/2 (fdlibm __kernel_sin with iy = 1)."""
+    z = o.mul(x, x)
+    v = o.mul(z, x)
+    r = o.horner(z, _S[1:])
+    inner = o.sub(o.mul(z, o.sub(o.mul(o.f(0.5), y), o.mul(v, r))), y)
+    return o.sub(x, o.sub(inner, o.mul(v, o.f(_S[0]))))
+
+
+def _kcos(o, x, y):
+    """cos(x + y) (fdlibm __kernel_cos)."""
+    z = o.mul(x, x)
+    r = o.mul(z, o.horner(z, _C))
+    hz = o.mul(o.f(0.5), z)
+    w = o.sub(o.f(1.0), hz)
+    return o.add(w, o.add(o.sub(o.sub(o.f(1.0), w), hz), o.sub(o.mul(z, r), o.mul(x, y))))
+
+
+def _sincos(o, x, quadrant_offset):
+    hi, lo, q = _reduce_pio2(o, x)
+    q = o.iadd(q, o.i(quadrant_offset))
+    s, c = _ksin(o, hi, lo), _kcos(o, hi, lo)
+    odd = o.b.icmp_unsigned("!=", o.iand(q, o.i(1)), o.i(0))
+    res = o.sel(odd, c, s)
+    res = o.flt(o.ixor(o.bits(res), o.shl(o.iand(q, o.i(2)), 62)))   # negate in q = 2, 3
+    return res
+
+
+def _sin(o, x):
+    return o.sel(o.eq(x, o.f(0.0)), x, _sincos(o, x, 0))   # sin(-0) = -0
+
+
+def _cos(o, x):
+    return _sincos(o, x, 1)
+
+
+KERNELS.update({(name, "f64"): fn for name, fn in {
+    "exp": _exp, "expm1": _expm1, "log": _log, "log1p": _log1p,
+    "sin": _sin, "cos": _cos, "tanh": _tanh, "sigmoid": _sigmoid, "silu": _silu,
+    "gelu_tanh": _gelu_tanh, "softplus": _softplus,
+}.items()})
+assert F64  # the kernels take Ops of a double type
