@@ -114,6 +114,7 @@ BOUNDS: dict[str, dict[str, float]] = {
     "f64": {
         "exp": 1.0, "expm1": 2.0, "log": 1.0, "log1p": 2.0, "sin": 1.0, "cos": 1.0,
         "tanh": 3.0, "sigmoid": 2.5, "silu": 3.0, "softplus": 2.0, "gelu_tanh": 3.5,
+        "erf": 1.5, "erfc": 3.0, "gelu": 5.0,
     },
 }
 GELU_TANH_EXACT_FROM = -1.0     # below: <= 4 + 3*|2u| ulp, 2u = 2*sqrt(2/pi)*(x + 0.044715x^3)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import math
 
-from .mathlib_core import F64, KERNELS, two_sum
+from llvmlite import ir
+
+from .mathlib_core import F64, I32, I64, KERNELS, two_sum
 
 _LOG2E = 1.4426950408889634
 _MAGIC = 6755399441055744.0               # 1.5*2^52: (v + MAGIC) - MAGIC = round(v), |v| < 2^51
@@ -192,8 +194,110 @@ def _kcos(o, x, y):
     return o.add(w, o.add(o.sub(o.sub(o.f(1.0), w), hz), o.sub(o.mul(z, r), o.mul(x, y))))
 
 
+# 2/pi's fraction as 32-bit limbs behind one zero limb (mathlib.TWO_OVER_PI_BITS, 1280 bits)
+def _limbs() -> list[int]:
+    from .mathlib import TWO_OVER_PI_BITS
+    return [0] + [(TWO_OVER_PI_BITS >> (1280 - 32 * (k + 1))) & 0xFFFFFFFF for k in range(39)]
+
+
+def _lookup(o, name: str, values: list[int], idx):
+    """values[idx] per lane from an internal constant i64 table (scalar loads)."""
+    mod = o.b.module
+    g = mod.globals.get(name)
+    if g is None:
+        arr = ir.ArrayType(I64, len(values))
+        g = ir.GlobalVariable(mod, arr, name)
+        g.linkage, g.global_constant = "internal", True
+        g.initializer = ir.Constant(arr, values)
+    zero = ir.Constant(I32, 0)
+    if o.n is None:
+        return o.b.load(o.b.gep(g, [zero, idx], inbounds=True))
+    out = ir.Constant(o.ity, ir.Undefined)
+    for k in range(o.n):
+        i = o.b.extract_element(idx, ir.Constant(I32, k))
+        v = o.b.load(o.b.gep(g, [zero, i], inbounds=True))
+        out = o.b.insert_element(out, v, ir.Constant(I32, k))
+    return out
+
+
+def _two_prod(o, a, bh, bl, b):
+    """a*b = p + e exactly (Dekker, no FMA; b given pre-split as bh + bl)."""
+    c = o.mul(a, o.f(134217729.0))                   # 2^27 + 1
+    ah = o.sub(c, o.sub(c, a))
+    al = o.sub(a, ah)
+    p = o.mul(a, b)
+    e = o.add(o.add(o.add(o.sub(o.mul(ah, bh), p), o.mul(ah, bl)), o.mul(al, bh)), o.mul(al, bl))
+    return p, e
+
+
+_PIO2_HI, _PIO2_LO = 1.5707963267948966, 6.123233995736766e-17
+_PIO2_HH = 1.5707963109016418                    # _PIO2_HI cut to 26 bits
+_M32 = 0xFFFFFFFF
+
+
+def _reduce_pio2_large(o, x):
+    """Payne-Hanek for finite |x| >= 2^26: x = m*2^q, m a 53-bit integer, q = E - 1075 in
+    [-26, 971].  The 192 bits of 2/pi after those of weight >= 2^(2-q) (which give multiples
+    of 4) are six 32-bit limbs w0..w5, cut by the exponent out of a constant table (7 loads
+    and funnel shifts); m*W mod 2^192 is summed by columns of 32x32-bit products in 64-bit
+    integers with a carry chain; its top 128 bits F (2 bits of quadrant, 126 of fraction;
+    error <= 2^-125 from the cut and the truncated 2/pi) are rounded to the nearest quadrant
+    j, and the signed rest becomes a double-double times pi/2 (Dekker's product).  |x*2/pi
+    - j| >= 2^-61 for every double, so r = hi + lo is good to ~2^-100 relative."""
+    bits = o.bits(o.abs(x))
+    e = o.lshr(bits, 52)
+    m = o.ior(o.iand(bits, o.i((1 << 52) - 1)), o.i(1 << 52))
+    p = o.iadd(e, o.i(30 - 1075))                    # bit q-1 of 2/pi, + 31: in [4, 1001]
+    p = o.isel(o.icmp("<", p, o.i(0)), o.i(0), p)
+    g, sh = o.lshr(p, 5), o.iand(p, o.i(31))
+    g = o.isel(o.icmp(">", g, o.i(32)), o.i(32), g)  # inf/NaN lanes: any in-range index
+    limbs = [_lookup(o, "rlx.math.two_over_pi_limbs", _limbs(), o.iadd(g, o.i(k)))
+             for k in range(7)]
+    rsh = o.isub(o.i(32), sh)
+    w = [o.iand(o.ior(o.b.shl(limbs[k], sh), o.b.lshr(limbs[k + 1], rsh)), o.i(_M32))
+         for k in range(6)]                          # w[0] holds the weights 2^1 .. 2^-30
+    ml, mh = o.iand(m, o.i(_M32)), o.lshr(m, 32)
+    col = [o.i(0)] * 6                               # column c: units 2^(32c - 190)
+    for k in range(6):
+        for mp, shift in ((ml, 0), (mh, 1)):
+            c = 5 - k + shift
+            if c > 5:
+                continue
+            pr = o.b.mul(mp, w[k])
+            col[c] = o.iadd(col[c], o.iand(pr, o.i(_M32)))
+            if c + 1 <= 5:
+                col[c + 1] = o.iadd(col[c + 1], o.lshr(pr, 32))
+    limb, carry = [], o.i(0)
+    for c in range(6):
+        v = o.iadd(col[c], carry)
+        limb.append(o.iand(v, o.i(_M32)))
+        carry = o.lshr(v, 32)
+    fhi = o.iadd(o.ior(o.shl(limb[5], 32), limb[4]), o.i(1 << 61))   # units 2^-62, + half
+    j = o.lshr(fhi, 62)
+    rest = o.isub(o.iand(fhi, o.i((1 << 62) - 1)), o.i(1 << 61))      # signed, units 2^-62
+    a = o.mul(o.itof(o.ashr(rest, 32)), o.f(2.0 ** 32))
+    b = o.itof(o.iand(rest, o.i(_M32)))
+    small = o.add(o.mul(o.itof(limb[3]), o.f(2.0 ** -32)), o.mul(o.itof(limb[2]), o.f(2.0 ** -64)))
+    s1, e1 = two_sum(o, a, b)
+    t = o.add(e1, small)
+    hi = o.add(s1, t)
+    lo = o.sub(t, o.sub(hi, s1))
+    hi, lo = o.mul(hi, o.f(2.0 ** -62)), o.mul(lo, o.f(2.0 ** -62))
+    ph, pe = _two_prod(o, hi, o.f(_PIO2_HH), o.f(_PIO2_HI - _PIO2_HH), o.f(_PIO2_HI))
+    t2 = o.add(pe, o.add(o.mul(hi, o.f(_PIO2_LO)), o.mul(lo, o.f(_PIO2_HI))))
+    yh = o.add(ph, t2)
+    yl = o.sub(t2, o.sub(yh, ph))
+    neg = o.lt(x, o.f(0.0))
+    return (o.sel(neg, o.neg(yh), yh), o.sel(neg, o.neg(yl), yl),
+            o.isel(neg, o.isub(o.i(0), j), j))
+
+
 def _sincos(o, x, quadrant_offset):
+    from .mathlib import _if_any
     hi, lo, q = _reduce_pio2(o, x)
+    a = o.abs(x)
+    large = o.b.and_(o.b.fcmp_ordered(">=", a, o.f(SIN_COS_MAX)), o.lt(a, o.f(float("inf"))))
+    hi, lo, q = _if_any(o, large, lambda: _reduce_pio2_large(o, x), (hi, lo, q))
     q = o.iadd(q, o.i(quadrant_offset))
     s, c = _ksin(o, hi, lo), _kcos(o, hi, lo)
     odd = o.b.icmp_unsigned("!=", o.iand(q, o.i(1)), o.i(0))
@@ -210,9 +314,92 @@ def _cos(o, x):
     return _sincos(o, x, 1)
 
 
+
+# ---------------------------------------------------------------------------- erf family
+# erf(x) = x + x*Q(x^2) on |x| <= 0.8 (least squares, absolute error 2^-56.2: mathlib_fit.py)
+_ERF_Q = (
+    0.1283791670955126, -0.37612638903183754, 0.11283791670955126, -0.026866170645131252,
+    0.005223977625442184, -0.0008548327023450213, 0.00012055332981728829,
+    -1.4925650354443913e-05, 1.6462114183483433e-06, -1.6365838658992525e-07,
+    1.4807048863161583e-08, -1.2288095077452497e-09, 9.393323348276638e-11,
+    -6.475930291644152e-12, 3.314152834379707e-13)
+# (1 + 2z) e^(z^2) erfc(z) = P(t), t = (z - 3)/(z + 3), z in [0.5, 27] (after Shepherd and
+# Laframboise 1981; least squares in relative error, 2^-54.4: scripts/mathlib_fit.py)
+_ERFC_T = (
+    1.2530080582697296, -0.1356211061245812, -0.04756229435345119, 0.12964515870276264,
+    -0.11927366341527385, 0.06830802734392262, -0.02377051491967061, 0.0025293918167134397,
+    0.0018886903738853983, -0.0007798322754670288, -0.00010515991870969811,
+    0.00012509935579691284, 4.950080359905265e-06, -2.0100516425764e-05,
+    -7.334672522262527e-07, 3.472096291983587e-06, 3.611893787107916e-07,
+    -6.156935914526627e-07, -1.482193268561336e-07, 1.0008818094963897e-07,
+    4.864946118840344e-08, -1.1134286402907291e-08, -1.3176423766231703e-08,
+    -8.099934772756292e-10, 2.886859095044101e-09, 9.608664143837333e-10,
+    -4.92941960368115e-10, -3.096772252640609e-10, 7.070378390669258e-11, 4.73370928841404e-11,
+    -9.661058027140779e-12)
+_ERF_SMALL, _ERFC_SMALL, _ERFC_MAX = 0.8, 0.5, 27.3     # erfc(27.3) < 2^-1075
+
+
+def _erf_small(o, x):
+    return o.fma(x, o.horner(o.mul(x, x), _ERF_Q), x)
+
+
+def _square_hilo(o, x, scale=1.0):
+    """scale*x^2 = hi + lo, hi exact (x cut to 26 bits; scale a power of two)."""
+    xh = o.flt(o.iand(o.bits(x), o.i(-(1 << 27))))
+    xl = o.sub(x, xh)
+    hi, lo = o.mul(xh, xh), o.mul(xl, o.add(x, xh))
+    return o.mul(hi, o.f(scale)), o.mul(lo, o.f(scale))
+
+
+def _erfc_parts(o, z, z2h, z2l, factor=None):
+    """erfc(z) * factor for z in [0.5, 27.3], z^2 = z2h + z2l: e^(-z^2) applied last, with one
+    rounding (so a subnormal result is rounded once)."""
+    t = o.div(o.sub(z, o.f(3.0)), o.add(z, o.f(3.0)))
+    h = o.div(o.horner(t, _ERFC_T), o.fma(z, o.f(2.0), o.f(1.0)))
+    if factor is not None:
+        h = o.mul(h, factor)
+    r, n = _exp_reduce(o, o.neg(z2h))
+    em = _expm1_poly(o, o.sub(r, z2l))
+    return o.ldexp(o.fma(em, h, h), n)
+
+
+def _erf(o, x):
+    a = o.abs(x)
+    ac = o.clamp(a, _ERFC_SMALL, 6.0)                 # erf(6) rounds to 1
+    big = o.sub(o.f(1.0), _erfc_parts(o, ac, *_square_hilo(o, ac)))
+    return o.copysign(o.sel(o.lt(a, o.f(_ERF_SMALL)), _erf_small(o, a), big), x)
+
+
+def _erfc(o, x):
+    a = o.abs(x)
+    ac = o.clamp(a, _ERFC_SMALL, _ERFC_MAX)
+    e = _erfc_parts(o, ac, *_square_hilo(o, ac))
+    big = o.sel(o.lt(x, o.f(0.0)), o.sub(o.f(2.0), e), e)
+    small = o.sub(o.f(1.0), _erf_small(o, x))
+    return o.sel(o.lt(a, o.f(_ERFC_SMALL)), small, big)
+
+
+_INV_SQRT2 = 0.7071067811865476
+
+
+def _gelu(o, x):
+    """0.5*x*(1 + erf(x/sqrt2)); for x/sqrt2 <= -0.5 it is 0.5*x*erfc(|x|/sqrt2) with
+    (x/sqrt2)^2 = x^2/2 formed exactly from the split of x (no cancellation, exact exponent)."""
+    xc = o.clamp(x, -38.6, 38.6)                      # gelu(<-38.6) = -0, gelu(>38.6) = x
+    z = o.mul(xc, o.f(_INV_SQRT2))
+    az = o.clamp(o.abs(z), _ERFC_SMALL, _ERFC_MAX)
+    z2h, z2l = _square_hilo(o, xc, 0.5)
+    half_x = o.mul(x, o.f(0.5))
+    neg = _erfc_parts(o, az, z2h, z2l, o.mul(xc, o.f(0.5)))
+    pos = o.mul(half_x, o.sub(o.f(2.0), _erfc_parts(o, az, z2h, z2l)))
+    small = o.mul(half_x, o.add(o.f(1.0), _erf_small(o, z)))
+    in_small = o.b.and_(o.gt(z, o.f(-_ERFC_SMALL)), o.lt(z, o.f(_ERF_SMALL)))
+    return o.sel(in_small, small, o.sel(o.lt(x, o.f(0.0)), neg, pos))
+
+
 KERNELS.update({(name, "f64"): fn for name, fn in {
     "exp": _exp, "expm1": _expm1, "log": _log, "log1p": _log1p,
     "sin": _sin, "cos": _cos, "tanh": _tanh, "sigmoid": _sigmoid, "silu": _silu,
-    "gelu_tanh": _gelu_tanh, "softplus": _softplus,
+    "gelu_tanh": _gelu_tanh, "softplus": _softplus, "erf": _erf, "erfc": _erfc, "gelu": _gelu,
 }.items()})
 assert F64  # the kernels take Ops of a double type

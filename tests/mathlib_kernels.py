@@ -124,3 +124,47 @@ def random_bits(rng, n: int, dt: str) -> np.ndarray:
         x = rng.integers(0, 2 ** 63, n, dtype=np.uint64)
         x = (x | (rng.integers(0, 2, n, dtype=np.uint64) << np.uint64(63))).view(np.float64)
     return x[np.isfinite(x)]
+
+
+# ------------------------------------------------------------------ long double references
+LD = np.longdouble
+PI_LD = np.longdouble("3.14159265358979323846264338327950288")
+
+
+def _exp_neg_sq(x):
+    """e^(-x^2) for float64 x in long double, with x^2 split so it is (nearly) exact."""
+    x = np.abs(np.asarray(x, dtype=LD))
+    xh = np.ldexp(np.floor(np.ldexp(x, 26 - np.frexp(x)[1].astype(np.int32))),
+                  np.frexp(x)[1].astype(np.int32) - 26)
+    xl = x - xh
+    return np.exp(-(xh * xh)) * np.exp(-(2 * xh * xl + xl * xl))
+
+
+def erf_ld(x):
+    """erf in long double: 2/sqrt(pi) e^(-x^2) sum 2^n x^(2n+1)/(2n+1)!! (no cancellation)."""
+    x = np.asarray(x, dtype=LD)
+    a = np.minimum(np.abs(x), LD(7))
+    term = a.copy()
+    total = a.copy()
+    for n in range(1, 200):
+        term = term * 2 * a * a / (2 * n + 1)
+        total = total + term
+    with np.errstate(all="ignore"):
+        r = 2 / np.sqrt(PI_LD) * _exp_neg_sq(a) * total
+    r = np.where(np.abs(x) >= 7, LD(1), r)
+    return np.where(np.isnan(x), x, np.copysign(r, x))
+
+
+def erfc_ld(x):
+    """erfc in long double: 1 - erf for x < 2, the continued fraction for x >= 2."""
+    x = np.asarray(x, dtype=LD)
+    a = np.clip(x, LD(2), LD(30))
+    f = a.copy()                                    # Lentz-free backward recurrence
+    acc = a.copy()
+    for k in range(400, 0, -1):
+        acc = a + (k / LD(2)) / acc
+    with np.errstate(all="ignore"):
+        cf = _exp_neg_sq(a) / np.sqrt(PI_LD) / acc
+    del f
+    r = np.where(x >= 2, cf, 1 - erf_ld(x))
+    return np.where(x > 30, LD(0), r)

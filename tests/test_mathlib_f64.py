@@ -11,7 +11,7 @@ import zlib
 import numpy as np
 import pytest
 
-from mathlib_kernels import Kernels, TARGETS, random_bits, ulp_error
+from mathlib_kernels import PI_LD, Kernels, TARGETS, erf_ld, erfc_ld, random_bits, ulp_error
 from rlxc.lowering import mathlib
 
 OPS = mathlib.names("f64", arity=1)
@@ -34,7 +34,7 @@ def _sigmoid(x):
 
 
 def _gelu_tanh_w(x):
-    return 2 * np.sqrt(LD(2) / np.pi, dtype=LD) * (x + LD(0.044715) * x ** 3)
+    return 2 * np.sqrt(LD(2) / PI_LD) * (x + LD(0.044715) * x ** 3)
 
 
 REF = {     # x: np.longdouble array
@@ -42,12 +42,14 @@ REF = {     # x: np.longdouble array
     "sin": np.sin, "cos": np.cos, "tanh": np.tanh, "sigmoid": _sigmoid,
     "silu": lambda x: x * _sigmoid(x), "softplus": lambda x: np.logaddexp(LD(0), x),
     "gelu_tanh": lambda x: x * _sigmoid(_gelu_tanh_w(x)),
+    "erf": erf_ld, "erfc": erfc_ld,
+    "gelu": lambda x: x / 2 * erfc_ld(-x / np.sqrt(LD(2))),
 }
 SWEEP = {
     "exp": (-746.0, 710.0), "expm1": (-40.0, 710.0), "log": (0.0, 16.0), "log1p": (-1.0, 16.0),
     "sin": (-40.0, 40.0), "cos": (-40.0, 40.0), "tanh": (-25.0, 25.0),
     "sigmoid": (-750.0, 750.0), "silu": (-750.0, 750.0), "softplus": (-750.0, 750.0),
-    "gelu_tanh": (-40.0, 40.0),
+    "gelu_tanh": (-40.0, 40.0), "erf": (-7.0, 7.0), "erfc": (-7.0, 28.0), "gelu": (-40.0, 40.0),
 }
 
 
@@ -57,22 +59,20 @@ def inputs(op: str, rng) -> np.ndarray:
              np.exp(rng.uniform(math.log(1e-300), math.log(1e3), 30_000)),
              rng.uniform(-2, 2, 30_000),
              rng.integers(1, 2 ** 52, 3_000, dtype=np.uint64).view(np.float64)]
+    if op in ("sin", "cos"):     # up to the Cody-Waite limit 2^26, and huge (Payne-Hanek)
+        parts.append(rng.uniform(-2.0 ** 26, 2.0 ** 26, 100_000))
+        parts.append(np.exp(rng.uniform(math.log(2.0 ** 25), math.log(1.79e308), 100_000)))
     x = np.concatenate(parts + [-p for p in parts[2:]])
+    if op in ("erf", "erfc", "gelu"):            # the long double series are slow
+        x = x[::5]
     return x[np.isfinite(x)]
 
 
 def mask(op: str, x: np.ndarray) -> np.ndarray:
     """Where BOUNDS['f64'][op] applies (the mathlib header documents the rest)."""
-    if op in ("sin", "cos"):
-        return np.abs(x) < mathlib_f64_sin_cos_max()
     if op == "gelu_tanh":
         return x >= mathlib.GELU_TANH_EXACT_FROM
     return np.ones(x.shape, bool)
-
-
-def mathlib_f64_sin_cos_max():
-    from rlxc.lowering import mathlib_f64
-    return mathlib_f64.SIN_COS_MAX
 
 
 def measure(k, op, x, kind="vec"):
@@ -113,9 +113,26 @@ SPECIAL = {
     "silu": [(INF, INF), (-INF, -0.0), (0.0, 0.0), (-0.0, -0.0), (-800.0, -0.0)],
     "softplus": [(INF, INF), (-INF, 0.0), (0.0, math.log(2.0)), (1e300, 1e300),
                  (-800.0, 0.0)],
+    "erf": [(INF, 1.0), (-INF, -1.0), (0.0, 0.0), (-0.0, -0.0), (7.0, 1.0), (-5e-324, -5e-324)],
+    "erfc": [(INF, 0.0), (-INF, 2.0), (0.0, 1.0), (-0.0, 1.0), (28.0, 0.0), (-28.0, 2.0)],
+    "gelu": [(INF, INF), (-INF, -0.0), (0.0, 0.0), (-0.0, -0.0), (50.0, 50.0), (-50.0, -0.0)],
     "gelu_tanh": [(INF, INF), (-INF, -0.0), (0.0, 0.0), (-0.0, -0.0), (50.0, 50.0),
                   (-50.0, -0.0)],
 }
+
+
+# the double nearest a multiple of pi/2 (|x*2/pi - j| ~ 2^-61), the 2^26 switch, extremes
+HUGE = [6381956970095103 * 2.0 ** 797, 2.0 ** 26, np.nextafter(2.0 ** 26, 0), 1e22, 2.0 ** 60,
+        1e300, 1.7976931348623157e308, 5.319372648326541e255, 2.0 ** 1023, 1e16, 123456789.0]
+
+
+def test_sin_cos_f64_huge_arguments(k):
+    x = np.array(HUGE)
+    x = np.concatenate([x, -x, np.nextafter(x, np.inf), np.nextafter(x, 0)])
+    x = x[np.isfinite(x)]
+    for op in ("sin", "cos"):
+        y, err = measure(k, op, x)
+        assert err.max() <= mathlib.FUNCTIONS[op].ulp_f64, (op, x[np.argmax(err)], err.max())
 
 
 @pytest.mark.parametrize("op", OPS)
