@@ -1,23 +1,52 @@
-"""Vectorizable float32 elementwise math, emitted as LLVM IR (llvmlite.ir).
+"""Vectorizable elementwise math, float32 and float64, emitted as LLVM IR (llvmlite.ir).
 
-    emit(builder, "gelu", x)          x: float or <N x float>
+    emit(builder, "gelu", x)          x: float, double, <N x float> or <N x double>
+    emit(builder, "atan2", y, x)      two-argument functions: atan2, hypot
         │ defines once per module:  define internal float @rlx.math.gelu.f32(float) alwaysinline
-        │                           (or @rlx.math.gelu.v8f32 for <8 x float>, ...)
+        │                           (@rlx.math.gelu.v8f32, @rlx.math.gelu.f64, ...v4f64, ...)
         ▼
     call -> after O3: inlined straight-line fmul/fadd/select/bitcast code, which the loop
             vectorizer widens on x86-64 and which NVPTX lowers to plain PTX instructions.
 
+FUNCTIONS = {name: Fn(arity, ulp_f32, ulp_f64)} is the table other code derives name sets
+from (names(dtype, arity) lists them); BOUNDS holds the bounds the tests enforce.  Kernels:
+float32 here, float64 in mathlib_f64.py, the inverse-trigonometric, hyperbolic and base-2/10
+functions for both types in mathlib_more.py (their headers give the algorithms), the shared
+builder helpers in mathlib_core.py.
+
 No function here calls libm or the llvm.exp/llvm.log/llvm.sin intrinsics (those become
 libm calls on x86 and are unsupported on NVPTX).  The only intrinsics used are llvm.fmuladd
 (an FMA where the target has one, mul+add otherwise: every algorithm below is accurate with
-either), llvm.fabs and llvm.copysign.  No llvm.floor/rint either (libcalls on baseline x86-64):
-rounding to an integer is the add/sub of 1.5*2^23 trick.  There are no branches, only
-selects, so special cases cost a compare and a select.
+either), llvm.fabs, llvm.copysign, llvm.fshl (sin/cos) and llvm.sqrt (mathlib_more).  No
+llvm.floor/rint either (libcalls on baseline x86-64): rounding to an integer is the add/sub
+of 1.5*2^23 (1.5*2^52) trick.  Special cases are selects; the only branch is sin/cos's
+uniform one into Payne-Hanek for huge arguments.  float64 sin/cos (and tan) read 2/pi from
+a 40-entry constant table there.
 
-Accuracy is in float32 ulps of the exact result (a subnormal result's ulp is 2^-149), over
-every finite float32 input unless a range is given.  SUPPORTED holds the bounds that
-tests/test_mathlib.py enforces; in parentheses the maximum measured over all 2^32 inputs with
-host code (FMA) / over every 8th float32 with baseline x86-64 code (no FMA).  Algorithms:
+Max error in ulps of the exact result, over every finite input (subnormal ulp 2^-149 /
+2^-1074), enforced by tests/test_mathlib.py, test_mathlib_f64.py, test_mathlib_more.py on
+large random + special samples for host code (FMA) and baseline x86-64 (no FMA).  Measured
+maxima (scripts/mathlib_measure.py, ~1M points per function and target) in parentheses:
+
+    name       float32            float64            name       float32     float64
+    exp        1.5   (1.0)        1.0  (0.96)        atan       2.5 (2.0)   3.0 (2.4)
+    expm1      2.0   (1.5)        2.0  (1.86)        atan2      2.5 (2.1)   3.0 (2.2)
+    log        1.0   (0.76)       1.0  (0.78)        asin       3.5 (3.0)   3.5 (3.2)
+    log1p      2.0   (1.44)       2.0  (1.43)        acos       3.0 (2.5)   3.5 (2.95)
+    sin, cos   2.0   (1.56)       1.0  (0.77)        sinh       3.0 (2.3)   3.0 (2.2)
+    tanh       2.0   (1.13)       3.0  (2.34)        cosh       2.0 (1.5)   2.0 (1.4)
+    sigmoid    3.0   (2.33)       2.5  (2.07)        tan        4.0 (3.2)   3.0 (2.0)
+    silu       3.0   (2.34)       3.0  (2.84)        asinh      2.5 (1.8)   2.5 (1.9)
+    erf        1.5   (0.94)       1.5  (0.98)        acosh      2.5 (2.0)   2.5 (1.8)
+    erfc       3.5   (2.98)       3.0  (2.69)        atanh      2.5 (1.8)   2.5 (1.8)
+    gelu       4.0   (2.82)       5.0  (3.89)        log2       2.0 (1.65)  2.0 (1.55)
+    gelu_tanh  3.5*  (2.51)       3.5* (2.77)        log10      2.5 (1.9)   3.5 (2.8)
+    softplus   2.5   (1.83)       2.0  (1.79)        exp2       1.5 (0.98)  1.5 (1.0)
+                                                     hypot      2.5 (1.9)   2.5 (1.9)
+    * for x >= GELU_TANH_EXACT_FROM = -1 (below: see gelu_tanh).
+
+float32 algorithms (in parentheses the maximum measured over all 2^32 inputs with host code
+(FMA) / over every 8th float32 with baseline x86-64 code (no FMA)):
 
   exp       Cody-Waite: n = round(x/ln2) by the 1.5*2^23 trick, r = x - n*ln2 in two parts
             (ln2_hi has 9 bits, so n*ln2_hi is exact), e^r = 1 + r + r^2*Q(r) (Cephes, degree
@@ -77,7 +106,9 @@ host code (FMA) / over every 8th float32 with baseline x86-64 code (no FMA).  Al
 IEEE behaviour: a NaN input gives NaN for every op (clamps use ordered compares, so NaN is
 never turned into a number); exp(+-inf) = inf/0, log(0) = -inf, log(<0) = NaN, log(inf) = inf,
 tanh/erf(+-inf) = +-1, sigmoid(+-inf) = 1/0, sin/cos(+-inf) = NaN, softplus(+inf) = inf,
-gelu/silu/gelu_tanh(-inf) = -0, (+inf) = inf; odd functions keep the sign of -0.
+gelu/silu/gelu_tanh(-inf) = -0, (+inf) = inf; odd functions keep the sign of -0.  The same
+for float64, and for mathlib_more's functions (C99 Annex F values: atan2 of zeros and
+infinities, hypot(+-inf, NaN) = inf, asin/acos/acosh/atanh outside the domain = NaN).
 """
 from __future__ import annotations
 
@@ -110,11 +141,17 @@ BOUNDS: dict[str, dict[str, float]] = {
         "exp": 1.5, "expm1": 2.0, "log": 1.0, "log1p": 2.0,
         "sin": 2.0, "cos": 2.0, "tanh": 2.0, "sigmoid": 3.0, "silu": 3.0,
         "erf": 1.5, "erfc": 3.5, "gelu": 4.0, "gelu_tanh": 3.5, "softplus": 2.5,
+        "atan": 2.5, "atan2": 2.5, "asin": 3.5, "acos": 3.0, "sinh": 3.0, "cosh": 2.0,
+        "tan": 4.0, "asinh": 2.5, "acosh": 2.5, "atanh": 2.5, "log2": 2.0, "log10": 2.5,
+        "exp2": 1.5, "hypot": 2.5,
     },
     "f64": {
         "exp": 1.0, "expm1": 2.0, "log": 1.0, "log1p": 2.0, "sin": 1.0, "cos": 1.0,
         "tanh": 3.0, "sigmoid": 2.5, "silu": 3.0, "softplus": 2.0, "gelu_tanh": 3.5,
         "erf": 1.5, "erfc": 3.0, "gelu": 5.0,
+        "atan": 3.0, "atan2": 3.0, "asin": 3.5, "acos": 3.5, "sinh": 3.0, "cosh": 2.0,
+        "tan": 3.0, "asinh": 2.5, "acosh": 2.5, "atanh": 2.5, "log2": 2.0, "log10": 3.5,
+        "exp2": 1.5, "hypot": 2.5,
     },
 }
 GELU_TANH_EXACT_FROM = -1.0     # below: <= 4 + 3*|2u| ulp, 2u = 2*sqrt(2/pi)*(x + 0.044715x^3)
@@ -177,6 +214,18 @@ _SQRT_HALF_BITS = 0x3F3504F3
 _LOG_P = (3.3333331174e-1, -2.4999993993e-1, 2.0000714765e-1, -1.6668057665e-1,
           1.4249322787e-1, -1.2420140846e-1, 1.1676998740e-1, -1.1514610310e-1,
           7.0376836292e-2)
+
+
+def _log_parts(o, x):
+    """(e, log(m)) with x = 2^e*m, m in [sqrt(1/2), sqrt(2)); log(1) = 0 exactly."""
+    tiny = o.lt(x, o.f(2.0 ** -126))
+    xs = o.sel(tiny, o.mul(x, o.f(2.0 ** 23)), x)
+    ix = o.isub(o.bits(xs), o.i(_SQRT_HALF_BITS))
+    e = o.iadd(o.ashr(ix, 23), o.b.select(tiny, o.i(-23), o.i(0)))
+    f = o.sub(o.flt(o.iadd(o.iand(ix, o.i(0x7FFFFF)), o.i(_SQRT_HALF_BITS))), o.f(1.0))
+    z = o.mul(f, f)
+    y = o.fma(z, o.f(-0.5), o.mul(f, o.mul(z, o.horner(f, _LOG_P))))
+    return o.itof(e), o.add(f, y)
 
 
 def _log(o, x, specials=True):
@@ -480,6 +529,15 @@ def _if_any(o, mask, compute, fallback):
 
 
 def _sincos(o, x, quadrant_offset):
+    s, c, q = _sincos_parts(o, x)
+    q = o.iadd(q, o.i(quadrant_offset))
+    odd = o.b.icmp_unsigned("!=", o.iand(q, o.i(1)), o.i(0))
+    res = o.sel(odd, c, s)
+    return o.flt(o.ixor(o.bits(res), o.shl(o.iand(q, o.i(2)), 30)))   # negate in q = 2, 3
+
+
+def _sincos_parts(o, x):
+    """(sin r, cos r, j) for x = j*pi/2 + r (j mod 4 in the low bits of an integer)."""
     t = o.fma(x, o.f(_TWO_OVER_PI), o.f(_MAGIC))
     j = o.sub(t, o.f(_MAGIC))
     p1, p2, p3, p4, p5 = (o.f(-p) for p in _PIO2)
@@ -492,13 +550,10 @@ def _sincos(o, x, quadrant_offset):
     be = o.iand(o.lshr(o.bits(x), 23), o.i(255))
     large = o.b.and_(o.icmp(">=", be, o.i(_PH_E0)), o.icmp("<", be, o.i(255)))
     r, q = _if_any(o, large, lambda: _reduce_pio2_large_f32(o, x), (r, q))
-    q = o.iadd(q, o.i(quadrant_offset))
     z = o.mul(r, r)
     s = o.fma(o.mul(r, z), o.horner(z, _SIN_S), r)
     c = o.fma(o.mul(z, z), o.horner(z, _COS_C), o.fma(z, o.f(-0.5), o.f(1.0)))
-    odd = o.b.icmp_unsigned("!=", o.iand(q, o.i(1)), o.i(0))
-    res = o.sel(odd, c, s)
-    return o.flt(o.ixor(o.bits(res), o.shl(o.iand(q, o.i(2)), 30)))   # negate in q = 2, 3
+    return s, c, q
 
 
 def _sin(o, x):
@@ -515,10 +570,14 @@ KERNELS.update({(name, "f32"): fn for name, fn in {
     "sin": _sin, "cos": _cos, "tanh": _tanh, "sigmoid": _sigmoid, "silu": _silu,
     "erf": _erf, "erfc": _erfc, "gelu": _gelu, "gelu_tanh": _gelu_tanh, "softplus": _softplus,
 }.items()})
+KERNELS.update({("_sincos_parts", "f32"): _sincos_parts, ("_log_parts", "f32"): _log_parts,
+                ("_expm1_poly", "f32"): _expm1_poly})   # building blocks of mathlib_more
 from . import mathlib_f64, mathlib_more  # noqa: E402,F401  (register their kernels)
 
 FUNCTIONS: dict[str, Fn] = {}
 for (_name, _dt), _fn in KERNELS.items():
+    if _name.startswith("_"):
+        continue
     _arity = _fn.__code__.co_argcount - len(_fn.__defaults__ or ()) - 1    # fn(o, *args)
     _have = FUNCTIONS.get(_name, Fn(_arity, None, None))
     _ulp = BOUNDS[_dt][_name]

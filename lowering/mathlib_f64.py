@@ -1,10 +1,35 @@
-"""float64 kernels of mathlib (the table of algorithms and bounds is in mathlib.py's header).
+"""float64 kernels of mathlib (the table of bounds is in mathlib.py's header).
 
-Same rules as the float32 kernels: branch-free selects (sin/cos: one uniform branch), no
-libm, no llvm.exp/log/sin/floor, only llvm.fmuladd/fabs/copysign, NaN in gives NaN out.
-Integer views are i64; rounding to an integer is the add/sub of 1.5*2^52.  The polynomials
-are truncated Taylor series (exp, log: coefficients 1/k! and 2/(2k+1), evaluated to well
-past 2^-60) and fdlibm's minimax kernels (sin, cos on [-pi/4, pi/4]).
+Same rules as the float32 kernels: selects (sin/cos: one uniform branch), no libm, no
+llvm.exp/log/sin/floor, only llvm.fmuladd/fabs/copysign, NaN in gives NaN out.  Integer views
+are i64; rounding to an integer is the add/sub of 1.5*2^52.
+
+  exp       Cody-Waite: n = round(x/ln2), r = x - n*ln2_hi - n*ln2_lo (ln2_hi 32 bits, the
+            first step exact), e^r - 1 = r + r^2*Q(r), Q the Taylor series to r^13/13!
+            (truncation < 2^-60 on |r| <= ln2/2), 2^n as two exponent-field multiplies (one
+            rounding, also into the subnormals); x clamped to [-746, 710].
+  expm1     the same; 2^n*(e^r-1) + (2^n-1) by one FMA for x <= 38, e^x above.
+  log       fdlibm's e_log: x = 2^k(1+f), 1+f in [sqrt(1/2), sqrt(2)), s = f/(2+f),
+            log(1+f) = f - (f^2/2 - s(f^2/2 + R(s^2))), R the atanh series to s^21.
+  log1p     log(u) + (x - (u-1))/u, u = 1 + x.
+  sin, cos  j = round(x*2/pi), x - j*pi/2 with pi/2 in four parts (three of 27 bits: exact
+            products for |j| < 2^26), two-sums, giving r = hi + lo; fdlibm's __kernel_sin /
+            __kernel_cos on (hi, lo).  Finite |x| >= 2^26: Payne-Hanek (_reduce_pio2_large:
+            192 bits of 2/pi from a 40-limb constant table, 32x32-bit products summed in
+            64-bit integers, a double-double times pi/2), behind a uniform branch.
+  tanh      fdlibm's s_tanh: |x| < 1: -t/(t+2), t = expm1(-2|x|); else 1 - 2/(expm1(2|x|)+2).
+  sigmoid   e = e^-|x|: 1/(1+e) or e/(1+e) (no cancellation, subnormal tails exact-ish).
+  silu, gelu_tanh  f*sigmoid(w) = f/(1+e) or (f*e*2^64)/((1+e)*2^64) for w < 0, so a tiny
+            result is rounded once (f = x; w = x or 2*sqrt(2/pi)*(x + 0.044715x^3)).
+  softplus  max(x, 0) + log1p(e^-|x|).
+  erf       |x| < 0.8: x + x*Q(x^2) (degree 14, least squares); else 1 - erfc(|x|).
+  erfc      z in [0.5, 27.3]: e^(-z^2) * P(t)/(1 + 2z), t = (z-3)/(z+3), P of degree 30 fitted
+            to (1+2z)e^(z^2)erfc(z) (after Shepherd and Laframboise 1981; coefficients from
+            scripts/mathlib_fit.py); z^2 split exactly into hi + lo for the exponential, which
+            is applied last (one rounding into the subnormals).  x < -0.5: 2 - erfc(-x);
+            |x| < 0.5: 1 - erf(x).
+  gelu      0.5*x*(1 + erf(x/sqrt2)); for x/sqrt2 <= -0.5 it is 0.5*x*erfc(|x|/sqrt2) with
+            (x/sqrt2)^2 = x^2/2 exact from the split of x.
 """
 from __future__ import annotations
 
@@ -56,6 +81,19 @@ def _expm1(o, x):
 _SQRT_HALF_BITS = 0x3FE6A09E667F3BCD
 # log(1+f) = 2 atanh(s), s = f/(2+f): R(z) = sum 2 z^k/(2k+1), k = 1..10, z = s^2 <= 0.0295
 _LOG_R = tuple(2.0 / (2 * k + 1) for k in range(1, 11))
+
+
+def _log_parts(o, x):
+    """(e, log(m)) with x = 2^e*m, m in [sqrt(1/2), sqrt(2)); log(1) = 0 exactly."""
+    tiny = o.lt(x, o.f(2.0 ** -1022))
+    xs = o.sel(tiny, o.mul(x, o.f(2.0 ** 54)), x)
+    ix = o.isub(o.bits(xs), o.i(_SQRT_HALF_BITS))
+    e = o.iadd(o.ashr(ix, 52), o.b.select(tiny, o.i(-54), o.i(0)))
+    f = o.sub(o.flt(o.iadd(o.iand(ix, o.i((1 << 52) - 1)), o.i(_SQRT_HALF_BITS))), o.f(1.0))
+    s = o.div(f, o.add(o.f(2.0), f))
+    z = o.mul(s, s)
+    hfsq = o.mul(o.f(0.5), o.mul(f, f))
+    return o.itof(e), o.sub(f, o.sub(hfsq, o.mul(s, o.add(hfsq, o.mul(z, o.horner(z, _LOG_R))))))
 
 
 def _log(o, x, specials=True):
@@ -292,14 +330,19 @@ def _reduce_pio2_large(o, x):
             o.isel(neg, o.isub(o.i(0), j), j))
 
 
-def _sincos(o, x, quadrant_offset):
+def _sincos_parts(o, x):
+    """(sin r, cos r, j) for x = j*pi/2 + r (j mod 4 in the low bits of an integer)."""
     from .mathlib import _if_any
     hi, lo, q = _reduce_pio2(o, x)
     a = o.abs(x)
     large = o.b.and_(o.b.fcmp_ordered(">=", a, o.f(SIN_COS_MAX)), o.lt(a, o.f(float("inf"))))
     hi, lo, q = _if_any(o, large, lambda: _reduce_pio2_large(o, x), (hi, lo, q))
+    return _ksin(o, hi, lo), _kcos(o, hi, lo), q
+
+
+def _sincos(o, x, quadrant_offset):
+    s, c, q = _sincos_parts(o, x)
     q = o.iadd(q, o.i(quadrant_offset))
-    s, c = _ksin(o, hi, lo), _kcos(o, hi, lo)
     odd = o.b.icmp_unsigned("!=", o.iand(q, o.i(1)), o.i(0))
     res = o.sel(odd, c, s)
     res = o.flt(o.ixor(o.bits(res), o.shl(o.iand(q, o.i(2)), 62)))   # negate in q = 2, 3
@@ -401,5 +444,6 @@ KERNELS.update({(name, "f64"): fn for name, fn in {
     "exp": _exp, "expm1": _expm1, "log": _log, "log1p": _log1p,
     "sin": _sin, "cos": _cos, "tanh": _tanh, "sigmoid": _sigmoid, "silu": _silu,
     "gelu_tanh": _gelu_tanh, "softplus": _softplus, "erf": _erf, "erfc": _erfc, "gelu": _gelu,
+    "_sincos_parts": _sincos_parts, "_log_parts": _log_parts, "_expm1_poly": _expm1_poly,
 }.items()})
 assert F64  # the kernels take Ops of a double type

@@ -58,7 +58,18 @@ FITS = {
     "erfc_t": lambda: fit(lambda t: _erfcx_scaled(K_ERFC * (1 + t) / (1 - t)),
                           (mp.mpf(0.5) - K_ERFC) / (mp.mpf(0.5) + K_ERFC),
                           (mp.mpf(27) - K_ERFC) / (mp.mpf(27) + K_ERFC), 30),
+    # atan(u) = u + u^3 P(u^2) on |u| <= tan(pi/8): P(t) = (atan(sqrt t) - sqrt t)/t^1.5
+    "atan_f64": lambda: fit(_atan_p, mp.mpf(0), mp.tan(mp.pi / 8) ** 2, 11),
+    "atan_f32": lambda: fit(_atan_p, mp.mpf(0), mp.tan(mp.pi / 8) ** 2, 5),
 }
+
+
+def _atan_p(t):
+    if t == 0:
+        return mp.mpf(-1) / 3
+    r = mp.sqrt(t)
+    return (mp.atan(r) - r) / (r * t)
+
 
 if __name__ == "__main__":
     for name in sys.argv[1:] or FITS:

@@ -25,7 +25,9 @@ from llvmlite import ir
 
 from rlxc.lowering import mathlib
 
-OPS = sorted(mathlib.SUPPORTED)
+# the float32 core kernels of mathlib.py (mathlib_more's are in test_mathlib_more.py)
+OPS = ["cos", "erf", "erfc", "exp", "expm1", "gelu", "gelu_tanh", "log", "log1p", "sigmoid",
+       "silu", "sin", "softplus", "tanh"]
 F32, I64 = ir.FloatType(), ir.IntType(64)
 V8 = ir.VectorType(F32, 8)
 FLT_MAX = float(np.finfo(np.float32).max)
@@ -378,38 +380,61 @@ def test_emit_shapes_and_errors():
     llvm.parse_assembly(str(m)).verify()
     with pytest.raises(KeyError, match="no elementwise math rule for 'nope'"):
         mathlib.emit(b, "nope", fn.args[0])
-    with pytest.raises(TypeError, match="expected float"):
-        mathlib.emit(b, "exp", ir.Constant(ir.DoubleType(), 1.0))
+    with pytest.raises(TypeError, match="expected float, double"):
+        mathlib.emit(b, "exp", ir.Constant(ir.IntType(32), 1))
+    with pytest.raises(TypeError, match="all arguments alike"):
+        mathlib.emit(b, "atan2", fn.args[0], ir.Constant(ir.DoubleType(), 1.0))
+    with pytest.raises(TypeError, match="takes 2 argument"):
+        mathlib.emit(b, "hypot", fn.args[0])
+    d4 = ir.Constant(ir.VectorType(ir.DoubleType(), 4), [1.0] * 4)
+    assert mathlib.emit(b, "erf", d4).type == d4.type
+    assert mathlib.emit(b, "atan2", d4, d4).type == d4.type
+
+
+def test_function_table():
+    """FUNCTIONS is the one table: every (name, dtype) with a bound has a kernel and back."""
+    from rlxc.lowering.mathlib_core import KERNELS
+    for dt in ("f32", "f64"):
+        have = {n for n, d in KERNELS if d == dt and not n.startswith("_")}
+        assert have == set(mathlib.BOUNDS[dt]) == set(mathlib.names(dt)), dt
+    assert mathlib.names("f32", arity=2) == ["atan2", "hypot"]
+    assert set(mathlib.SUPPORTED) == set(mathlib.names("f32"))
+    f = mathlib.FUNCTIONS["sin"]
+    assert (f.arity, f.ulp("f32"), f.ulp("f64")) == (1, 2.0, 1.0)
 
 
 # ------------------------------------------------------------------------ NVPTX
 def _nvptx_module(tm) -> ir.Module:
+    """One kernel per (function, dtype): a <4 x T> and a scalar call per thread."""
     m = ir.Module(name="mathlib_nvptx")
     m.triple = "nvptx64-nvidia-cuda"
     m.data_layout = str(tm.target_data)
     i32 = ir.IntType(32)
     sreg = {s: ir.Function(m, ir.FunctionType(i32, []), f"llvm.nvvm.read.ptx.sreg.{s}")
             for s in ("tid.x", "ctaid.x", "ntid.x")}
-    v4 = ir.VectorType(F32, 4)
-    for op in OPS:
-        fn = ir.Function(m, ir.FunctionType(ir.VoidType(), [F32.as_pointer()] * 2 + [i32]),
-                         f"k_{op}")
-        fn.calling_convention = "ptx_kernel"
-        x, y, n = fn.args
-        b = ir.IRBuilder(fn.append_basic_block("entry"))
-        i = b.add(b.mul(b.call(sreg["ctaid.x"], []), b.call(sreg["ntid.x"], [])),
-                  b.call(sreg["tid.x"], []))
-        body, done = fn.append_basic_block("body"), fn.append_basic_block("done")
-        b.cbranch(b.icmp_signed("<", b.mul(i, ir.Constant(i32, 4)), n), body, done)
-        b.position_at_end(body)
-        k = b.mul(i, ir.Constant(i32, 4))                # one <4 x float> and one float each
-        pv = b.bitcast(b.gep(x, [k]), v4.as_pointer())
-        b.store(mathlib.emit(b, op, b.load(pv, align=16)),
-                b.bitcast(b.gep(y, [k]), v4.as_pointer()), align=16)
-        b.store(mathlib.emit(b, op, b.load(b.gep(x, [i]))), b.gep(y, [i]))
-        b.branch(done)
-        b.position_at_end(done)
-        b.ret_void()
+    for dt, ty in (("f32", F32), ("f64", ir.DoubleType())):
+        v4 = ir.VectorType(ty, 4)
+        for op in mathlib.names(dt):
+            ar = mathlib.FUNCTIONS[op].arity
+            fn = ir.Function(m, ir.FunctionType(ir.VoidType(), [ty.as_pointer()] * 2 + [i32]),
+                             f"k_{op}_{dt}")
+            fn.calling_convention = "ptx_kernel"
+            x, y, n = fn.args
+            b = ir.IRBuilder(fn.append_basic_block("entry"))
+            i = b.add(b.mul(b.call(sreg["ctaid.x"], []), b.call(sreg["ntid.x"], [])),
+                      b.call(sreg["tid.x"], []))
+            body, done = fn.append_basic_block("body"), fn.append_basic_block("done")
+            b.cbranch(b.icmp_signed("<", b.mul(i, ir.Constant(i32, 4)), n), body, done)
+            b.position_at_end(body)
+            k = b.mul(i, ir.Constant(i32, 4))            # one <4 x T> and one T each
+            pv = b.load(b.bitcast(b.gep(x, [k]), v4.as_pointer()), align=16)
+            b.store(mathlib.emit(b, op, *[pv] * ar),
+                    b.bitcast(b.gep(y, [k]), v4.as_pointer()), align=16)
+            s = b.load(b.gep(x, [i]))
+            b.store(mathlib.emit(b, op, *[s] * ar), b.gep(y, [i]))
+            b.branch(done)
+            b.position_at_end(done)
+            b.ret_void()
     return m
 
 
@@ -419,10 +444,11 @@ def test_nvptx_sm90(tmp_path):
     mod = _optimize(str(_nvptx_module(tm)), tm)
     ptx = tm.emit_assembly(mod)
     assert ".target sm_90" in ptx and ".version 8.0" in ptx
-    for op in OPS:
-        assert re.search(rf"\.entry\s+k_{op}\b", ptx), f"k_{op} is not a kernel entry"
+    for dt in ("f32", "f64"):
+        for op in mathlib.names(dt):
+            assert re.search(rf"\.entry\s+k_{op}_{dt}\b", ptx), f"k_{op}_{dt} is not a kernel"
     assert "call" not in ptx and ".extern" not in ptx, "PTX calls a function"
-    assert "fma.rn.f32" in ptx and "div.rn.f32" in ptx
+    assert "fma.rn.f32" in ptx and "div.rn.f32" in ptx and "fma.rn.f64" in ptx
     ptxas = shutil.which("ptxas")
     if ptxas is None:
         pytest.skip("ptxas not on PATH: PTX generated, not assembled")
