@@ -43,7 +43,8 @@ CACHE_FORMAT = "rlxc-cpu-cache"
 # the lowering files whose contents decide the generated CPU code
 CPU_SOURCES = ("buffers.py", "cpu.py", "fusion.py", "indexing.py", "llvmgen.py", "llvmmatmul.py",
                "llvmops.py", "matmul.py", "sgemmlib.py",
-               "loops.py", "mathlib.py", "parallel.py", "reduce.py", "schedule.py", "sgemm.py",
+               "loops.py", "mathlib.py", "mathlib_core.py", "mathlib_f64.py", "mathlib_more.py",
+               "parallel.py", "reduce.py", "schedule.py", "sgemm.py",
                "pinning.py", "smallmm.py", "target.py")
 
 _libs: dict = {}

@@ -457,3 +457,36 @@ def test_nvptx_sm90(tmp_path):
     r = subprocess.run([ptxas, "-arch=sm_90", str(src), "-o", str(tmp_path / "mathlib.cubin")],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+def test_gpu_math_takes_f64():
+    """gpu_math is a thin wrapper: every mathlib name at f64, and pow/sqrt/rsqrt on doubles
+    (JIT-compiled for the host here; test_nvptx_sm90 assembles mathlib's f64 kernels)."""
+    from rlxc.lowering import gpu_math
+    assert set(mathlib.FUNCTIONS) <= set(gpu_math.FUNCTIONS)
+    d = ir.DoubleType()
+    m = ir.Module(name="gpu_math_f64")
+    m.triple = llvm.get_process_triple()
+    names = ["pow", "atan2", "hypot", "sqrt", "rsqrt", "exp", "sin"]
+    for name in names:
+        fn = ir.Function(m, ir.FunctionType(d, [d, d]), f"g_{name}")
+        b = ir.IRBuilder(fn.append_basic_block())
+        args = fn.args if name in ("pow", "atan2", "hypot") else fn.args[:1]
+        b.ret(gpu_math.emit(b, name, *args))
+    tm = llvm.Target.from_default_triple().create_target_machine(opt=2)
+    ee = llvm.create_mcjit_compiler(_optimize(str(m), tm), tm)
+    ee.finalize_object()
+    proto = ctypes.CFUNCTYPE(ctypes.c_double, ctypes.c_double, ctypes.c_double)
+    ref = {"pow": np.power, "atan2": np.arctan2, "hypot": np.hypot, "sqrt": lambda x, y: np.sqrt(x),
+           "rsqrt": lambda x, y: 1 / np.sqrt(x), "exp": lambda x, y: np.exp(x),
+           "sin": lambda x, y: np.sin(x)}
+    for name in names:
+        f = proto(ee.get_function_address(f"g_{name}"))
+        for x, y in [(2.0, 10.0), (-2.0, 3.0), (0.5, -1.5), (3.0, 0.0), (-8.0, 1 / 3)]:
+            with np.errstate(all="ignore"):
+                want = float(ref[name](np.float64(x), np.float64(y)))
+            got = f(x, y)
+            assert (math.isnan(got) and math.isnan(want)) or got == pytest.approx(want, rel=1e-14), \
+                (name, x, y, got, want)
+    with pytest.raises(KeyError, match="no function 'nope'"):
+        gpu_math.emit(b, "nope", fn.args[0])
