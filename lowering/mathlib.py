@@ -146,9 +146,9 @@ BOUNDS: dict[str, dict[str, float]] = {
         "exp2": 1.5, "hypot": 2.5,
     },
     "f64": {
-        "exp": 1.0, "expm1": 2.0, "log": 1.0, "log1p": 2.0, "sin": 1.0, "cos": 1.0,
-        "tanh": 3.0, "sigmoid": 2.5, "silu": 3.0, "softplus": 2.0, "gelu_tanh": 3.5,
-        "erf": 1.5, "erfc": 3.0, "gelu": 5.0,
+        "exp": 1.0, "expm1": 2.5, "log": 1.0, "log1p": 2.0, "sin": 1.0, "cos": 1.0,
+        "tanh": 3.0, "sigmoid": 2.5, "silu": 3.5, "softplus": 2.0, "gelu_tanh": 3.5,
+        "erf": 1.5, "erfc": 3.5, "gelu": 5.0,
         "atan": 3.0, "atan2": 3.0, "asin": 3.5, "acos": 3.5, "sinh": 3.0, "cosh": 2.0,
         "tan": 3.0, "asinh": 2.5, "acosh": 2.5, "atanh": 2.5, "log2": 2.0, "log10": 3.5,
         "exp2": 1.5, "hypot": 2.5,

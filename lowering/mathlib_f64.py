@@ -64,8 +64,13 @@ def _expm1_poly(o, r):
 
 
 def _exp(o, x):
+    """e^r = (1 + r) + r^2*Q(r) with 1 + r as an exact sum s + err (Fast2Sum): only the
+    last addition rounds at the size of the result."""
     r, n = _exp_reduce(o, x)
-    return o.ldexp(o.add(_expm1_poly(o, r), o.f(1.0)), n)
+    s = o.add(o.f(1.0), r)
+    err = o.add(o.sub(o.f(1.0), s), r)
+    q = o.mul(o.mul(r, r), o.horner(r, _EXP_Q))
+    return o.ldexp(o.add(s, o.add(err, q)), n)
 
 
 def _expm1(o, x):
