@@ -206,9 +206,9 @@ def _log2(o, x):
 
 def _log10(o, x):
     e, lm = kernel(o, "_log_parts")(o, x)
-    # log10(2) in a hi part of few bits (e*hi exact) and a lo part
-    hi = 0.30102999566395283 if o.is64 else 0.30102539
-    hi = float(int(hi * 2 ** 20)) / 2 ** 20
+    # log10(2) = hi + lo, hi cut to 20 (float32: 12) bits so that e*hi is exact
+    bits = 20 if o.is64 else 12
+    hi = float(int(math.log10(2.0) * 2 ** bits)) / 2 ** bits
     lo = math.log10(2.0) - hi
     h, l_ = _hilo(o, 1.0 / math.log(10.0))
     rest = o.fma(e, o.f(lo), o.fma(lm, o.f(h), o.mul(lm, o.f(l_))))
