@@ -490,3 +490,18 @@ def test_gpu_math_takes_f64():
                 (name, x, y, got, want)
     with pytest.raises(KeyError, match="no function 'nope'"):
         gpu_math.emit(b, "nope", fn.args[0])
+
+
+def test_compiled_sin_cos_huge_arguments():
+    """Issue 13 item 16 end to end: an rlxc-compiled sin/cos on huge float32 arguments
+    (garbage up to 2.0 absolute for |x| >~ 5.4e6 before) agrees with NumPy in float64."""
+    import rlxc
+    rng = np.random.default_rng(16)
+    x = np.concatenate([np.array(HUGE, np.float32),
+                        (np.exp(rng.uniform(np.log(5e6), np.log(3e38), 4093))
+                         * rng.choice([-1, 1], 4093)).astype(np.float32)])
+    f = rlxc.Func("sincos_huge", lambda s: (lambda v: (v.sin(), v.cos()))(s.input("x", x.shape)))
+    ys, yc = f.run_on("cpu", x=x)
+    for y, ref in ((ys, np.sin(x.astype(np.float64))), (yc, np.cos(x.astype(np.float64)))):
+        err = ulp_error(y, ref)
+        assert err.max() <= 2.0, (x[np.argmax(err)], err.max())
