@@ -12,7 +12,8 @@ sqrt is llvm.sqrt (sqrtps/sqrtpd on x86, sqrt.rn on NVPTX: correctly rounded).
   atan2     t = min(|x|,|y|)/max(|x|,|y|) in [0, 1], r = atan(t) as above, then pi/2 - r
             (|y| > |x|), pi - r (x < 0 or x = -0), pi/2 + r (both), sign of y; IEEE values for zeros and
             infinities (atan2(+-0, -0) = +-pi, atan2(+-inf, +-inf) = +-pi/4, +-3pi/4).
-  asin      atan2(x, sqrt((1-x)(1+x)));  acos: atan2(sqrt((1-x)(1+x)), x).
+  asin      |x| <= 0.5: x + x^3 P(x^2); else pi/2 - 2 asin(sqrt((1-|x|)/2)) (fdlibm's split).
+  acos      pi/2 - asin(x) for |x| <= 0.5; 2 asin(sqrt((1-x)/2)), or pi - that for x < -0.5.
   sinh      0.5*(em + em/(em+1)), em = expm1(|x|); past the exp overflow 0.5*h*h, h = e^(|x|/2).
   cosh      |x| < 0.5: 1 + em^2/(2(1+em)); else 0.5*e + 0.5/e, e = e^|x|; large as sinh.
   tan       the sin/cos reduction of x, then sin r/cos r (or -cos r/sin r in odd quadrants).
@@ -114,17 +115,43 @@ def _sqrt(o, v):
     return o.b.call(o._intrinsic("llvm.sqrt", 1), [v])
 
 
-def _cos_side(o, x):
-    """sqrt((1-x)(1+x)) = sqrt(1 - x^2) without cancellation near |x| = 1."""
-    return _sqrt(o, o.mul(o.sub(o.f(1.0), x), o.add(o.f(1.0), x)))
+# asin(u) = u + u^3 P(u^2), |u| <= 0.5 (least squares: scripts/mathlib_fit.py)
+_ASIN_P = {
+    "f64": (0.16666666666666669, 0.0749999999999843, 0.04464285714636173, 0.030381944138046662,
+            0.022372172961334005, 0.01735239227429941, 0.013971219544977282,
+            0.01147911390775028, 0.010323222974141113, 0.005455772997012878,
+            0.01740553771621538, -0.0148590684677662, 0.028762690011846594),
+    "f32": (0.16666666338575503, 0.07500094314117335, 0.04459947498245213, 0.031099839887568655,
+            0.017152999882572188, 0.03368482942749032),
+}
+
+
+def _asin_parts(o, x):
+    """(small, a, big_half, is_big): asin(x) = small for |x| <= 0.5; for |x| > 0.5,
+    asin(|x|) = pi/2 - 2*h with h = asin(sqrt((1-|x|)/2)) = big_half ((1-|x|)/2 exact)."""
+    a = o.abs(x)
+    is_big = o.gt(a, o.f(0.5))
+    z = o.sel(is_big, o.mul(o.sub(o.f(1.0), a), o.f(0.5)), o.mul(x, x))
+    u = o.sel(is_big, _sqrt(o, z), x)
+    p = o.fma(o.mul(u, z), o.horner(z, _ASIN_P[_dt(o)]), u)
+    return p, is_big
 
 
 def _asin(o, x):
-    return _atan2(o, x, _cos_side(o, x))
+    p, is_big = _asin_parts(o, x)                     # |x| > 1 or NaN: sqrt gives NaN
+    h2, l2 = _hilo(o, math.pi / 2)
+    big = o.add(o.f(h2), o.sub(o.f(l2), o.add(p, p)))
+    return o.sel(is_big, o.copysign(big, x), p)
 
 
 def _acos(o, x):
-    return _atan2(o, _cos_side(o, x), x)
+    p, is_big = _asin_parts(o, x)
+    h2, l2 = _hilo(o, math.pi / 2)
+    hp, lp = _hilo(o, math.pi)
+    small = o.add(o.f(h2), o.sub(o.f(l2), p))         # pi/2 - asin(x)
+    neg = o.lt(x, o.f(0.0))
+    big = o.sel(neg, o.add(o.f(hp), o.sub(o.f(lp), o.add(p, p))), o.add(p, p))
+    return o.sel(is_big, big, small)
 
 
 def _exp_overflow(o):

@@ -61,7 +61,17 @@ FITS = {
     # atan(u) = u + u^3 P(u^2) on |u| <= tan(pi/8): P(t) = (atan(sqrt t) - sqrt t)/t^1.5
     "atan_f64": lambda: fit(_atan_p, mp.mpf(0), mp.tan(mp.pi / 8) ** 2, 11),
     "atan_f32": lambda: fit(_atan_p, mp.mpf(0), mp.tan(mp.pi / 8) ** 2, 5),
+    # asin(u) = u + u^3 P(u^2) on |u| <= 0.5: P(t) = (asin(sqrt t) - sqrt t)/t^1.5
+    "asin_f64": lambda: fit(_asin_p, mp.mpf(0), mp.mpf(0.25), 12),
+    "asin_f32": lambda: fit(_asin_p, mp.mpf(0), mp.mpf(0.25), 5),
 }
+
+
+def _asin_p(t):
+    if t == 0:
+        return mp.mpf(1) / 6
+    r = mp.sqrt(t)
+    return (mp.asin(r) - r) / (r * t)
 
 
 def _atan_p(t):
