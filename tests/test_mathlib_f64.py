@@ -130,7 +130,8 @@ HUGE = [6381956970095103 * 2.0 ** 797, 2.0 ** 26, np.nextafter(2.0 ** 26, 0), 1e
 
 def test_sin_cos_f64_huge_arguments(k):
     x = np.array(HUGE)
-    x = np.concatenate([x, -x, np.nextafter(x, np.inf), np.nextafter(x, 0)])
+    with np.errstate(over="ignore"):
+        x = np.concatenate([x, -x, np.nextafter(x, np.inf), np.nextafter(x, 0)])
     x = x[np.isfinite(x)]
     for op in ("sin", "cos"):
         y, err = measure(k, op, x)
