@@ -8,7 +8,8 @@ are i64; rounding to an integer is the add/sub of 1.5*2^52.
             first step exact), e^r - 1 = r + r^2*Q(r), Q the Taylor series to r^13/13!
             (truncation < 2^-60 on |r| <= ln2/2), 2^n as two exponent-field multiplies (one
             rounding, also into the subnormals); x clamped to [-746, 710].
-  expm1     the same; 2^n*(e^r-1) + (2^n-1) by one FMA for x <= 38, e^x above.
+  expm1     the same; x <= 38: ((2^n - 1) + 2^n*r) + 2^n*r^2*Q(r) for n > 0 (2^n*r exact),
+            2^n*(e^r-1) + (2^n-1) by one FMA for n <= 0; e^x above.
   log       fdlibm's e_log: x = 2^k(1+f), 1+f in [sqrt(1/2), sqrt(2)), s = f/(2+f),
             log(1+f) = f - (f^2/2 - s(f^2/2 + R(s^2))), R the atanh series to s^21.
   log1p     log(u) + (x - (u-1))/u, u = 1 + x.
@@ -77,7 +78,11 @@ def _expm1(o, x):
     r, n = _exp_reduce(o, o.sel(o.lt(x, o.f(-40.0)), o.f(-40.0), x))
     em = _expm1_poly(o, r)
     s = o.pow2(n)                                    # used for x <= 38 (n <= 55)
-    small = o.fma(s, em, o.sub(s, o.f(1.0)))         # s - 1 off by <= 1 only when s*e^r > 2^54
+    # n > 0: s*e^r - 1 = ((s - 1) + s*r) + s*r^2*Q(r), s*r exact, so only the first sum and
+    # the last round at the size of the result (s - 1 is exact for n <= 53); n <= 0: one FMA
+    q = o.mul(o.mul(r, r), o.horner(r, _EXP_Q))
+    up = o.fma(s, q, o.fma(s, r, o.sub(s, o.f(1.0))))
+    small = o.sel(o.gt(s, o.f(1.0)), up, o.fma(s, em, o.sub(s, o.f(1.0))))   # n <= 0: as was
     big = o.ldexp(o.add(em, o.f(1.0)), n)            # e^x - 1 == e^x to double precision
     res = o.sel(o.gt(x, o.f(38.0)), big, small)
     return o.sel(o.eq(x, o.f(0.0)), x, res)          # expm1(-0) = -0
