@@ -36,7 +36,7 @@ in parentheses:
     log1p      2 (1.44)       2 (1.43)       acos    1.5 (1.07)   1.5 (1.16)
     sin        2 (1.55)       1 (0.77)       sinh    3 (2.27)     3 (2.21)
     cos        2 (1.55)       1 (0.77)       cosh    2 (1.51)     2 (1.17)
-    tanh       2 (1.13)       3 (2.34)       tan     4 (3.22)     3 (2.04)
+    tanh       2 (1.13)       3 (2.34)       tan     3 (2.32)     3 (2.04)
     sigmoid    3 (2.33)       2.5 (1.98)     asinh   2.5 (1.81)   2.5 (1.88)
     silu       3 (2.34)       3.5 (2.84)     acosh   2.5 (2.02)   2.5 (1.80)
     erf        1.5 (0.94)     1.5 (0.98)     atanh   2.5 (1.83)   2.5 (1.80)
@@ -144,7 +144,7 @@ BOUNDS: dict[str, dict[str, float]] = {
         "sin": 2.0, "cos": 2.0, "tanh": 2.0, "sigmoid": 3.0, "silu": 3.0,
         "erf": 1.5, "erfc": 3.5, "gelu": 4.0, "gelu_tanh": 3.5, "softplus": 2.5,
         "atan": 2.5, "atan2": 2.5, "asin": 3.0, "acos": 1.5, "sinh": 3.0, "cosh": 2.0,
-        "tan": 4.0, "asinh": 2.5, "acosh": 2.5, "atanh": 2.5, "log2": 2.0, "log10": 2.5,
+        "tan": 3.0, "asinh": 2.5, "acosh": 2.5, "atanh": 2.5, "log2": 2.0, "log10": 2.5,
         "exp2": 1.5, "hypot": 2.5,
     },
     "f64": {
@@ -540,6 +540,15 @@ def _sincos(o, x, quadrant_offset):
 
 def _sincos_parts(o, x):
     """(sin r, cos r, j) for x = j*pi/2 + r (j mod 4 in the low bits of an integer)."""
+    r, q = _pio2_reduce(o, x)
+    z = o.mul(r, r)
+    s = o.fma(o.mul(r, z), o.horner(z, _SIN_S), r)
+    c = o.fma(o.mul(z, z), o.horner(z, _COS_C), o.fma(z, o.f(-0.5), o.f(1.0)))
+    return s, c, q
+
+
+def _pio2_reduce(o, x):
+    """(r, j): x = j*pi/2 + r, |r| <= pi/4 (float32), j mod 4 in the low bits of an integer."""
     t = o.fma(x, o.f(_TWO_OVER_PI), o.f(_MAGIC))
     j = o.sub(t, o.f(_MAGIC))
     p1, p2, p3, p4, p5 = (o.f(-p) for p in _PIO2)
@@ -551,11 +560,7 @@ def _sincos_parts(o, x):
     # finite |x| >= 2^14: Payne-Hanek, in a block entered only when some lane needs it
     be = o.iand(o.lshr(o.bits(x), 23), o.i(255))
     large = o.b.and_(o.icmp(">=", be, o.i(_PH_E0)), o.icmp("<", be, o.i(255)))
-    r, q = _if_any(o, large, lambda: _reduce_pio2_large_f32(o, x), (r, q))
-    z = o.mul(r, r)
-    s = o.fma(o.mul(r, z), o.horner(z, _SIN_S), r)
-    c = o.fma(o.mul(z, z), o.horner(z, _COS_C), o.fma(z, o.f(-0.5), o.f(1.0)))
-    return s, c, q
+    return _if_any(o, large, lambda: _reduce_pio2_large_f32(o, x), (r, q))
 
 
 def _sin(o, x):
@@ -573,6 +578,7 @@ KERNELS.update({(name, "f32"): fn for name, fn in {
     "erf": _erf, "erfc": _erfc, "gelu": _gelu, "gelu_tanh": _gelu_tanh, "softplus": _softplus,
 }.items()})
 KERNELS.update({("_sincos_parts", "f32"): _sincos_parts, ("_log_parts", "f32"): _log_parts,
+                ("_pio2_reduce", "f32"): _pio2_reduce,
                 ("_expm1_poly", "f32"): _expm1_poly})   # building blocks of mathlib_more
 from . import mathlib_f64, mathlib_more  # noqa: E402,F401  (register their kernels)
 

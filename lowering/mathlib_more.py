@@ -16,7 +16,8 @@ sqrt is llvm.sqrt (sqrtps/sqrtpd on x86, sqrt.rn on NVPTX: correctly rounded).
   acos      pi/2 - asin(x) for |x| <= 0.5; 2 asin(sqrt((1-x)/2)), or pi - that for x < -0.5.
   sinh      0.5*(em + em/(em+1)), em = expm1(|x|); past the exp overflow 0.5*h*h, h = e^(|x|/2).
   cosh      |x| < 0.5: 1 + em^2/(2(1+em)); else 0.5*e + 0.5/e, e = e^|x|; large as sinh.
-  tan       the sin/cos reduction of x, then sin r/cos r (or -cos r/sin r in odd quadrants).
+  tan       the sin/cos reduction of x, then float32: t = r + r^3 P(r^2) (fitted), or -1/t in
+            odd quadrants; float64: sin r/cos r (or -cos r/sin r).
   asinh     log1p(a + a^2/(1 + sqrt(1 + a^2))) (no cancellation); a > 2^28: log(a) + ln2.
   acosh     x < 2: log1p(t + sqrt(2t + t^2)), t = x - 1; else log(2x - 1/(x + sqrt(x^2-1)));
             x > 2^28: log(x) + ln2.
@@ -182,10 +183,23 @@ def _cosh(o, x):
     return o.sel(o.gt(a, o.f(_exp_overflow(o))), _big_half_exp(o, a), r)
 
 
+# float32 tan(r) = r + r^3 P(r^2) on |r| <= pi/4 (least squares: scripts/mathlib_fit.py)
+_TAN_P32 = (0.3333333329015813, 0.13333342412459262, 0.05396515634284797, 0.021909282886903855,
+            0.008615810162022687, 0.004409518444623561, 1.881856541232831e-05,
+            0.0017804602321781836)
+
+
 def _tan(o, x):
-    s, c, q = kernel(o, "_sincos_parts")(o, x)
-    odd = o.b.icmp_unsigned("!=", o.iand(q, o.i(1)), o.i(0))
-    r = o.sel(odd, o.div(o.neg(c), s), o.div(s, c))
+    if o.is64:
+        s, c, q = kernel(o, "_sincos_parts")(o, x)
+        odd = o.b.icmp_unsigned("!=", o.iand(q, o.i(1)), o.i(0))
+        r = o.sel(odd, o.div(o.neg(c), s), o.div(s, c))
+    else:
+        r, q = kernel(o, "_pio2_reduce")(o, x)
+        z = o.mul(r, r)
+        t = o.fma(o.mul(r, z), o.horner(z, _TAN_P32), r)
+        odd = o.b.icmp_unsigned("!=", o.iand(q, o.i(1)), o.i(0))
+        r = o.sel(odd, o.div(o.f(-1.0), t), t)
     return o.sel(o.eq(x, o.f(0.0)), x, r)             # tan(-0) = -0
 
 

@@ -64,7 +64,16 @@ FITS = {
     # asin(u) = u + u^3 P(u^2) on |u| <= 0.5: P(t) = (asin(sqrt t) - sqrt t)/t^1.5
     "asin_f64": lambda: fit(_asin_p, mp.mpf(0), mp.mpf(0.25), 12),
     "asin_f32": lambda: fit(_asin_p, mp.mpf(0), mp.mpf(0.25), 5),
+    # tan(r) = r + r^3 P(r^2) on |r| <= pi/4 (float32)
+    "tan_f32": lambda: fit(_tan_p, mp.mpf(0), (mp.pi / 4) ** 2 * mp.mpf(1.0001), 7),
 }
+
+
+def _tan_p(t):
+    if t == 0:
+        return mp.mpf(1) / 3
+    r = mp.sqrt(t)
+    return (mp.tan(r) - r) / (r * t)
 
 
 def _asin_p(t):
