@@ -20,9 +20,11 @@ def type_suffix(ty: ir.Type) -> str:
         return f"v{ty.count}{type_suffix(ty.element)}"
     return "f64" if isinstance(ty, ir.DoubleType) else "f32"
 
+
 # ---------------------------------------------------------------------------- builder helpers
 class Ops:
-    """Arithmetic on one float type (float or <N x float>), constants splatted to match."""
+    """Arithmetic on one float type (float, double, or a vector of either), constants splatted
+    to match; integer ops act on the same-width integer view (i32 or i64 lanes: ity)."""
 
     def __init__(self, b: ir.IRBuilder, ty: ir.Type):
         self.b, self.ty = b, ty
@@ -35,7 +37,7 @@ class Ops:
         self.suffix = type_suffix(ty)
 
     def like(self, elem):
-        """_Ops for `elem` (a scalar type) at this width."""
+        """Ops for `elem` (a scalar type) at this width."""
         return Ops(self.b, elem if self.n is None else ir.VectorType(elem, self.n))
 
     # constants
