@@ -166,11 +166,7 @@ def test_transcendental_unary(name):
             continue
         np.testing.assert_array_equal(np.signbit(g[zero]), np.signbit(ref[zero]),
                                       err_msg=f"{k}: sign of zero")
-        wide = np.zeros(x.shape, bool)
-        if SHAPES[name].math in ("sin", "cos"):   # past the exact range: only |r| <= 1
-            wide = np.abs(x) > mathlib.SIN_COS_EXACT_RANGE
-            assert np.all(np.abs(g[wide & np.isfinite(x)]) <= 1), k
-        m = np.isfinite(ref32) & ~wide
+        m = np.isfinite(ref32)   # sin/cos included: their bound holds for every finite x
         u = _ulps(g[m], ref[m])
         bound = _bound(name, x, ref)[m]
         worst = np.argmax(u - bound)

@@ -1,23 +1,53 @@
-"""Vectorizable float32 elementwise math, emitted as LLVM IR (llvmlite.ir).
+"""Vectorizable elementwise math, float32 and float64, emitted as LLVM IR (llvmlite.ir).
 
-    emit(builder, "gelu", x)          x: float or <N x float>
+    emit(builder, "gelu", x)          x: float, double, <N x float> or <N x double>
+    emit(builder, "atan2", y, x)      two-argument functions: atan2, hypot
         │ defines once per module:  define internal float @rlx.math.gelu.f32(float) alwaysinline
-        │                           (or @rlx.math.gelu.v8f32 for <8 x float>, ...)
+        │                           (@rlx.math.gelu.v8f32, @rlx.math.gelu.f64, ...v4f64, ...)
         ▼
     call -> after O3: inlined straight-line fmul/fadd/select/bitcast code, which the loop
             vectorizer widens on x86-64 and which NVPTX lowers to plain PTX instructions.
 
+FUNCTIONS = {name: Fn(arity, ulp_f32, ulp_f64)} is the table other code derives name sets
+from (names(dtype, arity) lists them); BOUNDS holds the bounds the tests enforce.  Kernels:
+float32 here, float64 in mathlib_f64.py, the inverse-trigonometric, hyperbolic and base-2/10
+functions for both types in mathlib_more.py (their headers give the algorithms), the shared
+builder helpers in mathlib_core.py.
+
 No function here calls libm or the llvm.exp/llvm.log/llvm.sin intrinsics (those become
 libm calls on x86 and are unsupported on NVPTX).  The only intrinsics used are llvm.fmuladd
 (an FMA where the target has one, mul+add otherwise: every algorithm below is accurate with
-either), llvm.fabs and llvm.copysign.  No llvm.floor/rint either (libcalls on baseline x86-64):
-rounding to an integer is the add/sub of 1.5*2^23 trick.  There are no branches, only
-selects, so special cases cost a compare and a select.
+either), llvm.fabs, llvm.copysign, llvm.fshl (sin/cos) and llvm.sqrt (mathlib_more).  No
+llvm.floor/rint either (libcalls on baseline x86-64): rounding to an integer is the add/sub
+of 1.5*2^23 (1.5*2^52) trick.  Special cases are selects; the only branch is the uniform
+one of sin/cos/tan into Payne-Hanek for huge arguments, and the only memory read is the
+40-entry constant table of 2/pi that float64 Payne-Hanek takes its bits from.
 
-Accuracy is in float32 ulps of the exact result (a subnormal result's ulp is 2^-149), over
-every finite float32 input unless a range is given.  SUPPORTED holds the bounds that
-tests/test_mathlib.py enforces; in parentheses the maximum measured over all 2^32 inputs with
-host code (FMA) / over every 8th float32 with baseline x86-64 code (no FMA).  Algorithms:
+Max error in ulps of the exact result, over every finite input (subnormal ulp 2^-149 /
+2^-1074), enforced by tests/test_mathlib.py, test_mathlib_f64.py, test_mathlib_more.py on
+large random + special samples for host code (FMA) and baseline x86-64 (no FMA).  Measured
+maxima over ~1M points per function (x2 seeds, host and baseline; scripts/mathlib_measure.py)
+in parentheses:
+
+    name       float32        float64        name    float32      float64
+    exp        1.5 (1.00)     1 (0.75)       atan    2.5 (2.02)   3 (2.35)
+    expm1      2 (1.50)       2 (1.41)       atan2   2.5 (2.08)   3 (2.22)
+    log        1 (0.76)       1 (0.78)       asin    3 (2.31)     3 (2.14)
+    log1p      2 (1.44)       2 (1.43)       acos    1.5 (1.07)   1.5 (1.16)
+    sin        2 (1.55)       1 (0.77)       sinh    3 (2.27)     3 (2.21)
+    cos        2 (1.55)       1 (0.77)       cosh    2 (1.51)     2 (1.17)
+    tanh       2 (1.13)       3 (2.34)       tan     3 (2.32)     3 (2.04)
+    sigmoid    3 (2.33)       2.5 (1.98)     asinh   2.5 (1.81)   2.5 (1.88)
+    silu       3 (2.34)       3.5 (2.84)     acosh   2.5 (2.02)   2.5 (1.80)
+    erf        1.5 (0.94)     1.5 (0.98)     atanh   2.5 (1.83)   2.5 (1.80)
+    erfc       3.5 (2.98)     3.5 (2.69)     log2    2 (1.65)     2 (1.55)
+    gelu       4 (2.82)       5 (3.89)       log10   2.5 (1.90)   3.5 (2.80)
+    gelu_tanh  3.5* (2.51)    3.5* (2.77)    exp2    1.5 (0.98)   1.5 (1.00)
+    softplus   2.5 (1.83)     2 (1.79)       hypot   2.5 (1.90)   2.5 (1.86)
+    * for x >= GELU_TANH_EXACT_FROM = -1 (below: see gelu_tanh).
+
+float32 algorithms (in parentheses the maximum measured over all 2^32 inputs with host code
+(FMA) / over every 8th float32 with baseline x86-64 code (no FMA)):
 
   exp       Cody-Waite: n = round(x/ln2) by the 1.5*2^23 trick, r = x - n*ln2 in two parts
             (ln2_hi has 9 bits, so n*ln2_hi is exact), e^r = 1 + r + r^2*Q(r) (Cephes, degree
@@ -33,12 +63,14 @@ host code (FMA) / over every 8th float32 with baseline x86-64 code (no FMA).  Al
   sin, cos  j = round(x*2/pi); r = x - j*pi/2 with pi/2 in five parts (68 bits), the first four
             10 bits wide so every j*P_k is exact for |j| < 2^14; the chain is exact up to two
             Knuth two-sums, so r is off by at most ~0.5 ulp even next to a multiple of pi/2
-            (|r| >= 2^-27.8 for float32 |x| < 2^15).  sin r, cos r: Cephes polynomials on
-            [-pi/4, pi/4]; j mod 4 picks the polynomial and the sign.  The bound holds for
-            |x| <= SIN_COS_EXACT_RANGE = 25735 (2^14*pi/2).  Beyond it j*P_1 is no longer exact
-            (exact only through an FMA): measured absolute error <= 1e-6 for |x| <= 1e5 without
-            FMA (<= 3e-7 up to 4e6 with FMA); past ~4e6 (2^22) the result is meaningless but
-            still in [-1, 1]; +-inf gives NaN.                      2 ulp (1.56 / 1.55)
+            (|r| >= 2^-27.8 for float32 |x| < 2^15).  Finite |x| >= 2^14: Payne-Hanek in
+            64-bit integers (see _reduce_pio2_large_f32: 96 bits of 2/pi cut out by the
+            exponent, no table, no loads), then r rounded once to float32.  That block runs
+            only when some lane needs it (a uniform branch: free in scalar, GPU and explicit
+            vector code; LLVM's loop vectorizer if-converts it, so an auto-vectorized sin
+            pays for it on every element: 1M-element rlxc sin 0.59 -> 1.56 ms).  sin r, cos r: Cephes
+            polynomials on [-pi/4, pi/4]; j mod 4 picks the polynomial and the sign.
+            +-inf gives NaN.  The bound holds for every finite float32.   2 ulp (1.53 / 1.55)
   tanh, sigmoid, silu, gelu_tanh share a cheaper exp core, e^(c*v) = 2^(n+k)*(1 + c*h) for
             c = -1 or 2: reduced on v itself (the polynomial's coefficients absorb the power-of-
             two c, so -v or 2v costs nothing), e^r = 1 + r + r^2*Q(r) of degree 6 (minimax,
@@ -76,112 +108,55 @@ host code (FMA) / over every 8th float32 with baseline x86-64 code (no FMA).  Al
 IEEE behaviour: a NaN input gives NaN for every op (clamps use ordered compares, so NaN is
 never turned into a number); exp(+-inf) = inf/0, log(0) = -inf, log(<0) = NaN, log(inf) = inf,
 tanh/erf(+-inf) = +-1, sigmoid(+-inf) = 1/0, sin/cos(+-inf) = NaN, softplus(+inf) = inf,
-gelu/silu/gelu_tanh(-inf) = -0, (+inf) = inf; odd functions keep the sign of -0.
+gelu/silu/gelu_tanh(-inf) = -0, (+inf) = inf; odd functions keep the sign of -0.  The same
+for float64, and for mathlib_more's functions (C99 Annex F values: atan2 of zeros and
+infinities, hypot(+-inf, NaN) = inf, asin/acos/acosh/atanh outside the domain = NaN).
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from llvmlite import ir
 
-__all__ = ["emit", "get_function", "SUPPORTED", "SIN_COS_EXACT_RANGE", "GELU_TANH_EXACT_FROM"]
+__all__ = ["emit", "get_function", "names", "FUNCTIONS", "Fn", "BOUNDS", "SUPPORTED",
+           "GELU_TANH_EXACT_FROM"]
 
-F32 = ir.FloatType()
-I32 = ir.IntType(32)
+from .mathlib_core import F32, F64, I32, I64, KERNELS, Ops as _Ops, two_sum as _two_sum, type_suffix
 
-# Max error in float32 ulps of the exact result (subnormal ulp = 2^-149) over all finite
-# inputs, enforced by tests/test_mathlib.py; sin/cos: for |x| <= SIN_COS_EXACT_RANGE,
-# gelu_tanh: for x >= GELU_TANH_EXACT_FROM (the header gives the error elsewhere).
-SUPPORTED: dict[str, float] = {
-    "exp": 1.5, "expm1": 2.0, "log": 1.0, "log1p": 2.0,
-    "sin": 2.0, "cos": 2.0, "tanh": 2.0, "sigmoid": 3.0, "silu": 3.0,
-    "erf": 1.5, "erfc": 3.5, "gelu": 4.0, "gelu_tanh": 3.5, "softplus": 2.5,
+class Fn(NamedTuple):
+    """One math function: its arity and its max error in ulps of the exact result over all
+    finite inputs (None: not available for that dtype; the header gives the exceptions)."""
+    arity: int
+    ulp_f32: float | None
+    ulp_f64: float | None
+
+    def ulp(self, dtype: str) -> float | None:
+        return self.ulp_f32 if dtype == "f32" else self.ulp_f64
+
+
+# Max error in ulps of the exact result (float32: subnormal ulp 2^-149; float64: 2^-1074) over
+# all finite inputs, enforced by tests/test_mathlib*.py; gelu_tanh f32: for x >=
+# GELU_TANH_EXACT_FROM (the header gives the error elsewhere).  FUNCTIONS is built from this
+# and the registered kernels; every kernel must have a bound here.
+BOUNDS: dict[str, dict[str, float]] = {
+    "f32": {
+        "exp": 1.5, "expm1": 2.0, "log": 1.0, "log1p": 2.0,
+        "sin": 2.0, "cos": 2.0, "tanh": 2.0, "sigmoid": 3.0, "silu": 3.0,
+        "erf": 1.5, "erfc": 3.5, "gelu": 4.0, "gelu_tanh": 3.5, "softplus": 2.5,
+        "atan": 2.5, "atan2": 2.5, "asin": 3.0, "acos": 1.5, "sinh": 3.0, "cosh": 2.0,
+        "tan": 3.0, "asinh": 2.5, "acosh": 2.5, "atanh": 2.5, "log2": 2.0, "log10": 2.5,
+        "exp2": 1.5, "hypot": 2.5,
+    },
+    "f64": {
+        "exp": 1.0, "expm1": 2.0, "log": 1.0, "log1p": 2.0, "sin": 1.0, "cos": 1.0,
+        "tanh": 3.0, "sigmoid": 2.5, "silu": 3.5, "softplus": 2.0, "gelu_tanh": 3.5,
+        "erf": 1.5, "erfc": 3.5, "gelu": 5.0,
+        "atan": 3.0, "atan2": 3.0, "asin": 3.0, "acos": 1.5, "sinh": 3.0, "cosh": 2.0,
+        "tan": 3.0, "asinh": 2.5, "acosh": 2.5, "atanh": 2.5, "log2": 2.0, "log10": 3.5,
+        "exp2": 1.5, "hypot": 2.5,
+    },
 }
-SIN_COS_EXACT_RANGE = 25735.0   # 2^14 * pi/2: every j*P_k of the reduction is exact
 GELU_TANH_EXACT_FROM = -1.0     # below: <= 4 + 3*|2u| ulp, 2u = 2*sqrt(2/pi)*(x + 0.044715x^3)
-
-
-# ---------------------------------------------------------------------------- builder helpers
-class _Ops:
-    """Arithmetic on one float type (float or <N x float>), constants splatted to match."""
-
-    def __init__(self, b: ir.IRBuilder, ty: ir.Type):
-        self.b, self.ty = b, ty
-        self.n = ty.count if isinstance(ty, ir.VectorType) else None
-        self.ity = I32 if self.n is None else ir.VectorType(I32, self.n)
-        self.suffix = "f32" if self.n is None else f"v{self.n}f32"
-
-    # constants
-    def f(self, v: float):
-        return ir.Constant(self.ty, v if self.n is None else [v] * self.n)
-
-    def i(self, v: int):
-        return ir.Constant(self.ity, v if self.n is None else [v] * self.n)
-
-    # float arithmetic (no fast-math flags: IEEE semantics, NaN/inf preserved)
-    def add(self, a, c): return self.b.fadd(a, c)
-    def sub(self, a, c): return self.b.fsub(a, c)
-    def mul(self, a, c): return self.b.fmul(a, c)
-    def div(self, a, c): return self.b.fdiv(a, c)
-    def neg(self, a): return self.b.fneg(a)
-
-    def _intrinsic(self, name, nargs):
-        module = self.b.module
-        full = f"{name}.{self.suffix}"
-        fn = module.globals.get(full)
-        if fn is None:
-            fn = ir.Function(module, ir.FunctionType(self.ty, [self.ty] * nargs), full)
-        return fn
-
-    def fma(self, a, c, d):
-        """a*c + d, fused where the target has FMA (llvm.fmuladd)."""
-        return self.b.call(self._intrinsic("llvm.fmuladd", 3), [a, c, d])
-
-    def abs(self, a): return self.b.call(self._intrinsic("llvm.fabs", 1), [a])
-    def copysign(self, mag, sgn): return self.b.call(self._intrinsic("llvm.copysign", 2), [mag, sgn])
-
-    def horner(self, x, coeffs):
-        """coeffs[0] + coeffs[1]*x + ...; each coefficient a float or a ready value."""
-        cs = [self.f(c) if isinstance(c, float) else c for c in coeffs]
-        acc = cs[-1]
-        for c in reversed(cs[:-1]):
-            acc = self.fma(acc, x, c)
-        return acc
-
-    # compares: ordered (false on NaN) unless stated
-    def lt(self, a, c): return self.b.fcmp_ordered("<", a, c)
-    def gt(self, a, c): return self.b.fcmp_ordered(">", a, c)
-    def eq(self, a, c): return self.b.fcmp_ordered("==", a, c)
-    def ult(self, a, c): return self.b.fcmp_unordered("<", a, c)   # true on NaN
-    def sel(self, cond, a, c): return self.b.select(cond, a, c)
-
-    def clamp(self, x, lo, hi):
-        """min(max(x, lo), hi) that keeps NaN (ordered compares, selects)."""
-        x = self.sel(self.lt(x, self.f(lo)), self.f(lo), x)
-        return self.sel(self.gt(x, self.f(hi)), self.f(hi), x)
-
-    # bits
-    def bits(self, x): return self.b.bitcast(x, self.ity)
-    def flt(self, i): return self.b.bitcast(i, self.ty)
-    def iadd(self, a, c): return self.b.add(a, c)
-    def isub(self, a, c): return self.b.sub(a, c)
-    def iand(self, a, c): return self.b.and_(a, c)
-    def ixor(self, a, c): return self.b.xor(a, c)
-    def shl(self, a, k): return self.b.shl(a, self.i(k))
-    def ashr(self, a, k): return self.b.ashr(a, self.i(k))
-    def itof(self, i): return self.b.sitofp(i, self.ty)
-
-    def pow2(self, n):
-        """2.0**n for integer n in [-126, 127] (255 gives inf), via the exponent field."""
-        return self.flt(self.shl(self.iadd(n, self.i(127)), 23))
-
-    def ldexp(self, v, n):
-        """v * 2**n for n in [-252, 254] as two exact-or-final multiplies (one rounding)."""
-        n1 = self.ashr(n, 1)
-        return self.mul(self.mul(v, self.pow2(n1)), self.pow2(self.isub(n, n1)))
-
-    def split(self, x):
-        """x = hi + lo with hi = x cut to 12 significant bits, so hi*hi is exact."""
-        hi = self.flt(self.iand(self.bits(x), self.i(-4096)))   # 0xFFFFF000
-        return hi, self.sub(x, hi)
 
 
 # ---------------------------------------------------------------------------- exp family
@@ -241,6 +216,18 @@ _SQRT_HALF_BITS = 0x3F3504F3
 _LOG_P = (3.3333331174e-1, -2.4999993993e-1, 2.0000714765e-1, -1.6668057665e-1,
           1.4249322787e-1, -1.2420140846e-1, 1.1676998740e-1, -1.1514610310e-1,
           7.0376836292e-2)
+
+
+def _log_parts(o, x):
+    """(e, log(m)) with x = 2^e*m, m in [sqrt(1/2), sqrt(2)); log(1) = 0 exactly."""
+    tiny = o.lt(x, o.f(2.0 ** -126))
+    xs = o.sel(tiny, o.mul(x, o.f(2.0 ** 23)), x)
+    ix = o.isub(o.bits(xs), o.i(_SQRT_HALF_BITS))
+    e = o.iadd(o.ashr(ix, 23), o.b.select(tiny, o.i(-23), o.i(0)))
+    f = o.sub(o.flt(o.iadd(o.iand(ix, o.i(0x7FFFFF)), o.i(_SQRT_HALF_BITS))), o.f(1.0))
+    z = o.mul(f, f)
+    y = o.fma(z, o.f(-0.5), o.mul(f, o.mul(z, o.horner(f, _LOG_P))))
+    return o.itof(e), o.add(f, y)
 
 
 def _log(o, x, specials=True):
@@ -458,14 +445,110 @@ _SIN_S = (-1.6666654611e-1, 8.3321608736e-3, -1.9515295891e-4)
 _COS_C = (4.166664568298827e-2, -1.388731625493765e-3, 2.443315711809948e-5)
 
 
-def _two_sum(o, a, c):
-    """a + c = s + e exactly (Knuth; no FMA needed)."""
-    s = o.add(a, c)
-    cc = o.sub(s, a)
-    return s, o.add(o.sub(a, o.sub(s, cc)), o.sub(c, cc))
+# 2/pi = TWO_OVER_PI_BITS * 2^-1280 (the first 1280 bits, truncated; fdlibm's ipio2 table)
+TWO_OVER_PI_BITS = int(
+    "a2f9836e4e441529fc2757d1f534ddc0db6295993c439041fe5163abdebbc561b7246e3a424dd2e006492eea"
+    "09d1921cfe1deb1cb129a73ee88235f52ebb4484e99c7026b45f7e413991d639835339f49c845f8bbdf9283b"
+    "1ff897ffde05980fef2f118b5a0a6d1f6d367ecf27cb09b74f463f669e5fea2d7527bac7ebe5f17b3d0739f7"
+    "8a5292ea6bfb5fb11f8d5d0856033046fc7b6babf0cfbc209af4361d", 16)
+_PH_E0 = 141                # biased exponent of 2^14: Payne-Hanek takes |x| >= 16384
+
+
+# the 32-bit words of 2/pi's fraction, W[k] = bits 32k+1 .. 32k+32, behind one zero word
+_PH_WORDS = [0] + [(TWO_OVER_PI_BITS >> (1280 - 32 * (k + 1))) & 0xFFFFFFFF for k in range(9)]
+_PH_WORDS64 = [(_PH_WORDS[2 * k] << 32) | _PH_WORDS[2 * k + 1] for k in range(5)]
+
+
+def _reduce_pio2_large_f32(o, x):
+    """Payne-Hanek for float32 |x| >= 2^14 (E >= _PH_E0), table-free, branch-free, in
+    integer arithmetic: x = m*2^q, m a 24-bit integer, q = E - 150 in [-9, 104].  Bits of
+    2/pi of weight >= 2^(2-q) contribute multiples of 4 to x*2/pi and are dropped; the next
+    96 bits (V = 2^q*2/pi mod 4 to 2^-94) are cut out of the constant 64-bit words by 5-way
+    selects and two funnel shifts, as 32-bit words A, B, C (lsb weights 2^-30, 2^-62,
+    2^-94).  In 64-bit integers (units 2^-62, wrapping = mod 4):
+        F = (m*A << 32) + m*B + (m*C >> 32)      (each product 56 bits, exact)
+    has error < 2^-61 from the shift and m*2^-94 < 2^-70 from the truncated 2/pi, against
+    |x*2/pi - j| >= 2^-29.86 for every float32 (x = 16367173*2^72 is the nearest to a
+    multiple of pi/2): a relative error below 2^-31.  j = F rounded
+    to the nearest quadrant (top two bits), the signed rest converted to float64 and scaled
+    by pi/2*2^-62, then rounded to float32.  Returns (r, j in the low bits of an integer);
+    sin/cos(-x) reduce |x| and negate both."""
+    L = o.like(F64)                                  # integer ops on i64 lanes: L.ity
+    bits = o.bits(x)
+    e = o.iand(o.lshr(bits, 23), o.i(255))
+    m = L.b.zext(o.ior(o.iand(bits, o.i(0x7FFFFF)), o.i(0x800000)), L.ity)
+    sp = o.iadd(e, o.i(30 - 150))                    # bit q-1 of 2/pi, +31: in [21, 135]
+    sp = L.b.zext(o.isel(o.icmp("<", sp, o.i(0)), o.i(0), sp), L.ity)
+    g, sh = L.lshr(sp, 6), L.iand(sp, L.i(63))
+    is_g = [L.icmp("==", g, L.i(k)) for k in (1, 2)]
+    words = []
+    for t in range(3):                               # G[g + t], g in 0..2
+        v = L.i(_signed64(_PH_WORDS64[t]))
+        for k in (1, 2):
+            v = L.isel(is_g[k - 1], L.i(_signed64(_PH_WORDS64[k + t])), v)
+        words.append(v)
+    fshl = L._intrinsic_int("llvm.fshl", 3)
+    hi = L.b.call(fshl, [words[0], words[1], sh])
+    lo = L.b.call(fshl, [words[1], words[2], sh])
+    a, b_, c = L.lshr(hi, 32), L.iand(hi, L.i(0xFFFFFFFF)), L.lshr(lo, 32)
+    f = L.iadd(L.iadd(L.shl(L.b.mul(m, a), 32), L.b.mul(m, b_)), L.lshr(L.b.mul(m, c), 32))
+    f = L.iadd(f, L.i(1 << 61))                      # + half a quadrant: j = top two bits
+    jq = o.b.trunc(L.lshr(f, 62), o.ity)
+    rest = L.isub(L.iand(f, L.i((1 << 62) - 1)), L.i(1 << 61))
+    rd = L.mul(L.b.sitofp(rest, L.ty), L.f(1.5707963267948966 * 2.0 ** -62))
+    y = o.convert(rd, L)
+    neg = o.lt(x, o.f(0.0))
+    return o.sel(neg, o.neg(y), y), o.isel(neg, o.isub(o.i(0), jq), jq)
+
+
+def _signed64(v: int) -> int:
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def if_any(o, mask, compute, fallback):
+    """Values `compute()` where `mask` holds, `fallback` elsewhere, with compute() emitted in
+    a block that runs only when some lane of mask is set (a uniform branch: free on a GPU
+    and for explicit vectors; LLVM's loop vectorizer if-converts it into selects)."""
+    b = o.b
+    anyset = mask if o.n is None else b.icmp_unsigned(
+        "!=", b.bitcast(mask, ir.IntType(o.n)), ir.Constant(ir.IntType(o.n), 0))
+    entry = b.block
+    slow = b.append_basic_block("rare")
+    join = b.append_basic_block("join")
+    b.cbranch(anyset, slow, join)
+    b.position_at_end(slow)
+    vals = [b.select(mask, v, f) for v, f in zip(compute(), fallback)]
+    slow_end = b.block
+    b.branch(join)
+    b.position_at_end(join)
+    out = []
+    for v, f in zip(vals, fallback):
+        phi = b.phi(f.type)
+        phi.add_incoming(f, entry)
+        phi.add_incoming(v, slow_end)
+        out.append(phi)
+    return out
 
 
 def _sincos(o, x, quadrant_offset):
+    s, c, q = _sincos_parts(o, x)
+    q = o.iadd(q, o.i(quadrant_offset))
+    odd = o.b.icmp_unsigned("!=", o.iand(q, o.i(1)), o.i(0))
+    res = o.sel(odd, c, s)
+    return o.flt(o.ixor(o.bits(res), o.shl(o.iand(q, o.i(2)), 30)))   # negate in q = 2, 3
+
+
+def _sincos_parts(o, x):
+    """(sin r, cos r, j) for x = j*pi/2 + r (j mod 4 in the low bits of an integer)."""
+    r, q = _pio2_reduce(o, x)
+    z = o.mul(r, r)
+    s = o.fma(o.mul(r, z), o.horner(z, _SIN_S), r)
+    c = o.fma(o.mul(z, z), o.horner(z, _COS_C), o.fma(z, o.f(-0.5), o.f(1.0)))
+    return s, c, q
+
+
+def _pio2_reduce(o, x):
+    """(r, j): x = j*pi/2 + r, |r| <= pi/4 (float32), j mod 4 in the low bits of an integer."""
     t = o.fma(x, o.f(_TWO_OVER_PI), o.f(_MAGIC))
     j = o.sub(t, o.f(_MAGIC))
     p1, p2, p3, p4, p5 = (o.f(-p) for p in _PIO2)
@@ -473,15 +556,11 @@ def _sincos(o, x, quadrant_offset):
     r, e3 = _two_sum(o, r, o.mul(j, p3))              # j*p3, j*p4 exact; sums exact with e
     r, e4 = _two_sum(o, r, o.mul(j, p4))
     r = o.add(r, o.fma(j, p5, o.add(e3, e4)))         # the only rounding of size ulp(r)
-    # far outside the accurate range r is garbage: keep it where the polynomials are sane
-    r = o.clamp(r, -1.0, 1.0)
-    q = o.iadd(o.bits(t), o.i(quadrant_offset))      # low bits of t's mantissa = j mod 4
-    z = o.mul(r, r)
-    s = o.fma(o.mul(r, z), o.horner(z, _SIN_S), r)
-    c = o.fma(o.mul(z, z), o.horner(z, _COS_C), o.fma(z, o.f(-0.5), o.f(1.0)))
-    odd = o.b.icmp_unsigned("!=", o.iand(q, o.i(1)), o.i(0))
-    res = o.sel(odd, c, s)
-    return o.flt(o.ixor(o.bits(res), o.shl(o.iand(q, o.i(2)), 30)))   # negate in q = 2, 3
+    q = o.bits(t)                                     # low bits of t's mantissa = j mod 4
+    # finite |x| >= 2^14: Payne-Hanek, in a block entered only when some lane needs it
+    be = o.iand(o.lshr(o.bits(x), 23), o.i(255))
+    large = o.b.and_(o.icmp(">=", be, o.i(_PH_E0)), o.icmp("<", be, o.i(255)))
+    return if_any(o, large, lambda: _reduce_pio2_large_f32(o, x), (r, q))
 
 
 def _sin(o, x):
@@ -493,43 +572,76 @@ def _cos(o, x):
 
 
 # ---------------------------------------------------------------------------- registry / API
-_IMPL = {
+KERNELS.update({(name, "f32"): fn for name, fn in {
     "exp": _exp, "expm1": _expm1, "log": _log, "log1p": _log1p,
     "sin": _sin, "cos": _cos, "tanh": _tanh, "sigmoid": _sigmoid, "silu": _silu,
     "erf": _erf, "erfc": _erfc, "gelu": _gelu, "gelu_tanh": _gelu_tanh, "softplus": _softplus,
-}
-assert _IMPL.keys() == SUPPORTED.keys()
+}.items()})
+KERNELS.update({("_sincos_parts", "f32"): _sincos_parts, ("_log_parts", "f32"): _log_parts,
+                ("_pio2_reduce", "f32"): _pio2_reduce,
+                ("_expm1_poly", "f32"): _expm1_poly})   # building blocks of mathlib_more
+from . import mathlib_f64, mathlib_more  # noqa: E402,F401  (register their kernels)
+
+FUNCTIONS: dict[str, Fn] = {}
+for (_name, _dt), _fn in KERNELS.items():
+    if _name.startswith("_"):
+        continue
+    _arity = _fn.__code__.co_argcount - len(_fn.__defaults__ or ()) - 1    # fn(o, *args)
+    _have = FUNCTIONS.get(_name, Fn(_arity, None, None))
+    _ulp = BOUNDS[_dt][_name]
+    FUNCTIONS[_name] = (_have._replace(ulp_f32=_ulp) if _dt == "f32"
+                        else _have._replace(ulp_f64=_ulp))
+FUNCTIONS = dict(sorted(FUNCTIONS.items()))
+SUPPORTED = {n: f.ulp_f32 for n, f in FUNCTIONS.items() if f.ulp_f32 is not None}
 
 
-def _check_type(name: str, ty: ir.Type) -> None:
-    if name not in _IMPL:
+def names(dtype: str = "f32", arity: int | None = None) -> list[str]:
+    """The function names available for dtype ("f32" or "f64"), optionally of one arity."""
+    return [n for n, f in FUNCTIONS.items()
+            if f.ulp(dtype) is not None and (arity is None or f.arity == arity)]
+
+
+def _check(name: str, types: list) -> str:
+    fn = FUNCTIONS.get(name)
+    if fn is None:
         raise KeyError(f"rlx.math: no elementwise math rule for {name!r} "
-                       f"(have: {', '.join(sorted(_IMPL))})")
+                       f"(have: {', '.join(FUNCTIONS)})")
+    if len(types) != fn.arity:
+        raise TypeError(f"rlx.math.{name}: takes {fn.arity} argument(s), got {len(types)}")
+    ty = types[0]
     elem = ty.element if isinstance(ty, ir.VectorType) else ty
-    if not isinstance(elem, ir.FloatType):
-        raise TypeError(f"rlx.math.{name}: expected float or <N x float>, got {ty}")
+    if not isinstance(elem, (ir.FloatType, ir.DoubleType)) or any(t != ty for t in types):
+        raise TypeError(f"rlx.math.{name}: expected float, double or a vector of them "
+                        f"(all arguments alike), got {', '.join(map(str, types))}")
+    dt = "f64" if isinstance(elem, ir.DoubleType) else "f32"
+    if fn.ulp(dt) is None:
+        raise TypeError(f"rlx.math.{name}: no {dt} version (have: {', '.join(names(dt))})")
+    return dt
 
 
 def get_function(module: ir.Module, name: str, ty: ir.Type) -> ir.Function:
-    """The internal alwaysinline function `rlx.math.<name>.<f32|vNf32>` of `module`,
-    defined on first use."""
-    _check_type(name, ty)
-    suffix = "f32" if not isinstance(ty, ir.VectorType) else f"v{ty.count}f32"
-    fname = f"rlx.math.{name}.{suffix}"
+    """The internal alwaysinline function `rlx.math.<name>.<f32|f64|vNf32|vNf64>` of `module`
+    (arguments and result of type ty), defined on first use."""
+    dt = _check(name, [ty] * FUNCTIONS[name].arity if name in FUNCTIONS else [ty])
+    fname = f"rlx.math.{name}.{type_suffix(ty)}"
     fn = module.globals.get(fname)
     if fn is None:
-        fn = ir.Function(module, ir.FunctionType(ty, [ty]), fname)
+        arity = FUNCTIONS[name].arity
+        fn = ir.Function(module, ir.FunctionType(ty, [ty] * arity), fname)
         fn.linkage = "internal"
         fn.attributes.add("alwaysinline")
         fn.attributes.add("nounwind")
-        fn.args[0].name = "x"
+        for a, nm in zip(fn.args, "xy"):
+            a.name = nm
         b = ir.IRBuilder(fn.append_basic_block("entry"))
-        b.ret(_IMPL[name](_Ops(b, ty), fn.args[0]))
+        b.ret(KERNELS[(name, dt)](_Ops(b, ty), *fn.args))
     return fn
 
 
-def emit(builder: ir.IRBuilder, name: str, x: ir.Value) -> ir.Value:
-    """Emit `name(x)` at the builder's position; x is float or <N x float>, and so is the
-    result.  Calls an internal alwaysinline helper (defined once per module)."""
-    fn = get_function(builder.module, name, x.type)
-    return builder.call(fn, [x], name=f"{name}")
+def emit(builder: ir.IRBuilder, name: str, *args: ir.Value) -> ir.Value:
+    """Emit `name(*args)` at the builder's position; the arguments are all float, double or
+    <N x float|double> of one type, and so is the result.  Calls an internal alwaysinline
+    helper (defined once per module and type)."""
+    _check(name, [a.type for a in args])
+    fn = get_function(builder.module, name, args[0].type)
+    return builder.call(fn, list(args), name=name)
