@@ -651,7 +651,9 @@ class Tensor:
             # classes[labels] is the labels themselves, but a gather checks its indices:
             # a label outside [0, classes) raises IndexError at run time instead of
             # adding 0 loss and 0 gradient while still counting in the mean
-            targets = classes.gather(targets, 0).expand_dims(-1).eq(classes).cast(self.dtype)
+            # (the message names the label and its row: runtime/cpu.py reads it back)
+            targets = classes.gather_raw(targets, 0, "cross_entropy labels") \
+                .expand_dims(-1).eq(classes).cast(self.dtype)
         elif targets.shape != self.shape:
             raise ShapeError(f"cross_entropy: targets {targets.shape} vs logits {self.shape}")
         nll = -(targets * self.log_softmax(-1)).sum(-1)

@@ -113,7 +113,7 @@ class CallFrame:
         rc = self._entry(self.ins, self.outs, self.pars, self.ws_ptr)
         gov.end(tok)
         if rc:
-            raise self.lib.error(rc)
+            raise self.lib.error(rc, self)
 
 
 class ResidentCall:

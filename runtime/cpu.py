@@ -75,6 +75,29 @@ TEAM_BURST = 3    # consecutive calls when the team is tried (the first one warm
 IDLE_COLD = 2e-3  # a call this long after the previous one ended finds threads and caches cold
 
 
+def _offending_index(lib, frame, kind: str, index: int, bound: int) -> str:
+    """": 5 at position (1,) of input 'y'" for the first index outside [0, bound) of the
+    argument the failed check read ("" when it cannot be read back)."""
+    try:
+        specs, table = (lib.inputs, frame.ins) if kind == "input" else (lib.params, frame.pars)
+        spec, ptr = specs[index], table[index]
+        dt = np.dtype(NP_DTYPES[spec["dtype"]])
+        n = 1
+        for d in spec["shape"]:
+            n *= int(d)
+        if not ptr or n == 0:
+            return ""
+        a = np.frombuffer((ctypes.c_char * (n * dt.itemsize)).from_address(ptr), dt)
+        a = a.reshape(tuple(spec["shape"]))
+        bad = np.argwhere((a < 0) | (a >= bound))
+        if not len(bad):
+            return ""
+        pos = tuple(int(i) for i in bad[0])
+        return f": {int(a[pos])} at position {pos} of {kind} {spec['name']!r}"
+    except (IndexError, KeyError, TypeError, ValueError):  # pragma: no cover - best effort
+        return ""
+
+
 def _env_flag(name: str, default: bool = True) -> bool:
     v = os.environ.get(name, "").strip().lower()
     return default if not v else v not in ("0", "false", "no", "off")
@@ -292,6 +315,7 @@ class CpuLibrary:
         self.params = [a for a in self.args if a["kind"] == "param"]
         self.outputs = [(tuple(o["shape"]), NP_DTYPES[o["dtype"]]) for o in meta["outputs"]]
         self.errors = {int(k): tuple(v) for k, v in meta.get("errors", {}).items()}
+        self.error_args = {int(k): tuple(v) for k, v in meta.get("error_args", {}).items()}
         self._set_threads = getattr(self.lib, "rlxc_set_num_threads", None)
         if self._set_threads is not None:
             self._set_threads.argtypes = [ctypes.c_int32]
@@ -306,9 +330,16 @@ class CpuLibrary:
         use one thread instead while that is faster (see ThreadGovernor)."""
         self.governor.configure(int(n))
 
-    def error(self, rc: int) -> Exception:
+    def error(self, rc: int, frame=None) -> Exception:
+        """The exception of return code `rc`.  For an index check on an argument, with the
+        call's `frame` (runtime/call.py: its pointer tables), the message also names the
+        first offending value and its position, read back from the argument (error path
+        only: the kernels stay a plain range check)."""
         kind, msg = self.errors.get(rc, ("RlxError", f"{self.meta['entry']} failed with "
                                                      f"error code {rc}"))
+        where = self.error_args.get(rc)
+        if where is not None and frame is not None:
+            msg += _offending_index(self, frame, *where)
         return _EXC.get(kind, RlxError)(msg)
 
 

@@ -114,3 +114,18 @@ def test_integer_like_dimensions_still_accepted():
              .broadcast_to((np.int16(4), 3, 2)).sum(np.int64(0)))
     got = f.run_on("interp", x=np.ones((2, 3), F32))[0]
     np.testing.assert_array_equal(got, np.full((3, 2), 4, F32))
+
+
+@pytest.mark.parametrize("device", ["cpu", "interp"])
+@pytest.mark.parametrize("labels, bad, row", [([0, 5, 1, 2], 5, 1), ([0, 1, -1, 2], -1, 2),
+                                              ([2**30, 0, 0, 0], 2**30, 0)])
+def test_cross_entropy_error_names_the_label_and_its_row(device, labels, bad, row):
+    """The compiled check reads the offending label back on the error path (issue 13
+    item 18): the message names the op, the label and its row on every backend."""
+    f = Func("ce_row", lambda s: s.input("x", (4, 3)).cross_entropy(
+        s.input("y", (4,), "i32")))
+    x = np.zeros((4, 3), np.float32)
+    for g in (f, f.grad(["x"])):
+        with pytest.raises(IndexError, match=rf"cross_entropy labels .*\[0, 3\).*: {bad} at "
+                                             rf"position \({row},\)"):
+            g.run_on(device, x=x, y=np.array(labels, np.int32))

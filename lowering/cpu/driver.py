@@ -51,6 +51,7 @@ class CompiledArtifact:
     cpu: str
     timings: dict = field(default_factory=dict)
     parallel: bool = True      # some kernel may split over threads (else one thread always)
+    error_args: dict = field(default_factory=dict)  # {code: [kind, index, bound]} (Program)
 
     @property
     def inputs(self) -> list:
@@ -67,7 +68,8 @@ class CompiledArtifact:
                 "workspace_size": self.workspace_size, "args": self.args,
                 "outputs": self.outputs,
                 "errors": {str(k): list(v) for k, v in self.errors.items()}, "cpu": self.cpu,
-                "parallel": self.parallel}
+                "parallel": self.parallel,
+                "error_args": {str(k): list(v) for k, v in self.error_args.items()}}
 
 
 def default_threads() -> int:
@@ -174,7 +176,8 @@ def compile_cpu(func_module, name: str | None = None, cpu: str = "native", opt: 
     return CompiledArtifact(name, f"rlx_{name}", f"rlx_{name}_workspace_size",
                             prog.workspace_size, obj, path, args, outs,
                             {int(k): list(v) for k, v in prog.errors.items()}, cpu, t,
-                            has_parallel_kernels(prog, cpu))
+                            has_parallel_kernels(prog, cpu),
+                            {int(k): list(v) for k, v in prog.error_args.items()})
 
 
 def has_parallel_kernels(prog, cpu: str = "native") -> bool:

@@ -247,6 +247,9 @@ class Program:
     errors: dict = field(default_factory=dict)  # code -> (exception name, message)
     workspace_size: int = 0
     sgemm_threads: int = 1
+    # code -> (arg kind "input" | "param", index, bound): an index check on an argument,
+    # which the runtime reads back on the error path to name the offending value
+    error_args: dict = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------- traversal

@@ -177,6 +177,7 @@ class Builder:
         self.buffers: list = []
         self.kernels: list = []
         self.errors: dict = {}
+        self.error_args: dict = {}
         self._checked: dict = {}
         self._n = 0
         self._assign_buffers()
@@ -229,6 +230,8 @@ class Builder:
             msg = (f"{who}: index out of range [0, {bound}) along axis {axis}"
                    if opname == "rlx.gather" else f"{who}: index out of range [0, {bound})")
             self.errors[code] = ("IndexError", msg)
+            if ibuf.kind in ("input", "param"):
+                self.error_args[code] = (ibuf.kind, ibuf.index, bound)
             self._checked[key] = code
             self.kernels.append(CheckKernel(self._kname("check"), f"indices of {opname}",
                                             ibuf, ibuf.numel, bound, code, ibuf.numel))
@@ -301,7 +304,7 @@ class Builder:
         return Program(self.name, self.args,
                        [(shape_of(v.type), dtype_of(v.type)) for v in plan.outputs],
                        self.buffers, self.kernels, self.errors,
-                       sgemm_threads=self.sgemm_threads)
+                       sgemm_threads=self.sgemm_threads, error_args=self.error_args)
 
     def _map_value(self, v, what):
         self.map_kernel(what, shape_of(v.type), self.bufs[v],
