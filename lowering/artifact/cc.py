@@ -65,30 +65,16 @@ def version_script(exports: list[str]) -> str:
 def link_library(objects: list[bytes], out_path: str, exports: list[str],
                  cpu: str = "native") -> str:
     """Link object bytes into the shared library `out_path` exporting only `exports`
-    (libgomp through -fopenmp; libm is recorded only where used); written atomically."""
-    out_path = os.path.abspath(out_path)
-    out_dir = os.path.dirname(out_path)
-    os.makedirs(out_dir, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="rlxc-link-") as tmp:
-        paths = []
-        for i, obj in enumerate(objects):
-            paths.append(os.path.join(tmp, f"part{i}.o"))
-            with open(paths[-1], "wb") as f:
-                f.write(obj)
+    (libgomp through -fopenmp; libm is recorded only where used); written atomically
+    by lowering/cpu/target.link_shared, with the version script added."""
+    from rlxc.lowering.cpu.target import link_shared
+
+    with tempfile.TemporaryDirectory(prefix="rlxc-exports-") as tmp:
         vs = os.path.join(tmp, "exports.map")
         with open(vs, "w") as f:
             f.write(version_script(exports))
-        fd, tmp_out = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(out_path), dir=out_dir)
-        os.close(fd)
-        try:
-            run_cc([find_cc(cpu), "-shared", "-fPIC", "-o", tmp_out, *paths, "-fopenmp", "-lm",
-                    f"-Wl,--version-script={vs}"], "linking the library")
-            os.chmod(tmp_out, 0o755)
-            os.replace(tmp_out, out_path)
-        finally:
-            if os.path.exists(tmp_out):
-                os.unlink(tmp_out)
-    return out_path
+        return link_shared(objects, out_path, ("gomp",), cpu,
+                           extra_flags=(f"-Wl,--version-script={vs}",))
 
 
 def check_header(header_path: str, lang: str = "c") -> None:

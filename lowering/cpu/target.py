@@ -294,12 +294,13 @@ def write_objects(folder: str, objects: list[bytes]) -> list[str]:
 
 
 def link_shared(objects: list[bytes], out_path: str, extra_libs=("gomp",),
-                cpu: str = "native") -> str:
+                cpu: str = "native", extra_flags=()) -> str:
     """Link object-file bytes into the shared library ``out_path``.
 
     Uses the system ``cc -shared``; ``"gomp"`` in ``extra_libs`` adds
     ``-fopenmp`` (which links libgomp and its dependencies), other names become
-    ``-lNAME``; ``-lm`` is always added.  The library is written to a temporary
+    ``-lNAME``; ``-lm`` is always added, then ``extra_flags`` (e.g. a version
+    script for the artifact writer).  The library is written to a temporary
     file next to ``out_path`` and renamed into place, so a concurrent loader
     never sees a half-written file.  Raises RuntimeError with cc's stderr on
     failure.  Returns the absolute output path."""
@@ -317,7 +318,7 @@ def link_shared(objects: list[bytes], out_path: str, extra_libs=("gomp",),
                 libs.append(f"-l{lib}")
         fd, tmp_out = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(out_path), dir=out_dir)
         os.close(fd)
-        cmd = [cc, "-shared", "-fPIC", "-o", tmp_out, *obj_paths, *libs, "-lm"]
+        cmd = [cc, "-shared", "-fPIC", "-o", tmp_out, *obj_paths, *libs, "-lm", *extra_flags]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
