@@ -41,41 +41,11 @@ llvm.initialize_native_asmprinter()
 # ------------------------------------------------------------------------ loops and compilation
 def _loop(m: ir.Module, name: str, op: str, vector: bool) -> None:
     """for i in [0, n): y[i] = op(x[i]); with vector=True the first n & ~7 elements go
-    through one <8 x float> call per 8, the rest through the scalar tail loop."""
-    fn = ir.Function(m, ir.FunctionType(ir.VoidType(), [F32.as_pointer()] * 2 + [I64]), name)
-    x, y, n = fn.args
-    x.add_attribute("noalias")
-    y.add_attribute("noalias")
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    start, pred = ir.Constant(I64, 0), b.block
-    if vector:
-        nv = b.and_(n, ir.Constant(I64, -8))
-        vhead, vbody = fn.append_basic_block("vhead"), fn.append_basic_block("vbody")
-        b.branch(vhead)
-        b.position_at_end(vhead)
-        i = b.phi(I64)
-        i.add_incoming(start, pred)
-        start, pred = nv, vhead
-        b.cbranch(b.icmp_signed("<", i, nv), vbody, shead := fn.append_basic_block("shead"))
-        b.position_at_end(vbody)
-        px = b.bitcast(b.gep(x, [i]), V8.as_pointer())
-        py = b.bitcast(b.gep(y, [i]), V8.as_pointer())
-        b.store(mathlib.emit(b, op, b.load(px, align=4)), py, align=4)
-        i.add_incoming(b.add(i, ir.Constant(I64, 8)), vbody)
-        b.branch(vhead)
-    else:
-        b.branch(shead := fn.append_basic_block("shead"))
-    sbody, done = fn.append_basic_block("sbody"), fn.append_basic_block("done")
-    b.position_at_end(shead)
-    j = b.phi(I64)
-    j.add_incoming(start, pred)
-    b.cbranch(b.icmp_signed("<", j, n), sbody, done)
-    b.position_at_end(sbody)
-    b.store(mathlib.emit(b, op, b.load(b.gep(x, [j]))), b.gep(y, [j]))
-    j.add_incoming(b.add(j, ir.Constant(I64, 1)), sbody)
-    b.branch(shead)
-    b.position_at_end(done)
-    b.ret_void()
+    through one <8 x float> call per 8, the rest through the scalar tail loop (the one
+    loop builder of tests/mathlib_kernels.py, at float32 and one argument)."""
+    from mathlib_kernels import _loop as loop   # it imports this module: import on use
+
+    loop(m, name, op, F32, 1, vector)
 
 
 def _optimize(text: str, tm) -> llvm.ModuleRef:
