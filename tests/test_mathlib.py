@@ -29,7 +29,6 @@ from rlxc.lowering.shared import mathlib
 OPS = ["cos", "erf", "erfc", "exp", "expm1", "gelu", "gelu_tanh", "log", "log1p", "sigmoid",
        "silu", "sin", "softplus", "tanh"]
 F32, I64 = ir.FloatType(), ir.IntType(64)
-V8 = ir.VectorType(F32, 8)
 FLT_MAX = float(np.finfo(np.float32).max)
 
 llvm.initialize_all_targets()
