@@ -70,7 +70,7 @@ float32 algorithms (in parentheses the maximum measured over all 2^32 inputs wit
             vector code; LLVM's loop vectorizer if-converts it, so an auto-vectorized sin
             pays for it on every element: 1M-element rlxc sin 0.59 -> 1.56 ms).  sin r, cos r: Cephes
             polynomials on [-pi/4, pi/4]; j mod 4 picks the polynomial and the sign.
-            +-inf gives NaN.  The bound holds for every finite float32.   2 ulp (1.53 / 1.55)
+            +-inf gives NaN.  The bound holds for every finite float32.   2 ulp (1.58 / 1.57)
   tanh, sigmoid, silu, gelu_tanh share a cheaper exp core, e^(c*v) = 2^(n+k)*(1 + c*h) for
             c = -1 or 2: reduced on v itself (the polynomial's coefficients absorb the power-of-
             two c, so -v or 2v costs nothing), e^r = 1 + r + r^2*Q(r) of degree 6 (minimax,
