@@ -36,7 +36,8 @@ def _erf_like(fn, sign):
         v = np.asarray(v, LD)
         vd = v.astype(np.float64)
         base = np.vectorize(fn, otypes=[np.float64])(vd).astype(LD)
-        return base + sign * (v - vd.astype(LD)) * (2 / np.sqrt(LD(np.pi))) * np.exp(-vd.astype(LD) ** 2)
+        dens = (2 / np.sqrt(LD(np.pi))) * np.exp(-vd.astype(LD) ** 2)   # |erf'(vd)|
+        return base + sign * (v - vd.astype(LD)) * dens
     return f
 
 
