@@ -260,6 +260,26 @@ def test_pow_float():
         assert np.all(u <= bound), f"{k}: pow off by {u.max()} ulp"
 
 
+def test_pow_f64_on_the_gpu():
+    """The GPU's f64 pow (it raised NotImplementedError): C99 specials exactly, finite values
+    within 2 + |y*log2|x|| float64 ulps of the CPU's libm pow."""
+    x, y = _pairs(BIN_F32.astype(np.float64))
+    r = _binary("rlx.pow", len(x), "f64")
+    res = r.all(x=x, y=y)
+    with np.errstate(all="ignore"):
+        ref = np.power(x, y)
+    exact = ~np.isfinite(ref) | (ref == 0) | (y == 0) | (np.abs(x) == 1) | np.isnan(x) | \
+        np.isnan(y)
+    for k in ("cpu", "gpu-emu", "interp"):
+        g = res[k][0]
+        assert g.dtype == np.float64
+        _same_bits(g[exact], ref[exact], f"{k}: f64 pow specials")
+        ulp = np.maximum(np.abs(np.spacing(ref[~exact])), 2.0 ** -1074)
+        u = np.abs(g[~exact] - ref[~exact]) / ulp
+        bound = 2 + np.abs(y[~exact] * np.log2(np.abs(x[~exact])))
+        assert np.all(u <= bound), f"{k}: f64 pow off by {u.max()} ulp"
+
+
 @pytest.mark.parametrize("dt", ["i32", "i64"])
 def test_pow_integer(dt):
     """f64 pow cast like a float -> int cast on the CPU and in the interpreter; the GPU

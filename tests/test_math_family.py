@@ -208,13 +208,13 @@ def test_hypot_and_atan2_gradients_at_the_origin_are_zero():
 @pytest.mark.skipif(nvptx.find_ptxas() is None, reason="no ptxas found")
 @pytest.mark.parametrize("dt", ["f32", "f64"])
 def test_family_ptx_assembles(dt):
-    """Every transcendental in one kernel for sm_90, float32 and float64 (ptxas -arch=sm_90)."""
+    """Every transcendental and pow in one kernel for sm_90, float32 and float64."""
     from rlxc.lowering.gpu import driver as gpu_driver
 
     def build(s):
         x, y = s.input("x", (64,), dt), s.input("y", (64,), dt)
-        outs = [getattr(x, n)() for n in UNARY] + [getattr(x, n)(y) for n in BINARY]
-        return outs
+        return [getattr(x, n)() for n in UNARY] + [getattr(x, n)(y) for n in BINARY] + [x ** y]
     f = rlxc.Func(f"family_ptx_{dt}", build)
     art = gpu_driver.compile_cuda(f.module, ptxas=nvptx.find_ptxas())
-    assert art is not None
+    assert ".target sm_90" in art.ptx
+    assert art.cubin and art.cubin[:4] == b"\x7fELF"     # ptxas assembled it
