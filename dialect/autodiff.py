@@ -258,6 +258,7 @@ _SQRT_2 = float(np.sqrt(2.0))
 _INV_SQRT_2PI = float(1 / np.sqrt(2 * np.pi))
 _TWO_OVER_SQRT_PI = float(2 / np.sqrt(np.pi))
 _GELU_C = float(np.sqrt(2 / np.pi))
+_LN2, _LN10 = float(np.log(2.0)), float(np.log(10.0))
 
 
 def _relu_grad(g, x, y):
@@ -305,6 +306,20 @@ defunary("rlx.reciprocal", lambda g, x, y: -(g * y * y))
 defunary("rlx.erf", lambda g, x, y: g * (-(x * x)).exp() * _TWO_OVER_SQRT_PI)
 defunary("rlx.stop_gradient", None)
 defunary("rlx.fake_quant", lambda g, x, y: g)  # straight-through estimator
+defunary("rlx.expm1", lambda g, x, y: g * (y + 1.0))
+defunary("rlx.log1p", lambda g, x, y: g / (x + 1.0))
+defunary("rlx.exp2", lambda g, x, y: g * y * _LN2)
+defunary("rlx.log2", lambda g, x, y: g / (x * _LN2))
+defunary("rlx.log10", lambda g, x, y: g / (x * _LN10))
+defunary("rlx.tan", lambda g, x, y: g * (y * y + 1.0))
+defunary("rlx.atan", lambda g, x, y: g / (x * x + 1.0))
+defunary("rlx.asin", lambda g, x, y: g * (1.0 - x * x).rsqrt())
+defunary("rlx.acos", lambda g, x, y: -(g * (1.0 - x * x).rsqrt()))
+defunary("rlx.sinh", lambda g, x, y: g * x.cosh())
+defunary("rlx.cosh", lambda g, x, y: g * x.sinh())
+defunary("rlx.asinh", lambda g, x, y: g * (x * x + 1.0).rsqrt())
+defunary("rlx.acosh", lambda g, x, y: g * ((x - 1.0) * (x + 1.0)).rsqrt())
+defunary("rlx.atanh", lambda g, x, y: g / ((1.0 - x) * (1.0 + x)))
 for _n in ("floor", "ceil", "round"):  # piecewise constant: 0, also at the jumps (as sign)
     defunary(f"rlx.{_n}", None)
 
@@ -348,6 +363,28 @@ defbinary("rlx.maximum", lambda g, x, z, y: g * _max_weight(x, z, "gt"),
           lambda g, x, z, y: g * _max_weight(z, x, "gt"))
 defbinary("rlx.minimum", lambda g, x, z, y: g * _max_weight(x, z, "lt"),
           lambda g, x, z, y: g * _max_weight(z, x, "lt"))
+
+
+def _hypot_d(g, a, y):
+    """d hypot / da = a / hypot, and 0 at the origin (where a = 0 too: the subgradient
+    of |(a, b)| of least norm, as for abs)."""
+    b = y.b
+    zero = b.zeros_like(y)
+    return g * b.select(y.eq(zero), zero, a / y)
+
+
+def _atan2_w(x, z):
+    """1 / (x*x + z*z), and 0 at the origin (atan2 is not differentiable there; 0 as PyTorch)."""
+    b = x.b
+    r = x * x + z * z
+    zero = b.zeros_like(r)
+    return b.select(r.eq(zero), zero, 1.0 / r)
+
+
+# atan2(x, z) = the angle of the point (z, x): d/dx = z / r^2, d/dz = -x / r^2
+defbinary("rlx.atan2", lambda g, x, z, y: g * z * _atan2_w(x, z),
+          lambda g, x, z, y: -(g * x * _atan2_w(x, z)))
+defbinary("rlx.hypot", lambda g, x, z, y: _hypot_d(g, x, y), lambda g, x, z, y: _hypot_d(g, z, y))
 for _n in ("eq", "ne", "lt", "le", "gt", "ge"):
     defzero(f"rlx.{_n}")
 

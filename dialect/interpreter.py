@@ -175,6 +175,20 @@ EVAL_RULES = {
     "rlx.floor": np.floor,
     "rlx.ceil": np.ceil,
     "rlx.round": np.rint,  # halves to even
+    "rlx.expm1": np.expm1,
+    "rlx.log1p": np.log1p,
+    "rlx.exp2": np.exp2,
+    "rlx.log2": np.log2,
+    "rlx.log10": np.log10,
+    "rlx.tan": np.tan,
+    "rlx.atan": np.arctan,
+    "rlx.asin": np.arcsin,
+    "rlx.acos": np.arccos,
+    "rlx.sinh": np.sinh,
+    "rlx.cosh": np.cosh,
+    "rlx.asinh": np.arcsinh,
+    "rlx.acosh": np.arccosh,
+    "rlx.atanh": np.arctanh,
     "rlx.fake_quant": _fake_quant,
     # binary
     "rlx.add": np.add,
@@ -184,6 +198,8 @@ EVAL_RULES = {
     "rlx.pow": _pow,
     "rlx.maximum": _extremum(np.maximum, False),
     "rlx.minimum": _extremum(np.minimum, True),
+    "rlx.atan2": np.arctan2,
+    "rlx.hypot": np.hypot,
     "rlx.rem": np.fmod,  # integers: x rem 0 is 0 (NumPy's result)
     # compare
     "rlx.eq": np.equal,

@@ -243,7 +243,7 @@ def _compare_infer(opname):
     return infer
 
 
-F32 = ("f32",)                    # computed in float32 only (the math library's kernels)
+F32 = ("f32",)                    # computed in float32 only (fake_quant)
 FLOATS = FLOAT_DTYPES
 NUMBERS = ("f32", "f64", "i32", "i64")   # not on i1 masks
 _HEAVY, _COSTLY = {"cost": "heavy"}, {"cost": "costly"}
@@ -251,28 +251,43 @@ _HEAVY, _COSTLY = {"cost": "heavy"}, {"cost": "costly"}
 # name: (summary, properties).  A transcendental names its math-library kernel (`math`).
 UNARY_OPS = {
     "neg": ("negation, -x", {"dtypes": FLOATS}),
-    "exp": ("e to the x", {"math": "exp", "dtypes": F32}),
-    "log": ("natural logarithm", {"math": "log", "dtypes": F32}),
+    "exp": ("e to the x", {"math": "exp", "dtypes": FLOATS}),
+    "log": ("natural logarithm", {"math": "log", "dtypes": FLOATS}),
     "sqrt": ("square root", {"dtypes": FLOATS, **_COSTLY}),
     "rsqrt": ("1/sqrt(x)", {"dtypes": FLOATS, **_COSTLY}),
-    "tanh": ("hyperbolic tangent", {"math": "tanh", "dtypes": F32}),
-    "sigmoid": ("logistic 1/(1+exp(-x))", {"math": "sigmoid", "dtypes": F32}),
+    "tanh": ("hyperbolic tangent", {"math": "tanh", "dtypes": FLOATS}),
+    "sigmoid": ("logistic 1/(1+exp(-x))", {"math": "sigmoid", "dtypes": FLOATS}),
     "relu": ("max(x, 0)", {"dtypes": FLOATS}),
-    "gelu": ("GELU, erf form: 0.5x(1+erf(x/sqrt 2))", {"math": "gelu", "dtypes": F32}),
-    "gelu_tanh": ("GELU, tanh approximation", {"math": "gelu_tanh", "dtypes": F32}),
-    "silu": ("x*sigmoid(x)", {"math": "silu", "dtypes": F32}),
-    "softplus": ("log(1+exp(x)), computed stably", {"math": "softplus", "dtypes": F32}),
+    "gelu": ("GELU, erf form: 0.5x(1+erf(x/sqrt 2))", {"math": "gelu", "dtypes": FLOATS}),
+    "gelu_tanh": ("GELU, tanh approximation", {"math": "gelu_tanh", "dtypes": FLOATS}),
+    "silu": ("x*sigmoid(x)", {"math": "silu", "dtypes": FLOATS}),
+    "softplus": ("log(1+exp(x)), computed stably", {"math": "softplus", "dtypes": FLOATS}),
     "abs": ("absolute value", {"dtypes": FLOATS}),
-    "sin": ("sine", {"math": "sin", "dtypes": F32}),
-    "cos": ("cosine", {"math": "cos", "dtypes": F32}),
+    "sin": ("sine", {"math": "sin", "dtypes": FLOATS}),
+    "cos": ("cosine", {"math": "cos", "dtypes": FLOATS}),
     "sign": ("sign: -1, 0 or 1 (NaN stays NaN)", {"dtypes": FLOATS}),
     "reciprocal": ("1/x", {"dtypes": FLOATS}),
-    "erf": ("the error function", {"math": "erf", "dtypes": F32}),
+    "erf": ("the error function", {"math": "erf", "dtypes": FLOATS}),
     "stop_gradient": ("identity whose derivative is zero", {}),
     "floor": ("round down to an integer value (float result)", {"dtypes": FLOATS}),
     "ceil": ("round up to an integer value (float result)", {"dtypes": FLOATS}),
     "round": ("round to the nearest integer value, halves to even (NumPy's np.round)",
               {"dtypes": FLOATS}),
+    "expm1": ("e to the x, minus 1 (accurate near 0)", {"math": "expm1", "dtypes": FLOATS}),
+    "log1p": ("log(1 + x) (accurate near 0)", {"math": "log1p", "dtypes": FLOATS}),
+    "exp2": ("2 to the x", {"math": "exp2", "dtypes": FLOATS}),
+    "log2": ("base-2 logarithm", {"math": "log2", "dtypes": FLOATS}),
+    "log10": ("base-10 logarithm", {"math": "log10", "dtypes": FLOATS}),
+    "tan": ("tangent", {"math": "tan", "dtypes": FLOATS}),
+    "atan": ("inverse tangent (NumPy: arctan)", {"math": "atan", "dtypes": FLOATS}),
+    "asin": ("inverse sine (NumPy: arcsin)", {"math": "asin", "dtypes": FLOATS}),
+    "acos": ("inverse cosine (NumPy: arccos)", {"math": "acos", "dtypes": FLOATS}),
+    "sinh": ("hyperbolic sine", {"math": "sinh", "dtypes": FLOATS}),
+    "cosh": ("hyperbolic cosine", {"math": "cosh", "dtypes": FLOATS}),
+    "asinh": ("inverse hyperbolic sine (NumPy: arcsinh)", {"math": "asinh", "dtypes": FLOATS}),
+    "acosh": ("inverse hyperbolic cosine (NumPy: arccosh)", {"math": "acosh", "dtypes": FLOATS}),
+    "atanh": ("inverse hyperbolic tangent (NumPy: arctanh)",
+              {"math": "atanh", "dtypes": FLOATS}),
 }
 BINARY_OPS = {
     "add": ("a + b", {}), "sub": ("a - b", {"dtypes": NUMBERS}), "mul": ("a * b", {}),
@@ -283,6 +298,9 @@ BINARY_OPS = {
     "minimum": ("elementwise min (NaN propagates)", {}),
     "rem": ("truncated remainder, C fmod: the sign of a; integer a rem 0 is 0",
             {"dtypes": NUMBERS, **_COSTLY}),
+    "atan2": ("the angle of (b, a): atan(a/b) in the right quadrant (NumPy: arctan2)",
+              {"math": "atan2", "dtypes": FLOATS}),
+    "hypot": ("sqrt(a*a + b*b) without overflow", {"math": "hypot", "dtypes": FLOATS}),
 }
 UNARY = {n: s for n, (s, _) in UNARY_OPS.items()}
 BINARY = {n: s for n, (s, _) in BINARY_OPS.items()}
@@ -293,6 +311,20 @@ for _n, (_s, _p) in UNARY_OPS.items():
     _shape(_n, "unary", _same_float(_n) if _n != "stop_gradient" else _same_any, **_p)
 for _n, (_s, _p) in BINARY_OPS.items():
     _shape(_n, "binary", _binary_infer(_n), **_p)
+
+
+def _float_binary(opname):
+    def infer(types, **_):
+        shape, dtype = _binary_infer(opname)(types)
+        if dtype not in FLOAT_DTYPES:
+            raise ShapeError(f"{opname}: expects float tensors, got {dtype}")
+        return shape, dtype
+    return infer
+
+
+for _n, (_s, _p) in BINARY_OPS.items():   # the binary transcendentals: floats only
+    if _p.get("math"):
+        _shape(_n, "binary", _float_binary(_n), **_p)
 
 
 def _infer_rem(types, **_):

@@ -165,6 +165,31 @@ case("scalar_ops", {"x": _r(3)}, lambda s, x: 2.0 - x * 3 + 1 / (x * x + 1) - (x
 case("rdiv_array", {"x": _pos(3)}, lambda s, x: np.array([1.0, 2.0, 3.0]) / x,
      lambda x: np.array([1.0, 2.0, 3.0]) / x)
 
+# The NumPy elementwise family added with the mathlib kernels (issue 12, issue 20 item 4);
+# own generator so the inputs of the cases above do not move.
+_rng2 = np.random.default_rng(12)
+
+
+def _u(lo, hi):
+    return lambda *shape: _rng2.uniform(lo, hi, size=shape).astype(np.float32)
+
+
+MATH_FAMILY = {   # op -> (NumPy oracle, input generator (its domain, away from poles))
+    "expm1": (np.expm1, _u(-2, 2)), "log1p": (np.log1p, _u(-0.7, 3)),
+    "exp2": (np.exp2, _u(-3, 3)), "log2": (np.log2, _u(0.2, 4)),
+    "log10": (np.log10, _u(0.2, 4)), "tan": (np.tan, _u(-1.2, 1.2)),
+    "atan": (np.arctan, _u(-3, 3)), "asin": (np.arcsin, _u(-0.9, 0.9)),
+    "acos": (np.arccos, _u(-0.9, 0.9)), "sinh": (np.sinh, _u(-2, 2)),
+    "cosh": (np.cosh, _u(-2, 2)), "asinh": (np.arcsinh, _u(-3, 3)),
+    "acosh": (np.arccosh, _u(1.2, 4)), "atanh": (np.arctanh, _u(-0.8, 0.8)),
+}
+for _n, (_f, _g) in MATH_FAMILY.items():
+    _unary(_n, _n, _f, _g)
+MATH_FAMILY_BINARY = {"atan2": np.arctan2, "hypot": np.hypot}
+for _n, _f in MATH_FAMILY_BINARY.items():   # y away from 0 keeps atan2 off its branch cut
+    case(_n, {"x": _u(-2, 2)(3, 4), "y": _u(0.3, 2)(4)},
+         (lambda m: lambda s, x, y: getattr(x, m)(y))(_n), _f)
+
 
 def make_func(name):
     build, oracle, inputs = CASES[name]

@@ -63,7 +63,14 @@ def _off_grid(*shape):
 
 _UNARY_DOMAIN = {"log": _pos, "sqrt": _pos, "rsqrt": _pos, "reciprocal": _pos,
                  "relu": _away, "abs": _away, "sign": _away, "floor": _off_grid,
-                 "ceil": _off_grid, "round": _off_grid}
+                 "ceil": _off_grid, "round": _off_grid,
+                 # the NumPy family: inside each domain, away from its poles
+                 "log1p": _pos, "log2": _pos, "log10": _pos,
+                 "asin": lambda *s: _u(*s, lo=-0.8, hi=0.8),
+                 "acos": lambda *s: _u(*s, lo=-0.8, hi=0.8),
+                 "atanh": lambda *s: _u(*s, lo=-0.8, hi=0.8),
+                 "acosh": lambda *s: _u(*s, lo=1.2, hi=3.0),
+                 "tan": lambda *s: _u(*s, lo=-1.2, hi=1.2)}
 for _n in O.UNARY:
     case(_n, {"x": _UNARY_DOMAIN.get(_n, _u)(3, 4)},
          (lambda n: lambda s, x: getattr(x, n)() if n != "neg" else -x)(_n),
@@ -87,6 +94,9 @@ _a = _u(3, 4)
 _b = _a + np.where(rng.uniform(size=(3, 4)) > 0.5, 1, -1) * rng.uniform(0.2, 1, (3, 4))
 case("maximum", {"x": _a, "y": _b}, lambda s, x, y: x.maximum(y))
 case("minimum", {"x": _a, "y": _b}, lambda s, x, y: x.minimum(y))
+case("atan2", {"x": _u(3, 4), "y": _away(4)}, lambda s, x, y: x.atan2(y))
+case("atan2", {"x": _u(3, 4)}, lambda s, x: x.arctan2(x * x + 0.5), label="atan2_alias")
+case("hypot", {"x": _away(3, 4), "y": _u(3, 4)}, lambda s, x, y: x.hypot(y))
 for _n in ("eq", "ne", "lt", "le", "gt", "ge"):
     # the mask has no derivative; the product rule around it does
     case(_n, {"x": _a, "y": _b},

@@ -423,10 +423,18 @@ def test_f64_arithmetic_and_reductions():
 
 
 @pytest.mark.parametrize("op", ["exp", "tanh"])
-def test_f64_transcendentals_are_a_clear_error(op):
-    f = Func("f64", lambda s: getattr(s.input("x", (3,), "f64"), op)())
-    with pytest.raises(NotImplementedError, match=f"rlx.{op} on f64"):
-        f.run(x=np.ones(3))
+def test_f64_transcendentals_compute_in_f64(op):
+    """Regression (issue 20 item 5): these raised "rlx.<op> on f64 is not supported"."""
+    x = np.array([-3.0, 0.25, 1.0])
+    got = Func("f64", lambda s: getattr(s.input("x", (3,), "f64"), op)()).run_on("cpu", x=x)[0]
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, getattr(np, op)(x), rtol=1e-15)
+
+
+def test_dtype_outside_an_op_is_a_clear_error():
+    f = Func("fq64", lambda s: s.input("x", (3,), "f64").fake_quant("e4m3"))
+    with pytest.raises(NotImplementedError, match="rlx.fake_quant on f64"):
+        f.run_on("cpu", x=np.ones(3))
 
 
 def test_cuda_without_a_gpu_is_a_clear_error():

@@ -148,7 +148,12 @@ def _bound(name, x, ref):
 def test_transcendental_unary(name):
     x = F32_EDGES
     r = _unary(name)
-    res, ref = r.all(x=x), r.ref64(x=x)[0]
+    _check_math(name, x, r.all(x=x), r.ref64(x=x)[0])
+
+
+def _check_math(name, x, res, ref):
+    """The CPU and GPU emulator within the op's ulp bound of the float64 reference `ref`
+    (NaN, inf and the sign of zero exactly); the float32 interpreter on NaN and inf."""
     exact = EXACT64.get(SHAPES[name].math)
     if exact is not None:
         with np.errstate(all="ignore"):
@@ -190,7 +195,8 @@ def test_fake_quant_one_algorithm(fmt):
 
 # ---------------------------------------------------------------- binary, compare
 
-BINARY = [n for n, s in SHAPES.items() if s.family == "binary"]
+BINARY = [n for n, s in SHAPES.items() if s.family == "binary" and not s.math]
+MATH_BINARY = [n for n, s in SHAPES.items() if s.family == "binary" and s.math]
 COMPARE = [n for n, s in SHAPES.items() if s.family == "compare"]
 INTS = {"i32": I32_EDGES, "i64": I64_EDGES}
 
@@ -201,6 +207,23 @@ def test_exact_binary(name, dt):
     v = INTS[dt] if dt in INTS else BIN_F32.astype(dt.replace("f", "float"))
     x, y = _pairs(v)
     _check_exact(_binary(name, len(x), dt).all(x=x, y=y))
+
+
+@pytest.mark.parametrize("name", MATH_BINARY)
+def test_transcendental_binary(name):
+    """atan2, hypot: every pair of the binary edge values (NaN, +-inf, +-0, FLT_MAX, ...)."""
+    x, y = _pairs(BIN_F32)
+    r = _binary(name, len(x), "f32")
+    _check_math(name, x, r.all(x=x, y=y), r.ref64(x=x, y=y)[0])
+
+
+@pytest.mark.parametrize("name", MATH_UNARY + MATH_BINARY)
+def test_transcendentals_reject_integers_clearly(name):
+    """A transcendental on integers is a clear error at trace time, not a wrong answer."""
+    arity = 1 if name in MATH_UNARY else 2
+    with pytest.raises(rlxc.ShapeError, match=name[4:]):
+        rlxc.Func("bad", lambda s: s.emit(name, [s.input(f"x{i}", (3,), "i32")
+                                                 for i in range(arity)])).module
 
 
 def test_integer_division_rule():
@@ -235,6 +258,26 @@ def test_pow_float():
         near = np.isinf(gx) & (np.abs(rx) * (1 + bound * 2.0 ** -23) >= 3.4028234663852886e38)
         u = _ulps(np.where(near, rx, gx), rx)
         assert np.all(u <= bound), f"{k}: pow off by {u.max()} ulp"
+
+
+def test_pow_f64_on_the_gpu():
+    """The GPU's f64 pow (it raised NotImplementedError): C99 specials exactly, finite values
+    within 2 + |y*log2|x|| float64 ulps of the CPU's libm pow."""
+    x, y = _pairs(BIN_F32.astype(np.float64))
+    r = _binary("rlx.pow", len(x), "f64")
+    res = r.all(x=x, y=y)
+    with np.errstate(all="ignore"):
+        ref = np.power(x, y)
+    exact = ~np.isfinite(ref) | (ref == 0) | (y == 0) | (np.abs(x) == 1) | np.isnan(x) | \
+        np.isnan(y)
+    for k in ("cpu", "gpu-emu", "interp"):
+        g = res[k][0]
+        assert g.dtype == np.float64
+        _same_bits(g[exact], ref[exact], f"{k}: f64 pow specials")
+        ulp = np.maximum(np.abs(np.spacing(ref[~exact])), 2.0 ** -1074)
+        u = np.abs(g[~exact] - ref[~exact]) / ulp
+        bound = 2 + np.abs(y[~exact] * np.log2(np.abs(x[~exact])))
+        assert np.all(u <= bound), f"{k}: f64 pow off by {u.max()} ulp"
 
 
 @pytest.mark.parametrize("dt", ["i32", "i64"])

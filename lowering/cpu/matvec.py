@@ -5,6 +5,8 @@
           ▼
     K == 1             broadcast_to(A) * broadcast_to(B)             (an elementwise map)
     N == 1 or M == 1   sum(broadcast_to(A') * broadcast_to(B'), k)   (a reduction)
+    f64, i32, i64      sum(broadcast_to(A') * broadcast_to(B'), k)   (any shape: the packed
+                       sgemm is float32 only; one fused reduction loop nest, see below)
 
 Why: sgemm packs both operands and computes MR x NR register tiles (6 x 64
 on AVX-512).  With K == 1 (the per-example weight gradient x^T @ delta that
@@ -31,7 +33,7 @@ from __future__ import annotations
 from xdsl.dialects import func
 
 from rlxc.dialect.ops import OPS, make_op
-from rlxc.dialect.types import shape_of
+from rlxc.dialect.types import dtype_of, shape_of
 
 
 def _transposed(v) -> bool:
@@ -44,12 +46,15 @@ def _transposed(v) -> bool:
     return r >= 2 and perm[-2:] == (r - 1, r - 2)
 
 
+LOOP_DTYPES = ("f64", "i32", "i64")   # no packed gemm: every matmul of these becomes loops
+
+
 def _qualifies(op) -> bool:
     sa, sb = shape_of(op.operands[0].type), shape_of(op.operands[1].type)
     M, K, N = sa[-2], sa[-1], sb[-1]
     if 0 in (M, K, N):
         return False
-    return K == 1 or M == 1 or N == 1
+    return K == 1 or M == 1 or N == 1 or dtype_of(op.results[0].type) in LOOP_DTYPES
 
 
 class _Emit:
@@ -82,6 +87,8 @@ def _rewrite(e: _Emit, op):
     r = len(out)
     if K == 1:  # outer product: C[.., i, j] = A[.., i, 0] * B[.., 0, j]
         return e("mul", [e.bcast(a, out), e.bcast(b, out)])
+    if min(M, N) > 1:  # a general matmul without a packed gemm (f64, integers)
+        return _rewrite_general(e, a, b, batch, M, K, N)
     if N == 1:  # C[.., i, 0] = sum_k A[.., i, k] * B[.., k, 0]
         if _transposed(a):  # A = X.T: X[k, i] is contiguous in i
             pa = e.bcast(e.swap(a), batch + (K, M))
@@ -102,6 +109,24 @@ def _rewrite(e: _Emit, op):
         pb = e.bcast(b, batch + (K, N))
         s = e("sum", [e("mul", [pa, pb])], axes=(r - 2,), keepdims=True)
     return e.reshape(s, out)
+
+
+def _rewrite_general(e: _Emit, a, b, batch, M, K, N):
+    """C = sum_k A[.., i, k] * B[.., k, j] as one reduction over a broadcast product that
+    fusion never materializes: laid out (.., M, K, N) and reduced over K (axis -2), i.e.
+    `for i: for k: C[i, :] += A[i, k] * B[k, :]` with the row of C in cache and the inner
+    loop along the contiguous rows of B; when B = X.T (X[j, k] contiguous in k) laid out
+    (.., M, N, K) and reduced over the last axis (a dot product per element)."""
+    sa, r = shape_of(a.type), len(batch) + 2
+    if _transposed(b):
+        x = e.swap(b)   # (.., N, K)
+        pa = e.bcast(e.reshape(a, sa[:-2] + (M, 1, K)), batch + (M, N, K))
+        pb = e.bcast(e.reshape(x, shape_of(x.type)[:-2] + (1, N, K)), batch + (M, N, K))
+        return e("sum", [e("mul", [pa, pb])], axes=(r,), keepdims=False)
+    sb = shape_of(b.type)
+    pa = e.bcast(e.reshape(a, sa[:-2] + (M, K, 1)), batch + (M, K, N))
+    pb = e.bcast(e.reshape(b, sb[:-2] + (1, K, N)), batch + (M, K, N))
+    return e("sum", [e("mul", [pa, pb])], axes=(r - 1,), keepdims=False)
 
 
 def rewrite_small_matmuls(module):

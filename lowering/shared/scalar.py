@@ -12,7 +12,8 @@ the GPU (lowering/gpu/expr.py, one register per lane, with `gpu/scalar.py`'s
 override table: only what NVPTX cannot do, i.e. `pow`).  The reductions of both
 backends update accumulators with `combine` and start from `identity`.
 A transcendental op's row is derived from its `math` property in
-dialect/shapes.py (`math="exp"` -> `mathlib.emit(b, "exp", x)`): adding one is a
+dialect/shapes.py (`math="exp"` -> `mathlib.emit(b, "exp", x)`, `math="atan2"` ->
+`mathlib.emit(b, "atan2", y, x)`: unary and binary alike): adding one is a
 shapes.py row and a mathlib kernel, no line here.  Dtype support comes from the
 op's `dtypes` property (`check`).
 
@@ -376,10 +377,10 @@ def _rounding(intrin):
 
 
 def _math(name):
-    def rule(c, x):
+    def rule(c, *args):   # unary (exp) or binary (atan2, hypot): mathlib knows the arity
         from rlxc.lowering.shared import mathlib
 
-        return mathlib.emit(c.b, name, x)
+        return mathlib.emit(c.b, name, *args)
     rule.__name__ = f"math_{name}"
     return rule
 
