@@ -46,12 +46,14 @@ def run_mpi(args, n=2, timeout=240):
 def reference(opt_name, global_batch, steps):
     """One process, the whole batch, the fused single-process Trainer."""
     f = ddp_worker.mlp(global_batch).init_randn(seed=0, stddev=0.3)
-    tr = f.trainer(ddp_worker.make_opt(opt_name))
+    opt, clip = ddp_worker.make_opt(opt_name)
+    tr = f.trainer(opt, max_grad_norm=clip)
     losses = [tr.step({"x": x, "y": y}) for x, y in ddp_worker.data(global_batch, steps)]
     return tr.func.params(), losses
 
 
-@pytest.mark.parametrize("opt_name,global_batch", [("sgd", 64), ("adam", 64), ("adam", 63)])
+@pytest.mark.parametrize("opt_name,global_batch", [("sgd", 64), ("adam", 64), ("adam", 63),
+                                                       ("adamclip", 64)])
 def test_two_ranks_match_one_process(tmp_path, opt_name, global_batch):
     """2 ranks x batch 32 (or 32 + 31: weighted average) == 1 process x the whole batch
     within 1e-5 after 10 steps; params bitwise equal on both ranks after every step

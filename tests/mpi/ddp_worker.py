@@ -38,7 +38,9 @@ def data(global_batch: int, steps: int, seed: int = 3):
 
 
 def make_opt(name: str):
-    return {"sgd": lambda: optim.SGD(0.1), "adam": lambda: optim.Adam(0.01)}[name]()
+    """(optimizer, max_grad_norm): "adamclip" clips at a norm the grads exceed."""
+    return {"sgd": lambda: (optim.SGD(0.1), 0.0), "adam": lambda: (optim.Adam(0.01), 0.0),
+            "adamclip": lambda: (optim.Adam(0.01), 0.05)}[name]()
 
 
 def main(mode, opt_name, global_batch, steps, out):
@@ -48,7 +50,8 @@ def main(mode, opt_name, global_batch, steps, out):
     lo, hi = shard_bounds(global_batch, comm.size, comm.rank)
     # every rank starts from different params: the broadcast from rank 0 must win
     f = mlp(hi - lo).init_randn(seed=0 if comm.rank == 0 else 100 + comm.rank, stddev=0.3)
-    tr = f.trainer(make_opt(opt_name), comm=comm)
+    opt, clip = make_opt(opt_name)
+    tr = f.trainer(opt, max_grad_norm=clip, comm=comm)
     losses = []
     for i, (x, y) in enumerate(data(global_batch, steps)):
         if mode in ("raise", "kill") and comm.rank == 1 and i == 3:
