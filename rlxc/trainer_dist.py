@@ -1,8 +1,10 @@
 """The distributed half of Trainer (rlxc/trainer.py): setup, build and step with a comm.
 
     setup:  batch weight n_local / n_total (allgather of the local batch sizes);
-            params, slots and opt.t broadcast from rank 0 (ranks start identical)
-    build:  split_programs (rlxc/train_split.py) -> SplitEngine over the state
+            opt.t from rank 0
+    build:  params and slots broadcast from rank 0 (collective: at creation, and in
+            load_state_dict / a rebuild, which every rank calls alike), then
+            split_programs (rlxc/train_split.py) -> SplitEngine over the state
     step:   scalars, data (and the QAT forward weights) -> engine.run_grads()
             -> comm.allreduce_sum_(engine.flat)  (ONE call, in place)
             -> engine.run_apply()  -> the global mean loss (the flat buffer's last
@@ -33,7 +35,7 @@ def _local_batch(f, batch_size) -> int:
 
 
 def setup(tr, params: dict, slots: dict, batch_size):
-    """Check the comm, weigh this rank's batch, broadcast rank 0's state."""
+    """Check the comm, weigh this rank's batch, take rank 0's step count."""
     comm = tr.comm
     for attr in ("rank", "size", "barrier", "allreduce_sum_", "bcast_", "allgather"):
         if not hasattr(comm, attr):
@@ -47,10 +49,6 @@ def setup(tr, params: dict, slots: dict, batch_size):
     sizes = comm.allgather(n)
     tr.batch_sizes = list(sizes)
     tr._grad_scale = float(np.float32(n / sum(sizes)))
-    params = {k: np.array(v, copy=True) for k, v in params.items()}
-    for name in tr._f.param_names():  # signature order: the same on every rank
-        a = np.ascontiguousarray(params[name])
-        params[name] = comm.bcast_(a.copy() if not a.flags.writeable else a)
     t = comm.allgather(tr.opt.t)[0]
     tr.opt._t = int(t)
     return params, slots
@@ -66,7 +64,10 @@ def build(tr, params: dict, slots: dict) -> None:
     tr._prog, tr._gprog = aprog, gprog
     tr._structure = optimizer_structure(opt)
     dtypes = tr._param_dtypes()
-    params = {n: np.array(params[n], dtypes[n], copy=True) for n in f.param_names()}
+    # rank 0's params and slots (at creation and on every rebuild or load): ranks
+    # start identical even if they were initialized differently
+    params = {n: comm.bcast_(np.array(params[n], dtypes[n], copy=True))
+              for n in f.param_names()}  # signature order: the same on every rank
     tr._frozen = {n: a for n, a in params.items() if n not in aprog.wrt}
     state = []
     for (p, s) in aprog.slot_args:

@@ -87,3 +87,14 @@ def test_failing_rank_stops_the_job(tmp_path, mode):
     if mode == "raise":
         assert "injected failure on rank 1 at step 3" in out, out
     assert not (tmp_path / "params.safetensors").exists()
+
+
+def test_train_ddp_example_two_ranks(tmp_path):
+    """examples/train_ddp.py on 2 ranks: trains the digits MLP (accuracy > 0.9 checked
+    by the script) and writes one checkpoint."""
+    pytest.importorskip("sklearn")
+    script = os.path.join(os.path.dirname(HERE), "examples", "train_ddp.py")
+    p, _ = run_mpi([script, "--epochs", "4", "--out", str(tmp_path)], timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "digits on 2 rank(s)" in p.stdout and "test accuracy" in p.stdout
+    assert os.listdir(tmp_path) == ["digits_ddp.safetensors"]
