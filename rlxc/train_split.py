@@ -39,8 +39,12 @@ import numpy as np
 
 from .optim import Optimizer
 from .registry import backend
-from .train import (NORM_DTYPES, _clip, _quant_key, _safe, _transform_fingerprint, _unique,
-                    optimizer_structure, resolve_wrt)
+from .train import NORM_DTYPES, optimizer_structure, resolve_wrt
+from .train import clip_grads as _clip
+from .train import quant_key as _quant_key
+from .train import safe_name as _safe
+from .train import transform_fingerprint as _transform_fingerprint
+from .train import unique_name as _unique
 
 __all__ = ["SplitProgram", "split_programs", "SplitEngine"]
 
@@ -265,7 +269,6 @@ class SplitEngine:
         self._gf.append(CallFrame(g, workspace=self._gf[0]))
         self._af = [CallFrame(a)]
         self._af.append(CallFrame(a, workspace=self._af[0]))
-        self._scale_keep = self.scale
         widx = {p: j for j, p in enumerate(self.gprog.wrt)}
         nd = len(self.gprog.data)
         for k in range(2):
