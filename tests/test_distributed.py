@@ -135,3 +135,32 @@ def test_distributed_trainer_checks_and_saves(tmp_path):
     inp = batches(8, 1, seed=5)[0]
     assert tr2.step(inp) == tr.step(inp)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.safetensors", "t.safetensors"]
+
+
+def test_one_in_place_allreduce_per_step_on_the_engine_buffer():
+    """Each step reduces exactly once, in place, on the buffer the compiled grads call
+    writes and the compiled apply call reads (no copy in between)."""
+    from rlxc.runtime.call import data_address
+
+    comm = init()
+    seen = []
+    real = comm.allreduce_sum_
+
+    def spy(buf):
+        seen.append((data_address(buf), buf.size, buf.dtype))
+        return real(buf)
+
+    tr = mlp(8).trainer(optim.SGD(0.1), comm=comm, device="cpu")
+    eng = tr._engine
+    comm.allreduce_sum_ = spy
+    try:
+        for inp in batches(8, 3):
+            tr.step(inp)
+    finally:
+        del comm.allreduce_sum_
+    n = sum(v.size for v in tr.func.params().values())
+    assert seen == [(data_address(eng.flat), n + 1, np.float32)] * 3
+    g0 = eng._gf[0]
+    assert g0.outs[1] == data_address(eng.flat) and g0.outs[0] == data_address(eng.flat) + 4 * n
+    assert all(fa.ins[len(eng.aprog.slot_args) + 1] == data_address(eng.flat)
+               for fa in eng._af)
