@@ -30,7 +30,7 @@ slots live in the engine; `opt.state` is refreshed by `state_dict()` and
 `sync_optimizer()`.
 
 Distributed (`comm=`, rlxc/distributed.py): the step is the two programs of
-rlxc/train_split.py run by its SplitEngine: grads on this rank's shard
+rlxc/train_split.py run by rlxc/split_engine.py: grads on this rank's shard
 (scaled by n_local / n_total) into one flat float32 buffer, one in-place
 `comm.allreduce_sum_` of it, then the same update on every rank.  At creation
 every param and slot (and opt.t) is broadcast from rank 0; `step` returns the

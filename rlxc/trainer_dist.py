@@ -4,7 +4,7 @@
             opt.t from rank 0
     build:  params and slots broadcast from rank 0 (collective: at creation, and in
             load_state_dict / a rebuild, which every rank calls alike), then
-            split_programs (rlxc/train_split.py) -> SplitEngine over the state
+            split_programs (rlxc/train_split.py) -> SplitEngine (rlxc/split_engine.py)
     step:   scalars, data (and the QAT forward weights) -> engine.run_grads()
             -> comm.allreduce_sum_(engine.flat)  (ONE call, in place)
             -> engine.run_apply()  -> the global mean loss (the flat buffer's last
@@ -56,7 +56,8 @@ def setup(tr, params: dict, slots: dict, batch_size):
 
 def build(tr, params: dict, slots: dict) -> None:
     from .train import optimizer_structure
-    from .train_split import SplitEngine, split_programs
+    from .split_engine import SplitEngine
+    from .train_split import split_programs
 
     f, opt, comm = tr._f, tr.opt, tr.comm
     gprog, aprog = split_programs(f, opt, tr._wrt, tr.max_grad_norm, tr.quant,
