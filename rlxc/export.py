@@ -70,6 +70,7 @@ def spec_from_func(func, name: str | None = None, baked: dict | None = None, *,
 def train_spec(func, optimizer, max_grad_norm: float = 0.0) -> TrainSpec:
     """Build the step program of rlxc/train.py for `func` and the scalar recipe."""
     from rlxc.train import step_program
+    from rlxc.train_split import split_programs
 
     outs = func.output_shapes()
     if math.prod(outs[0]) != 1:
@@ -79,5 +80,6 @@ def train_spec(func, optimizer, max_grad_norm: float = 0.0) -> TrainSpec:
     lr = float(optimizer.lr)
     recipe = optimizer.scalar_recipe()  # C expressions of t and lr (rlxc/optim.py)
     src = [recipe[n] for n in prog.scalar_names]
+    gprog, aprog = split_programs(func, optimizer, None, max_grad_norm)
     return TrainSpec(prog, optimizer, lr, list(prog.scalar_names), src,
-                     dict(optimizer.hyperparams()))
+                     dict(optimizer.hyperparams()), gprog, aprog)

@@ -264,12 +264,13 @@ class Func:
                           device=device, max_grad_norm=max_grad_norm, quant=quant)
 
     def trainer(self, opt, schedule=None, max_grad_norm: float = 0.0, quant=None, device=None,
-                wrt=None):
-        """A `Trainer`: the fused step compiled once, params and state kept resident."""
+                wrt=None, comm=None, batch_size=None):
+        """A `Trainer`: the fused step compiled once, params and state kept resident.
+        `comm` (rlxc.distributed.init()) trains data-parallel over MPI ranks."""
         from .trainer import Trainer
 
         return Trainer(self, opt, schedule=schedule, max_grad_norm=max_grad_norm, quant=quant,
-                       device=device, wrt=wrt)
+                       device=device, wrt=wrt, comm=comm, batch_size=batch_size)
 
     def save_params(self, path, metadata=None) -> None:
         """Write every (bound) param to a safetensors file."""

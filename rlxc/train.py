@@ -555,3 +555,11 @@ def load_params(f, path, strict: bool = True):
     dtypes = {a.name: NP_DTYPES[a.dtype] for a in f.signature() if a.kind == "param"}
     return f.with_params({n: to_param_dtype(f"load_params({str(path)!r})", n, a, dtypes[n])
                           for n, a in arrays.items()})
+
+
+# -- shared with rlxc/train_split.py (the step split in grads + apply programs) ------
+clip_grads = _clip
+quant_key = _quant_key
+safe_name = _safe
+unique_name = _unique
+transform_fingerprint = _transform_fingerprint

@@ -29,6 +29,14 @@ which persists and is saved in `state_dict`), while the
 slots live in the engine; `opt.state` is refreshed by `state_dict()` and
 `sync_optimizer()`.
 
+Distributed (`comm=`, rlxc/distributed.py): the step is the two programs of
+rlxc/train_split.py run by rlxc/split_engine.py: grads on this rank's shard
+(scaled by n_local / n_total) into one flat float32 buffer, one in-place
+`comm.allreduce_sum_` of it, then the same update on every rank.  At creation
+every param and slot (and opt.t) is broadcast from rank 0; `step` returns the
+global mean loss; `save` / `save_params` write on rank 0 only (atomically),
+then all ranks pass a barrier.  Without `comm` nothing of this runs.
+
 Threads: one Trainer runs one step at a time.  `step`, and everything that
 reads or replaces the state (`func`, `state_dict`, `load_state_dict`,
 `sync_optimizer`, `save`, `load`), hold the Trainer's lock, so steps from
@@ -58,7 +66,7 @@ class Trainer:
     """Compiled training loop for a Func; see the module docstring."""
 
     def __init__(self, func, opt: Optimizer, schedule=None, max_grad_norm: float = 0.0,
-                 quant=None, device=None, wrt=None):
+                 quant=None, device=None, wrt=None, comm=None, batch_size=None):
         if not isinstance(opt, Optimizer):
             raise TypeError(f"trainer: opt must be an rlxc.optim optimizer, got "
                             f"{type(opt).__name__}")
@@ -74,11 +82,21 @@ class Trainer:
         self._backend = backend(self.device)
         self._wrt = wrt
         self._lock = threading.Lock()  # one step (or state read/write) at a time
+        self.comm = comm
         bound = bound_params(func)
-        self._build(bound, {p: dict(st) for p, st in opt.state.items()})
+        slots = {p: dict(st) for p, st in opt.state.items()}
+        if comm is not None:
+            from .trainer_dist import setup
+
+            bound, slots = setup(self, bound, slots, batch_size)
+        self._build(bound, slots)
 
     # -- construction -----------------------------------------------------------
     def _build(self, params: dict, slots: dict) -> None:
+        if self.comm is not None:
+            from .trainer_dist import build
+
+            return build(self, params, slots)
         f = self._f
         prog = step_program(f, self.opt, self._wrt, self.max_grad_norm, self.quant,
                             device=self.device)
@@ -130,6 +148,10 @@ class Trainer:
             return self._step(inputs)
 
     def _step(self, inputs) -> float:
+        if self.comm is not None:
+            from .trainer_dist import step
+
+            return step(self, inputs)
         opt = self.opt
         if optimizer_structure(opt) != self._structure:  # e.g. weight decay switched on
             self._rebuild()
@@ -235,12 +257,31 @@ class Trainer:
         self._build(params, self.opt.state)
 
     def save(self, path) -> None:
-        """Write `state_dict()` to a safetensors file."""
+        """Write `state_dict()` to a safetensors file (distributed: rank 0 writes)."""
         from .checkpoint import save_tensors
 
-        save_tensors(path, self.state_dict(),
-                     {"rlxc.kind": "trainer", "rlxc.func": self._f.name,
-                      "rlxc.optim": self.opt.kind})
+        state = self.state_dict()
+        if self._writer():
+            save_tensors(path, state, {"rlxc.kind": "trainer", "rlxc.func": self._f.name,
+                                       "rlxc.optim": self.opt.kind})
+        self._written()
+
+    def save_params(self, path, metadata=None) -> None:
+        """Write the current params (as `func.save_params`; distributed: rank 0 writes,
+        atomically, then every rank passes a barrier so the file exists for all)."""
+        from .train import save_params
+
+        f = self.func
+        if self._writer():
+            save_params(f, path, metadata)
+        self._written()
+
+    def _writer(self) -> bool:
+        return self.comm is None or self.comm.rank == 0
+
+    def _written(self) -> None:
+        if self.comm is not None:
+            self.comm.barrier()
 
     def load(self, path) -> None:
         """Restore from a file written by `save`."""

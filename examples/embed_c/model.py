@@ -38,3 +38,30 @@ def example_input(shape) -> np.ndarray:
     """The input run_mlp.c builds: element i is ((i % 7) - 3) * 0.25 (exact in float32)."""
     n = int(np.prod(shape))
     return (((np.arange(n) % 7) - 3) * 0.25).astype(np.float32).reshape(shape)
+
+
+DDP_BATCH = 32  # rows per process: train_mpi.c's global batch is DDP_BATCH * ranks
+
+
+def ddp(batch: int = DDP_BATCH):
+    """A small MLP regressor, trained data-parallel from C by train_mpi.c (ddp_train_grads,
+    MPI_Allreduce, ddp_train_apply); params from init_randn(seed=0), baked."""
+    def build(s):
+        x = s.input("x", (batch, 12))
+        y = s.input("y", (batch, 4))
+        h = x.linear(s.param("w1", (12, 16)), s.param("b1", (16,))).tanh()
+        return h.linear(s.param("w2", (16, 4)), s.param("b2", (4,))).mse(y)
+
+    return rlxc.Func("ddp", build).init_randn(seed=0, stddev=0.3)
+
+
+def ddp_data(step: int, rows, cols: int, which: str) -> np.ndarray:
+    """The data train_mpi.c generates for global `rows` at `step` (exact in float32):
+    x = (((r*12+k)*31 + s*17) % 23 - 11) / 11,  y = (((r*4+k)*13 + s*7) % 19 - 9) / 9."""
+    r = np.asarray(rows, np.int64)[:, None]
+    k = np.arange(cols, dtype=np.int64)[None, :]
+    if which == "x":
+        v = ((r * cols + k) * 31 + step * 17) % 23 - 11
+        return v.astype(np.float32) / np.float32(11)
+    v = ((r * cols + k) * 13 + step * 7) % 19 - 9
+    return v.astype(np.float32) / np.float32(9)

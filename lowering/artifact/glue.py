@@ -76,20 +76,23 @@ def _cpu_rows(features) -> str:
 
 
 def emit_glue(spec: ArtifactSpec, kernel_sym: str, step_sym: str | None = None,
-              errors: dict | None = None, cpu_features=(), cpu_label: str | None = None) -> str:
+              errors: dict | None = None, cpu_features=(), cpu_label: str | None = None,
+              grads_sym: str | None = None, apply_sym: str | None = None) -> str:
     """The C glue implementing NAME.h on top of the kernel entry points.
 
     `errors` maps (kernel symbol, return code) to the message of that code;
     `cpu_features` (runtime/cpufeatures.py names) are checked with cpuid before
-    any kernel runs, and `cpu_label` names the CPU in the refusal."""
+    any kernel runs, and `cpu_label` names the CPU in the refusal.  `grads_sym` /
+    `apply_sym` (--train, rlxc/train_split.py) add NAME_train_grads / _apply."""
     n = spec.name
     unknown = [f for f in cpu_features if f not in FEATURES]
     if unknown:
         raise ValueError(f"emit_glue: unknown CPU features {unknown}")
     layout, _ = blob_layout(spec)
     ke = []
+    kernels = {step_sym: 1, grads_sym: 2, apply_sym: 3}
     for (sym, code), msg in sorted((errors or {}).items()):
-        which = 0 if sym == kernel_sym else 1
+        which = 0 if sym == kernel_sym else kernels.get(sym, 1)
         ke.append(f"    if (which == {which} && rc == {code})\n        return {c_string(msg)};\n")
     values = {
         "name": n, "title": comment(n), "version": spec.version, "kernel": kernel_sym,
@@ -102,10 +105,14 @@ def emit_glue(spec: ArtifactSpec, kernel_sym: str, step_sym: str | None = None,
     }
     if cpu_features:
         values["cpu_rows"] = _cpu_rows(cpu_features)
+    split = spec.train is not None and grads_sym is not None and apply_sym is not None
     if spec.train is not None:
         values.update(_train_values(spec), step=step_sym)
+    if split:
+        values.update(grads=grads_sym, apply=apply_sym,
+                      ngrad=spec.train.grads_program.grad_numel)
     return fill("glue.c.in", values, {"blob": bool(layout), "train": spec.train is not None,
-                                      "cpu_check": bool(cpu_features)})
+                                      "split": split, "cpu_check": bool(cpu_features)})
 
 
 def exported_symbols(glue: str, name: str) -> list[str]:

@@ -54,6 +54,9 @@ def emit_header(spec: ArtifactSpec) -> str:
         "has_train": 1 if train else 0, "sizes": "\n".join(sizes),
         "ctx_train": ", optimizer state" if train else "",
     }
+    split = train is not None and train.grads_program is not None
     if train:
         values.update(optimizer=train.optimizer.kind, lr=f"{train.lr:g}")
-    return fill("header.h.in", values, {"train": train is not None})
+    if split:
+        values.update(num_grads=train.grads_program.grad_numel)
+    return fill("header.h.in", values, {"train": train is not None, "split": split})

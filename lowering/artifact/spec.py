@@ -32,6 +32,8 @@ class TrainSpec:
     scalar_names: list           # names in opt_scalars, in order
     scalar_src: list             # per scalar: ("lr",) | ("const", float32) | ("expr", C text)
     hp: dict                     # hyperparameters (floats) used by the expressions
+    grads_program: object = None  # rlxc.train_split.SplitProgram "grads" (NAME_train_grads)
+    apply_program: object = None  # ... "apply" (NAME_train_apply); both or neither
 
 
 @dataclass
@@ -53,6 +55,9 @@ class ArtifactSpec:
         h = hashlib.sha256(self.func.mlir().encode())
         if self.train is not None:
             h.update(b"\0train\0" + self.train.program.func.mlir().encode())
+            for p in (self.train.grads_program, self.train.apply_program):
+                if p is not None:
+                    h.update(b"\0split\0" + p.func.mlir().encode())
         return h.hexdigest()
 
 

@@ -106,10 +106,16 @@ def build_artifact(spec: ArtifactSpec, outdir: str, progress: Progress | None = 
         label = f"native ({host_cpu_name()})"
     arts = [_compile_kernel(spec.func.module, n, spec.cpu, progress)]
     step_sym = None
+    split = {}
     if spec.train is not None:
         step_sym = f"{n}_train_step_kernel"
         arts.append(_compile_kernel(spec.train.program.func.module, step_sym, spec.cpu,
                                     progress))
+        if spec.train.grads_program is not None:  # NAME_train_grads / NAME_train_apply
+            for kind in ("grads", "apply"):
+                sym = split[kind] = f"{n}_train_{kind}_kernel"
+                prog = getattr(spec.train, f"{kind}_program")
+                arts.append(_compile_kernel(prog.func.module, sym, spec.cpu, progress))
     objects = [a.object for a in arts]
     errors = {}
     for a in arts:
@@ -120,7 +126,8 @@ def build_artifact(spec: ArtifactSpec, outdir: str, progress: Progress | None = 
             header = emit_header(spec)
             with open(os.path.join(tmp, f"{n}.h"), "w") as f:
                 f.write(header)
-            glue = emit_glue(spec, n, step_sym, errors, features, label)
+            glue = emit_glue(spec, n, step_sym, errors, features, label,
+                             split.get("grads"), split.get("apply"))
             with open(os.path.join(tmp, "glue.c"), "w") as f:
                 f.write(glue)
             objects.append(cc.compile_glue(os.path.join(tmp, "glue.c"), tmp,

@@ -1,0 +1,166 @@
+"""rlxc.distributed and the split train step in one process (no mpiexec).
+
+A communicator of size 1 must train exactly like the fused single-process
+Trainer; shard() splits unevenly like numpy.array_split; the grads program's
+scale gives the batch-size-weighted average of uneven shards."""
+import numpy as np
+import pytest
+
+import rlxc
+from rlxc import optim
+from rlxc.distributed import Comm, init, shard, shard_bounds
+
+mpi4py = pytest.importorskip("mpi4py")
+
+
+def mlp(batch, seed=1):
+    def build(s):
+        x = s.input("x", (batch, 6))
+        y = s.input("y", (batch, 3))
+        h = x.linear(s.param("w1", (6, 8)), s.param("b1", (8,))).relu()
+        return h.linear(s.param("w2", (8, 3)), s.param("b2", (3,))).mse(y)
+
+    return rlxc.Func("dmlp", build).init_randn(seed=seed, stddev=0.4)
+
+
+def batches(n, steps=4, seed=0):
+    rng = np.random.default_rng(seed)
+    return [{"x": rng.standard_normal((n, 6)).astype(np.float32),
+             "y": rng.standard_normal((n, 3)).astype(np.float32)} for _ in range(steps)]
+
+
+class FakeComm:
+    def __init__(self, rank, size):
+        self.rank, self.size = rank, size
+
+
+def test_init_gives_a_size_one_comm():
+    c = init()
+    assert isinstance(c, Comm) and (c.rank, c.size) == (0, 1)
+    c.barrier()
+    buf = np.arange(5, dtype=np.float32)
+    assert c.allreduce_sum_(buf) is buf and np.array_equal(buf, np.arange(5))
+    assert init(c) is c
+    with pytest.raises(TypeError, match="mpi4py communicator"):
+        init("world")
+    with pytest.raises(TypeError, match="float32"):
+        c.allreduce_sum_(np.zeros(3))
+
+
+def test_shard_splits_unevenly_and_covers_the_batch():
+    a = np.arange(10 * 2).reshape(10, 2)
+    parts = [shard(a, FakeComm(r, 3)) for r in range(3)]
+    assert [p.shape[0] for p in parts] == [4, 3, 3]
+    assert np.array_equal(np.concatenate(parts), a)
+    assert all(p.flags.c_contiguous for p in parts)
+    cols = [shard(a.T, FakeComm(r, 3), axis=1) for r in range(3)]
+    assert np.array_equal(np.concatenate(cols, axis=1), a.T)
+    assert [shard_bounds(7, 2, r) for r in range(2)] == [(0, 4), (4, 7)]
+    with pytest.raises(ValueError, match="at least one"):
+        shard(np.zeros(2), FakeComm(0, 3))
+    with pytest.raises(ValueError, match="axis 2"):
+        shard(a, FakeComm(0, 2), axis=2)
+
+
+@pytest.mark.parametrize("device", ["cpu", "interp"])
+@pytest.mark.parametrize("make,clip,quant", [
+    (lambda: optim.SGD(0.1), 0.0, None),
+    (lambda: optim.Adam(0.01), 0.3, None),
+    (lambda: optim.AdamW(0.01, weight_decay=0.1), 0.0, "fp8_e4m3"),
+    (lambda: optim.SGD(0.05), 0.0, lambda name, a: np.round(a * 8) / 8),
+])
+def test_size_one_comm_trains_like_the_fused_trainer(device, make, clip, quant):
+    """Split step (grads, allreduce of size 1, apply) == fused step: clipping, QAT."""
+    comm = init()
+    a = mlp(16).trainer(make(), max_grad_norm=clip, quant=quant, device=device)
+    b = mlp(16).trainer(make(), max_grad_norm=clip, quant=quant, device=device, comm=comm)
+    for inp in batches(16):
+        la, lb = a.step(inp), b.step(inp)
+        assert abs(la - lb) <= 1e-6 * max(1.0, abs(la))
+    pa, pb = a.func.params(), b.func.params()
+    for k in pa:
+        np.testing.assert_allclose(pb[k], pa[k], rtol=0, atol=1e-6, err_msg=k)
+    assert b.step_count == a.step_count == 4
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sorted(sa) == sorted(sb)
+
+
+def test_uneven_shards_weighted_average_equals_whole_batch():
+    """grads(shard of 5, scale 5/12) + grads(shard of 7, scale 7/12) == grads(12)."""
+    from rlxc.train_split import split_programs
+
+    opt = optim.SGD(0.1)
+    whole = mlp(12)
+    data = batches(12, 1)[0]
+    params = whole.params()
+    names = whole.param_names()
+
+    def run(n, lo, scale):
+        f = mlp(n)
+        g, _ = split_programs(f, opt, device="cpu")
+        ex = g.executor("cpu")
+        ins = [data["x"][lo:lo + n], data["y"][lo:lo + n], np.array([scale], np.float32)]
+        loss, flat = ex.run(ins + [params[k] for k in names])
+        return float(np.asarray(loss).reshape(())), np.asarray(flat)
+
+    l_all, g_all = run(12, 0, 1.0)
+    l_a, g_a = run(5, 0, 5 / 12)
+    l_b, g_b = run(7, 5, 7 / 12)
+    np.testing.assert_allclose(g_a + g_b, g_all, rtol=1e-5, atol=1e-6)
+    assert abs((l_a + l_b) - l_all) < 1e-5
+    # the unweighted mean of the two shards' means is not the whole batch's
+    assert not np.allclose((g_a / (5 / 12) + g_b / (7 / 12)) / 2, g_all, rtol=1e-5, atol=1e-6)
+
+
+def test_distributed_trainer_checks_and_saves(tmp_path):
+    comm = init()
+    with pytest.raises(TypeError, match="rlxc.distributed.Comm"):
+        mlp(8).trainer(optim.SGD(0.1), comm=object())
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        mlp(8).trainer(optim.SGD(0.1), comm=comm, batch_size=0)
+    tr = mlp(8).trainer(optim.Adam(0.01), comm=comm)
+    assert tr.batch_sizes == [8]
+    for inp in batches(8, 2):
+        tr.step(inp)
+    path = tmp_path / "p.safetensors"
+    tr.save_params(path)
+    back = mlp(8).load_params(path)
+    for k, v in tr.func.params().items():
+        assert np.array_equal(back.params()[k], v)
+    ck = tmp_path / "t.safetensors"
+    tr.save(ck)
+    tr2 = mlp(8, seed=9).trainer(optim.Adam(0.01), comm=comm)
+    tr2.load(ck)
+    assert tr2.step_count == 2
+    inp = batches(8, 1, seed=5)[0]
+    assert tr2.step(inp) == tr.step(inp)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.safetensors", "t.safetensors"]
+
+
+def test_one_in_place_allreduce_per_step_on_the_engine_buffer():
+    """Each step reduces exactly once, in place, on the buffer the compiled grads call
+    writes and the compiled apply call reads (no copy in between)."""
+    from rlxc.runtime.call import data_address
+
+    comm = init()
+    seen = []
+    real = comm.allreduce_sum_
+
+    def spy(buf):
+        seen.append((data_address(buf), buf.size, buf.dtype))
+        return real(buf)
+
+    tr = mlp(8).trainer(optim.SGD(0.1), comm=comm, device="cpu")
+    eng = tr._engine
+    comm.allreduce_sum_ = spy
+    try:
+        for inp in batches(8, 3):
+            tr.step(inp)
+    finally:
+        del comm.allreduce_sum_
+    n = sum(v.size for v in tr.func.params().values())
+    assert seen == [(data_address(eng.flat), n + 1, np.float32)] * 3
+    g0 = eng._gf[0]
+    assert g0.outs[1] == data_address(eng.flat) and g0.outs[0] == data_address(eng.flat) + 4 * n
+    assert all(fa.ins[len(eng.aprog.slot_args) + 1] == data_address(eng.flat)
+               for fa in eng._af)
