@@ -26,7 +26,19 @@ _LAZY = {
 }
 
 
+_SUBMODULES = ("distributed", "nn", "random")   # imported on first use: rlxc.distributed
+
+
 def __getattr__(name):
+    if name in _SUBMODULES:
+        try:
+            value = importlib.import_module(f"rlxc.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"rlxc.{name}":
+                raise
+            raise AttributeError(f"module 'rlxc' has no attribute {name!r}") from None
+        globals()[name] = value
+        return value
     if name not in _LAZY:
         raise AttributeError(f"module 'rlxc' has no attribute {name!r}")
     value = getattr(importlib.import_module(_LAZY[name]), name)

@@ -164,3 +164,13 @@ def test_one_in_place_allreduce_per_step_on_the_engine_buffer():
     assert g0.outs[1] == data_address(eng.flat) and g0.outs[0] == data_address(eng.flat) + 4 * n
     assert all(fa.ins[len(eng.aprog.slot_args) + 1] == data_address(eng.flat)
                for fa in eng._af)
+
+
+def test_distributed_is_reachable_from_the_package():
+    """`import rlxc; rlxc.distributed.init` works without importing the submodule first."""
+    import subprocess
+    import sys
+
+    code = "import rlxc; print(callable(rlxc.distributed.init), callable(rlxc.distributed.shard))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.split() == ["True", "True"], out.stderr
