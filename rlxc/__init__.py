@@ -26,7 +26,7 @@ _LAZY = {
 }
 
 
-_SUBMODULES = ("distributed", "nn", "random")   # imported on first use: rlxc.distributed
+_SUBMODULES = ("distributed",)   # imported on first use: rlxc.distributed.init(...)
 
 
 def __getattr__(name):
