@@ -977,7 +977,18 @@ def emit_metadata(spec: ArtifactSpec, lib_sha256: str) -> dict:
         "train": train,
         "transforms": list(spec.transforms),
         "source": spec.source,
+        "sgemm": _sgemm_params(spec.cpu),
     }
+
+
+def _sgemm_params(cpu: str) -> dict | None:
+    """The CPU sgemm's derived tile and blocking (lowering/cpu/sgemm_kernels.py)."""
+    try:
+        from rlxc.lowering.cpu.sgemm_kernels import sgemm_params
+
+        return sgemm_params(cpu)
+    except (ValueError, NotImplementedError):
+        return None
 
 
 def dump_metadata(meta: dict) -> str:

@@ -59,13 +59,16 @@ class CompiledArtifact:
         return [a for a in self.args if a["kind"] == "param"]
 
     def metadata(self) -> dict:
-        """JSON-serializable description for runtime/cpu.py."""
+        """JSON-serializable description for runtime/cpu.py (and, under "sgemm", the
+        blocking the target's sgemm was derived with: sgemm_kernels.sgemm_params)."""
+        from rlxc.lowering.cpu.sgemm_kernels import sgemm_params
+
         return {"abi": ABI, "name": self.name, "entry": self.entry,
                 "workspace_symbol": self.workspace_symbol,
                 "workspace_size": self.workspace_size, "args": self.args,
                 "outputs": self.outputs,
                 "errors": {str(k): list(v) for k, v in self.errors.items()}, "cpu": self.cpu,
-                "parallel": self.parallel}
+                "parallel": self.parallel, "sgemm": sgemm_params(self.cpu)}
 
 
 def default_threads() -> int:
