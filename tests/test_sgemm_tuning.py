@@ -113,3 +113,38 @@ def test_params_in_aot_json_and_verbose(tmp_path):
     assert "sgemm for znver3: avx2 4x24 tile, kc=256 mc=256" in p.stderr
     meta = json.loads(next(out.glob("*.json")).read_text())
     assert meta["sgemm"]["tile"] == "4x24" and meta["sgemm"]["mc"] == 256
+
+
+def test_prebuilt_objects_are_used_before_building(tmp_path, monkeypatch):
+    """First use on a fresh machine: objects built at install time (prebuild, `make`)
+    are found in prebuilt_dir() and nothing is compiled; a corrupt one is rebuilt."""
+    from rlxc.lowering.cpu import sgemm_object as so
+
+    built = []
+
+    def fake_build(cpu, variant):
+        built.append((cpu, variant))
+        return f"OBJ {cpu} {variant}".encode()
+    monkeypatch.setattr(so, "_build", fake_build)
+    monkeypatch.setattr(so, "_objects", {})
+    monkeypatch.setenv("RLXC_PREBUILT_DIR", str(tmp_path / "pre"))
+    monkeypatch.setenv("RLXC_RUNTIME_DIR", str(tmp_path / "rt"))
+    paths = so.prebuild(["x86-64-v3"])
+    assert len(paths) == 2 and built == [("x86-64-v3", "plain"), ("x86-64-v3", "cb")]
+    assert so.prebuild(["x86-64-v3"]) == paths and len(built) == 2   # kept, not rebuilt
+    built.clear()
+    assert so.sgemm_object("x86-64-v3", "cb") == b"OBJ x86-64-v3 cb"
+    assert built == []
+    # a corrupt prebuilt object is ignored (sha256 sidecar) and rebuilt into the runtime dir
+    with open(paths[0], "ab") as f:
+        f.write(b"junk")
+    assert so.sgemm_object("x86-64-v3", "plain") == b"OBJ x86-64-v3 plain"
+    assert built == [("x86-64-v3", "plain")]
+    assert os.listdir(tmp_path / "rt")
+    # RLXC_PREBUILT_DIR="" turns the lookup off
+    monkeypatch.setenv("RLXC_PREBUILT_DIR", "")
+    monkeypatch.setattr(so, "_objects", {})
+    monkeypatch.setenv("RLXC_RUNTIME_DIR", str(tmp_path / "rt2"))
+    built.clear()
+    so.sgemm_object("x86-64-v3", "cb")
+    assert built == [("x86-64-v3", "cb")]

@@ -139,6 +139,7 @@ def compile_cpu(func_module, name: str | None = None, cpu: str = "native", opt: 
 
     The library goes to `so_path` (written atomically), or to a fresh temporary
     directory when it is None."""
+    from rlxc.lowering.cpu.dedup import merge_identical
     from rlxc.lowering.cpu.loops import MatmulKernel
     from rlxc.lowering.cpu.sgemm_object import relocatable_link, sgemm_object
     from rlxc.lowering.cpu.target import compile_ir, emit_object, link_shared
@@ -147,9 +148,10 @@ def compile_cpu(func_module, name: str | None = None, cpu: str = "native", opt: 
     t0 = time.perf_counter()
     name = _name(func_module, name)
     m, prog = llvm_module(func_module, name, cpu, max_threads)
+    text, _ = merge_identical(str(m))   # repeated layers: one copy of each kernel
     t["lower"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    ref = compile_ir(m, cpu, opt)
+    ref = compile_ir(text, cpu, opt)
     t["llvm opt"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     obj = emit_object(ref, cpu, opt)
