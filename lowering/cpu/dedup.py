@@ -5,7 +5,7 @@
           │ merge_identical: group internal functions whose text is equal once
           │ their own name is blanked; keep the first of each group, point every
           │ reference at it, drop the rest; repeat until nothing merges (merging
-          │ callees makes their callers equal)
+          │ callees makes their callers equal); the kept ones are noinline
           ▼
     LLVM IR text with one copy of each distinct kernel
 
@@ -47,6 +47,7 @@ def _ref(name: str) -> re.Pattern:
 def merge_identical(text: str) -> tuple[str, int]:
     """(text with duplicate internal functions merged, how many were removed)."""
     removed = 0
+    kept: set[str] = set()
     while True:
         funcs = _functions(text)
         first: dict[str, str] = {}
@@ -57,7 +58,7 @@ def merge_identical(text: str) -> tuple[str, int]:
             if keep != name:
                 alias[name] = keep
         if not alias:
-            return text, removed
+            return _noinline(text, kept), removed
         parts, pos = [], 0
         for start, end, name in funcs:
             if name in alias:
@@ -68,3 +69,23 @@ def merge_identical(text: str) -> tuple[str, int]:
         for name, keep in alias.items():
             text = _ref(name).sub(lambda _m, k=keep: "@" + k, text)
         removed += len(alias)
+        kept |= set(alias.values())
+
+
+def _noinline(text: str, names: set[str]) -> str:
+    """Mark the merged functions noinline: the inliner would otherwise paste a copy into
+    every caller again (a 20-layer gradient became one 10,000-line function)."""
+    if not names:
+        return text
+    parts, pos = [], 0
+    for start, end, name in _functions(text):
+        if name not in names:
+            continue
+        head_end = text.find("\n{", start)
+        head = text[start:head_end]
+        if "alwaysinline" in head or "noinline" in head:
+            continue
+        parts.append(text[pos:head_end] + " noinline")
+        pos = head_end
+    parts.append(text[pos:])
+    return "".join(parts)
