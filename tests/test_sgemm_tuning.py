@@ -148,3 +148,44 @@ def test_prebuilt_objects_are_used_before_building(tmp_path, monkeypatch):
     built.clear()
     so.sgemm_object("x86-64-v3", "cb")
     assert built == [("x86-64-v3", "cb")]
+
+
+@pytest.mark.parametrize("cpu, isa, tile", [("x86-64-v2", "sse", "6x8"),
+                                            ("sandybridge", "avx", "6x16")])
+def test_cpus_without_fma(tmp_path, cpu, isa, tile):
+    """Pre-Haswell targets have no FMA: llvm.fma became a call to fmaf per lane (~100x
+    slower); the kernel multiplies and adds instead, with a tile that keeps a register
+    for the product, and still computes A @ B."""
+    import ctypes
+
+    import numpy as np
+
+    from rlxc.lowering.cpu import openmp as parallel
+
+    p = sg.sgemm_params(cpu)
+    assert (p["isa"], p["tile"]) == (isa, tile)
+    m = target.ir_module("nofma", cpu)
+    sg.emit_sgemm(m, "sg", cpu=cpu)
+    parallel.thread_control(m)
+    mod = target.compile_ir(m, cpu)
+    asm = target.emit_asm(mod, cpu)
+    assert "fmaf" not in asm and "mulps" in asm
+    if isa == "avx" and "+avx" not in target.host_cpu_features().split(","):
+        return
+    lib = ctypes.CDLL(target.link_shared([target.emit_object(mod, cpu)],
+                                         str(tmp_path / "libnofma.so"), cpu=cpu))
+    f = lib.sg
+    P, L = ctypes.c_void_p, ctypes.c_int64
+    f.argtypes = [L, L, L, P, L, L, P, L, L, P, L, ctypes.c_int32, P, L]
+    f.restype = None
+    rng = np.random.default_rng(5)
+    cfg = sg.sgemm_config(cpu)
+    for M, N, K in [(1, 1, 1), (7, 9, 33), (65, 70, 300), (130, 5, 64), (3, 200, 17)]:
+        A = rng.standard_normal((M, K), dtype=np.float32)
+        B = rng.standard_normal((K, N), dtype=np.float32)
+        C = np.zeros((M, N), np.float32)
+        ws = np.empty(sg.sgemm_workspace_floats(M, N, K, 2, config=cfg), np.float32)
+        f(M, N, K, A.ctypes.data, K, 1, B.ctypes.data, N, 1, C.ctypes.data, N, 0,
+          ws.ctypes.data, ws.size)
+        ref = A.astype(np.float64) @ B
+        np.testing.assert_allclose(C, ref, rtol=1e-4, atol=1e-4 * np.sqrt(K))

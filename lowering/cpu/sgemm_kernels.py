@@ -160,10 +160,19 @@ class VectorIsa:
     vl: int            # f32 lanes per vector register
     regs: int          # vector registers
     lane_fma: bool     # FMA by element (NEON fmla v, v, v.s[i]): A rows need no broadcast
+    fma: bool = True   # fused multiply-add (else a multiply into a temporary, then an add)
 
 
 ISAS = {i.name: i for i in (VectorIsa("avx512", 16, 32, False), VectorIsa("avx2", 8, 16, False),
-                             VectorIsa("neon", 4, 32, True))}
+                             VectorIsa("neon", 4, 32, True),
+                             # x86-64 without FMA: Sandy/Ivy Bridge (AVX), the SSE baselines
+                             VectorIsa("avx", 8, 16, False, fma=False),
+                             VectorIsa("sse", 4, 16, False, fma=False))}
+# x86-64 CPUs (LLVM names) without AVX2/FMA; every other x86-64 name has them
+NO_FMA_CPUS = {"sse": ("x86-64", "x86-64-v2", "generic", "core2", "penryn", "nehalem",
+                       "westmere", "silvermont", "goldmont", "goldmont-plus", "tremont",
+                       "btver1", "amdfam10", "k8"),
+               "avx": ("sandybridge", "ivybridge", "btver2", "corei7-avx", "core-avx-i")}
 KC_MIN, KC_MAX = 128, 512   # K block bounds: C is loaded and stored once per K block
 MC_MAX = 288                # rows of A per L2 block: more did not help on a 2 MiB L2 (SPR)
 NC_MAX = 4096
@@ -184,7 +193,7 @@ def register_tile(isa: VectorIsa) -> tuple[int, int]:
         for mr in range(1, isa.regs):
             acc = mr * nv
             a_regs = -(-mr // isa.vl) if isa.lane_fma else 1
-            used = acc + nv + a_regs
+            used = acc + nv + a_regs + (0 if isa.fma else 1)   # no FMA: a product temporary
             if 4 * acc > 3 * isa.regs or used > isa.regs:
                 continue
             loads = nv + a_regs if isa.lane_fma else nv + mr
@@ -229,7 +238,17 @@ def _isa_for(cpu: str) -> VectorIsa:
     if arch != "x86_64":
         raise NotImplementedError(f"sgemm: no kernel configuration for {arch}")
     if cpu in ("native", "host", ""):
-        return ISAS["avx512" if host_has_avx512() else "avx2"]
+        if host_has_avx512():
+            return ISAS["avx512"]
+        from rlxc.lowering.cpu.target import host_cpu_features
+
+        feats = set(host_cpu_features().split(","))
+        if feats and "+fma" not in feats:
+            return ISAS["avx" if "+avx" in feats else "sse"]
+        return ISAS["avx2"]
+    for isa, names in NO_FMA_CPUS.items():
+        if cpu in names:
+            return ISAS[isa]
     if cpu in ("avx512", "x86-64-v4") or "avx512" in cpu or cpu in (
             "skylake-avx512", "cascadelake", "cooperlake", "icelake-server",
             "sapphirerapids", "graniterapids", "emeraldrapids", "znver4", "znver5",
@@ -423,10 +442,21 @@ def _internal_fn(module: ir.Module, name: str, arg_types, noalias=(), inline=Non
     return fn
 
 
-def _fma(module: ir.Module, vl: int) -> ir.Function:
-    """llvm.fma on <vl x float>."""
+def _fma(module: ir.Module, vl: int, fused: bool = True) -> ir.Function:
+    """a*b + c on <vl x float>: llvm.fma, or (``fused=False``, a CPU without FMA, where
+    llvm.fma would become a call to fmaf per lane) an inlined multiply and add."""
     vt = ir.VectorType(F32, vl)
-    return _intrinsic(module, f"llvm.fma.v{vl}f32", vt, [vt, vt, vt])
+    if fused:
+        return _intrinsic(module, f"llvm.fma.v{vl}f32", vt, [vt, vt, vt])
+    name = f"rlxc.madd.v{vl}f32"
+    fn = module.globals.get(name)
+    if fn is None:
+        fn = ir.Function(module, ir.FunctionType(vt, [vt, vt, vt]), name)
+        fn.linkage = "internal"
+        fn.attributes.add("alwaysinline")
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        b.ret(b.fadd(b.fmul(fn.args[0], fn.args[1]), fn.args[2]))
+    return fn
 
 
 def _transpose_rows(b, vs, rows: int, lanes: int):
@@ -587,7 +617,7 @@ def _emit_micro(module, name, cfg: SgemmConfig, epilogue, epi_types, nv: int | N
     kc, Ap, Bp, C, ldc, m_rem, n_rem, beta, last, row0, col0 = fn.args[:11]
     lda = fn.args[11] if direct_a else None
     epi_args = list(fn.args[12 if direct_a else 11:])
-    fma = _fma(module, VL)
+    fma = _fma(module, VL, ISAS[cfg.isa].fma)
 
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     entry = b.block
@@ -744,7 +774,7 @@ def _emit_gemv_rows(module, name, cfg: SgemmConfig, epilogue, epi_types) -> ir.F
     vt = ir.VectorType(F32, VL)
     fn, (N, K, A, rsa, csa, B, rsb, C, ldc, beta, row0, col0), epi_args = \
         _skinny_fn(module, name, epi_types)
-    fma = _fma(module, VL)
+    fma = _fma(module, VL, ISAS[cfg.isa].fma)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     n_full = b.mul(b.sdiv(N, _c64(VL)), _c64(VL))
     tail = b.icmp_signed("<", n_full, N)
@@ -801,7 +831,7 @@ def _emit_skinny(module, name, cfg: SgemmConfig, mr: int, epilogue, epi_types) -
     vt = ir.VectorType(F32, VL)
     fn, (N, K, A, rsa, csa, B, rsb, C, ldc, beta, row0, col0), epi_args = \
         _skinny_fn(module, name, epi_types)
-    fma = _fma(module, VL)
+    fma = _fma(module, VL, ISAS[cfg.isa].fma)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     arows = [_gep(b, A, b.mul(_c64(r), rsa)) for r in range(mr)]
 
@@ -928,7 +958,7 @@ def _emit_narrow(module, name, cfg: SgemmConfig, nj: int, epilogue, epi_types) -
                       [2, 4, 6], inline="noinline")
     M, K, A, rsa, Bt, ldbt, C, ldc, N, beta, last, row0, col0 = fn.args[:13]
     epi_args = list(fn.args[13:])
-    fma = _fma(module, VL)
+    fma = _fma(module, VL, ISAS[cfg.isa].fma)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     k_full = b.mul(b.sdiv(K, _c64(VL)), _c64(VL))
     kmask = _lane_mask(b, 0, b.sub(K, k_full), VL)
