@@ -4,12 +4,17 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo bench clean
+.PHONY: test demo bench bench-quick bench-compile prebuild clean
 
 $(STAMP): pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q -e '.[test]'
+	$(VPY) -m rlxc.lowering.cpu.sgemm_object
 	touch $(STAMP)
+
+# the shared sgemm objects for this host and x86-64-v3, built ahead of time (~4-8 s)
+prebuild: $(STAMP)
+	$(VPY) -m rlxc.lowering.cpu.sgemm_object
 
 test: $(STAMP)
 	$(VPY) -m pytest -q tests
@@ -21,5 +26,14 @@ demo: $(STAMP)
 bench: $(STAMP)
 	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(VPY) benchmarks/compare.py
 
+# W2, W3, W4, W8 against the peers, 20 samples each: under 3 minutes, for every perf change
+bench-quick: $(STAMP)
+	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(VPY) benchmarks/compare.py \
+	    --only W2,W3,W4,W8 --runs 20 --warmup 2 --gap 0.05 --no-compile
+
+# compile time: W4's train step and a 20-layer residual MLP value_and_grad vs jax.jit
+bench-compile: $(STAMP)
+	$(VPY) benchmarks/bench_compile.py
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info lowering/cpu/prebuilt

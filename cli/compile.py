@@ -581,4 +581,8 @@ def compile_cmd(src, outdir, name, target, cpu, transforms, params_file, emit, t
         progress.finish(ok)
     files = [meta["library"], meta["header"], f"{name}.json", f"{name}/__init__.py"]
     files = [f for f in files if f]
+    if verbose and meta.get("sgemm"):
+        from rlxc.lowering.cpu.sgemm_kernels import describe_params
+
+        click.echo("rlxc: " + describe_params(meta["sgemm"]), err=True)
     click.echo(f"wrote {outdir}: " + " ".join(files))

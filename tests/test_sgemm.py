@@ -255,7 +255,7 @@ def test_no_workspace_falls_back(gemm):
 
 def test_config_validation():
     with pytest.raises(ValueError, match="mc=.*multiple of mr"):
-        sgemm.sgemm_config("x86-64-v3", mc=100)
+        sgemm.sgemm_config("x86-64-v3", mc=101)
     with pytest.raises(ValueError, match="nr=.*multiple of vl"):
         sgemm.sgemm_config("x86-64-v3", nr=12)
 
@@ -309,7 +309,7 @@ def test_narrow_kernel(gemm, gemm_epi):
 
 
 def test_avx2_build(tmp_path_factory):
-    """The AVX2 fallback (cpu="x86-64-v3": 6x16 ymm tile) on the same shapes."""
+    """The AVX2 fallback (cpu="x86-64-v3": 4x24 ymm tile) on the same shapes."""
     path, cfg = _build(tmp_path_factory, "sgemm_avx2", cpu="x86-64-v3")
     assert cfg.isa == "avx2" and cfg.vl == 8
     g = Gemm(path, cfg)

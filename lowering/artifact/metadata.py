@@ -55,6 +55,7 @@ def emit_metadata(spec: ArtifactSpec, lib_sha256: str, lib_size: int = 0,
         "cpu": spec.cpu,
         "cpu_name": cpu_name,
         "cpu_arch": arch,
+        "sgemm": _sgemm_params(spec.cpu),
         "ir_hash": spec.ir_hash(),
         "library": f"lib{n}.so",
         "library_sha256": lib_sha256,
@@ -69,6 +70,16 @@ def emit_metadata(spec: ArtifactSpec, lib_sha256: str, lib_size: int = 0,
         "transforms": list(spec.transforms),
         "source": spec.source,
     }
+
+
+def _sgemm_params(cpu: str) -> dict | None:
+    """The CPU sgemm's derived tile and blocking (lowering/cpu/sgemm_kernels.py)."""
+    try:
+        from rlxc.lowering.cpu.sgemm_kernels import sgemm_params
+
+        return sgemm_params(cpu)
+    except (ValueError, NotImplementedError):
+        return None
 
 
 def dump_metadata(meta: dict) -> str:

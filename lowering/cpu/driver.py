@@ -62,13 +62,16 @@ class CompiledArtifact:
         return [a for a in self.args if a["kind"] == "param"]
 
     def metadata(self) -> dict:
-        """JSON-serializable description for runtime/cpu.py."""
+        """JSON-serializable description for runtime/cpu.py (and, under "sgemm", the
+        blocking the target's sgemm was derived with: sgemm_kernels.sgemm_params)."""
+        from rlxc.lowering.cpu.sgemm_kernels import sgemm_params
+
         return {"abi": ABI, "name": self.name, "entry": self.entry,
                 "workspace_symbol": self.workspace_symbol,
                 "workspace_size": self.workspace_size, "args": self.args,
                 "outputs": self.outputs,
                 "errors": {str(k): list(v) for k, v in self.errors.items()}, "cpu": self.cpu,
-                "parallel": self.parallel,
+                "parallel": self.parallel, "sgemm": sgemm_params(self.cpu),
                 "error_args": {str(k): list(v) for k, v in self.error_args.items()}}
 
 
@@ -140,6 +143,7 @@ def compile_cpu(func_module, name: str | None = None, cpu: str = "native", opt: 
 
     The library goes to `so_path` (written atomically), or to a fresh temporary
     directory when it is None."""
+    from rlxc.lowering.cpu.dedup import merge_identical
     from rlxc.lowering.cpu.loops import MatmulKernel
     from rlxc.lowering.cpu.sgemm_object import relocatable_link, sgemm_object
     from rlxc.lowering.cpu.target import compile_ir, emit_object, link_shared
@@ -148,9 +152,10 @@ def compile_cpu(func_module, name: str | None = None, cpu: str = "native", opt: 
     t0 = time.perf_counter()
     name = _name(func_module, name)
     m, prog = llvm_module(func_module, name, cpu, max_threads)
+    text, _ = merge_identical(str(m))   # repeated layers: one copy of each kernel
     t["lower"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    ref = compile_ir(m, cpu, opt)
+    ref = compile_ir(text, cpu, opt)
     t["llvm opt"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     obj = emit_object(ref, cpu, opt)

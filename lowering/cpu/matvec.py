@@ -2,6 +2,10 @@
 
     rlx.matmul(A: (..., M, K), B: (..., K, N))
           │ rewrite_small_matmuls (CPU lowering, before fusion.Plan)
+          │   first merge_sibling_matvecs: A @ b1, ..., A @ bn with the same 2-D
+          │   matrix and independent vectors -> one sum over (M, n, K) (or (K, n, M)
+          │   for A = X.T), sliced per vector: A is read once (an HVP's W@x and W@v,
+          │   and its two W.T@...: 2 passes over W instead of 4)
           ▼
     K == 1             broadcast_to(A) * broadcast_to(B)             (an elementwise map)
     N == 1 or M == 1   sum(broadcast_to(A') * broadcast_to(B'), k)   (a reduction)
@@ -129,8 +133,113 @@ def _rewrite_general(e: _Emit, a, b, batch, M, K, N):
     return e("sum", [e("mul", [pa, pb])], axes=(r - 1,), keepdims=False)
 
 
+# --------------------------------------------------------------------------
+# sibling matrix-vector products: one pass over the matrix for several vectors
+
+def _sibling_key(op):
+    """(matrix, layout) of a 2-D matrix @ vector (N == 1) whose matrix is worth sharing, or
+    None.  The layout is "T" when the matrix is a transpose (the key is its source)."""
+    if op.name != "rlx.matmul":
+        return None
+    a, b = op.operands
+    out = shape_of(op.results[0].type)
+    if len(out) != 2 or len(shape_of(b.type)) != 2:
+        return None
+    M, N = out
+    K = shape_of(a.type)[-1]
+    if N != 1 or M < 2 or K < 2:
+        return None
+    return (a.owner.operands[0], "T") if _transposed(a) else (a, "N")
+
+
+def _descendants(op, stop) -> set:
+    """Ops before `stop` in op's block that use op's result, transitively."""
+    seen, todo = set(), [op]
+    while todo:
+        for res in todo.pop().results:
+            for use in list(res.uses):
+                user = use.operation
+                if user not in seen and user.parent is op.parent and user.is_before_in_block(stop):
+                    seen.add(user)
+                    todo.append(user)
+    return seen
+
+
+def _depends(op, p) -> bool:
+    """Does `op` (later in the block) use `p`'s result, directly or through other ops?"""
+    producers = {o.owner for o in op.operands}
+    return p in producers or bool(producers & _descendants(p, op))
+
+
+def _merge_group(block, group) -> None:
+    """Replace the matvecs of `group` (same matrix, mutually independent vectors) by one
+    reduction over [M, n, K] (or [K, n, M] for a transposed matrix): each row of the
+    matrix is read once from memory and reused from L1 for the n vectors.  The merged op
+    sits where the last one was; ops that consumed the earlier results in between move
+    after it."""
+    last = group[-1]
+    cone = set()
+    for op in group[:-1]:
+        cone |= _descendants(op, last)
+    anchor = last.next_op
+    e = _Emit(block, last)
+    a = group[0].operands[0]
+    M, K = shape_of(a.type)
+    n = len(group)
+    if _transposed(a):
+        x = a.owner.operands[0]                                         # X: (K, M), A = X.T
+        cols = e("concat", [op.operands[1] for op in group], axis=1)    # (K, n)
+        pa = e.bcast(e.reshape(x, (K, 1, M)), (K, n, M))
+        pb = e.bcast(e.reshape(cols, (K, n, 1)), (K, n, M))
+        s = e("sum", [e("mul", [pa, pb])], axes=(0,), keepdims=False)  # (n, M)
+        outs = [e.reshape(e("slice", [s], starts=(i, 0), limits=(i + 1, M), strides=(1, 1)),
+                          (M, 1)) for i in range(n)]
+    else:
+        rows = e("concat", [e.reshape(op.operands[1], (1, K)) for op in group], axis=0)
+        pa = e.bcast(e.reshape(a, (M, 1, K)), (M, n, K))
+        pb = e.bcast(e.reshape(rows, (1, n, K)), (M, n, K))
+        s = e("sum", [e("mul", [pa, pb])], axes=(2,), keepdims=False)  # (M, n)
+        outs = [e("slice", [s], starts=(0, i), limits=(M, i + 1), strides=(1, 1))
+                for i in range(n)]
+    for op, new in zip(group, outs):
+        op.results[0].replace_all_uses_with(new)
+        block.erase_op(op)
+    for op in [o for o in list(block.ops) if o in cone]:   # in block order
+        block.detach_op(op)
+        if anchor is None:
+            block.add_op(op)
+        else:
+            block.insert_op_before(op, anchor)
+
+
+def merge_sibling_matvecs(block) -> int:
+    """Merge matrix-vector products of one block that share their matrix and whose
+    vectors do not depend on each other (an HVP's W@x and W@v, and its two W.T@...).
+    Returns how many matmuls were folded into another."""
+    groups: dict = {}
+    for op in block.ops:
+        k = _sibling_key(op)
+        if k is not None:
+            groups.setdefault(k, []).append(op)
+    merged = 0
+    for ops in groups.values():
+        while len(ops) >= 2:
+            pick, rest = [ops[0]], []
+            for op in ops[1:]:
+                if any(_depends(op, p) for p in pick):
+                    rest.append(op)
+                else:
+                    pick.append(op)
+            if len(pick) >= 2:
+                _merge_group(block, pick)
+                merged += len(pick) - 1
+            ops = rest
+    return merged
+
+
 def rewrite_small_matmuls(module):
-    """`module`, or a rewritten clone of it, with degenerate matmuls as maps/reductions."""
+    """`module`, or a rewritten clone of it, with degenerate matmuls as maps/reductions
+    (sibling matrix-vector products first merged into one pass over their matrix)."""
     from rlxc.dialect.module import get_func
 
     f = get_func(module)
@@ -138,6 +247,7 @@ def rewrite_small_matmuls(module):
         return module
     module = module.clone()
     block = get_func(module).body.block
+    merge_sibling_matvecs(block)
     for op in list(block.ops):
         if isinstance(op, func.ReturnOp) or op.name != "rlx.matmul" or not _qualifies(op):
             continue
@@ -147,4 +257,4 @@ def rewrite_small_matmuls(module):
     return module
 
 
-__all__ = ["rewrite_small_matmuls"]
+__all__ = ["rewrite_small_matmuls", "merge_sibling_matvecs"]

@@ -34,10 +34,12 @@
 
 Register tile: the vector axis is N (rows of C are contiguous), so each k step
 loads NR/VL vectors of packed B and broadcasts MR scalars of packed A (one
-vbroadcastss shared by the row's FMAs).  AVX-512: 6×64 (24 zmm accumulators +
-4 B vectors + 1 broadcast, of 32 registers); AVX2: 6×16 (12 ymm accumulators
-+ 2 + 1, of 16).  The k loop is unrolled ``unroll`` times.  (A 14×32 tile
-needs 28 + 2 + 1 registers and LLVM then spills an accumulator.)  Packing
+vbroadcastss shared by the row's FMAs).  The tile and the cache blocking are
+derived per target (register_tile, derive_config) from the vector registers
+and the caches the CPU reports: AVX-512: 6×64 (24 zmm accumulators + 4 B
+vectors + 1 broadcast, of 32 registers); AVX2: 4×24 (12 ymm accumulators + 3
++ 1, all 16).  The k loop is unrolled ``unroll`` times.  (A 14×32 tile needs
+28 + 2 + 1 registers and LLVM then spills an accumulator.)  Packing
 uses vector copies for unit-stride rows of B and an in-register transpose
 (one shufflevector) for row-major A; strided operands take scalar gathers.
 
@@ -82,6 +84,9 @@ from rlxc.lowering.cpu.target import host_has_avx512
 __all__ = [
     "SgemmConfig",
     "sgemm_config",
+    "sgemm_params",
+    "derive_config",
+    "register_tile",
     "sgemm_workspace_floats",
     "emit_sgemm",
     "sgemm_signature",
@@ -145,36 +150,139 @@ class SgemmConfig:
         return self.nr // self.vl
 
 
-# Tuned on a 2-core Sapphire Rapids VM (48 KiB L1d, 2 MiB L2): 6x64, 8x48 and
-# 14x32 tiles all land within a few percent of OpenBLAS; 6x64 was best.
-AVX512 = SgemmConfig("avx512", 16, 6, 64, kc=256, mc=6 * 48, nc=4096, unroll=4)
-AVX2 = SgemmConfig("avx2", 8, 6, 16, kc=256, mc=6 * 24, nc=4096, unroll=4)
-# AArch64 NEON (32 x 128-bit registers): an 8x12 tile is 24 accumulators + 3 B
-# vectors + 1 broadcast.  Correctness is what is tested (under qemu); the blocking
-# follows the usual 32-64 KiB L1 / 1 MiB L2 of Neoverse-class cores.
-NEON = SgemmConfig("neon", 4, 8, 12, kc=256, mc=8 * 16, nc=4080, unroll=4)
+# --------------------------------------------------------------------------
+# per-target configuration: one derivation for every ISA, from the vector registers
+# and the cache sizes the CPU reports (target.cache_info)
+
+@dataclasses.dataclass(frozen=True)
+class VectorIsa:
+    name: str
+    vl: int            # f32 lanes per vector register
+    regs: int          # vector registers
+    lane_fma: bool     # FMA by element (NEON fmla v, v, v.s[i]): A rows need no broadcast
+    fma: bool = True   # fused multiply-add (else a multiply into a temporary, then an add)
 
 
-def sgemm_config(cpu: str = "native", **overrides) -> SgemmConfig:
-    """Block sizes for ``cpu``: AVX-512 when ``cpu`` is "native" and the host
-    has avx512f (or when the cpu name is an AVX-512 one), else AVX2."""
+ISAS = {i.name: i for i in (VectorIsa("avx512", 16, 32, False), VectorIsa("avx2", 8, 16, False),
+                             VectorIsa("neon", 4, 32, True),
+                             # x86-64 without FMA: Sandy/Ivy Bridge (AVX), the SSE baselines
+                             VectorIsa("avx", 8, 16, False, fma=False),
+                             VectorIsa("sse", 4, 16, False, fma=False))}
+# x86-64 CPUs (LLVM names) without AVX2/FMA; every other x86-64 name has them
+NO_FMA_CPUS = {"sse": ("x86-64", "x86-64-v2", "generic", "core2", "penryn", "nehalem",
+                       "westmere", "silvermont", "goldmont", "goldmont-plus", "tremont",
+                       "btver1", "amdfam10", "k8"),
+               "avx": ("sandybridge", "ivybridge", "btver2", "corei7-avx", "core-avx-i")}
+KC_MIN, KC_MAX = 128, 512   # K block bounds: C is loaded and stored once per K block
+MC_MAX = 288                # rows of A per L2 block: more did not help on a 2 MiB L2 (SPR)
+NC_MAX = 4096
+
+
+def register_tile(isa: VectorIsa) -> tuple[int, int]:
+    """(mr, nv): the MR x (nv*VL) register tile for ``isa``.
+
+    Each k step loads nv vectors of packed B and mr scalars of A (broadcast into one
+    register, or mr/VL vectors with by-element FMA) for mr*nv FMAs.  Accumulators take
+    at most 3/4 of the registers, the tile plus its B vectors and A registers must fit
+    all of them; among those: the most FMAs per step, then the fewest loads, then the
+    most spare registers, then the widest B panel.  AVX-512 (32 zmm): 6x4 vectors
+    (6x64; 4x6 ties on loads but leaves one register); AVX2 (16 ymm): 4x3 (4x24: 7 loads
+    per 12 FMAs; 6x2 needs 8, and measured 13% slower on 1024^3); NEON: 8x3 (8x12)."""
+    best = None
+    for nv in range(1, isa.regs):
+        for mr in range(1, isa.regs):
+            acc = mr * nv
+            a_regs = -(-mr // isa.vl) if isa.lane_fma else 1
+            used = acc + nv + a_regs + (0 if isa.fma else 1)   # no FMA: a product temporary
+            if 4 * acc > 3 * isa.regs or used > isa.regs:
+                continue
+            loads = nv + a_regs if isa.lane_fma else nv + mr
+            key = (acc, -loads, isa.regs - used, nv)
+            if best is None or key > best[0]:
+                best = (key, mr, nv)
+    return best[1], best[2]
+
+
+def derive_config(isa: VectorIsa, caches, **overrides) -> SgemmConfig:
+    """The SgemmConfig for ``isa`` on a CPU with ``caches`` (target.CacheInfo).
+
+    The analytical model of Low et al. ("Analytical modeling is enough for
+    high-performance BLIS", TOMS 2016) for the loop nest in the header:
+      kc  the packed B micro-panel (kc x nr) stays in L1 while A micro-panels (mr x kc)
+          stream through it: B gets floor((ways-1) / (1 + mr/nr)) ways of L1d (one
+          way left for C); kc in [KC_MIN, KC_MAX], a multiple of 16;
+      mc  the packed A block (mc x kc) takes half of L2 (the B micro-panel, C tiles and
+          the next block share the rest); a multiple of mr, at most MC_MAX;
+      nc  the packed B block (kc x nc) fits this core's share of L3; a multiple of nr,
+          at most NC_MAX.
+    Sapphire Rapids (48 KiB/12-way L1d, 2 MiB L2), AVX-512 6x64: kc 160, mc 288, nc 4096;
+    Zen 3 (32 KiB/8-way, 512 KiB), AVX2 4x24: kc 256, mc 256, nc 4080; Haswell (256 KiB
+    L2): kc 256, mc 128, nc 2544."""
+    mr, nv = register_tile(isa)
+    nr = nv * isa.vl
+    way = caches.l1d // max(caches.l1d_ways, 1)
+    ways_b = max(1, int((caches.l1d_ways - 1) / (1 + mr / nr)))
+    kc = min(KC_MAX, max(KC_MIN, ways_b * way // (nr * 4) // 16 * 16))
+    mc = min(MC_MAX, max(mr, caches.l2 // 2 // (kc * 4) // mr * mr))
+    nc = min(NC_MAX // nr * nr, max(nr, caches.l3 // (kc * 4) // nr * nr))
+    cfg = SgemmConfig(isa.name, isa.vl, mr, nr, kc=kc, mc=mc, nc=nc)
+    return dataclasses.replace(cfg, **overrides) if overrides else cfg
+
+
+def _isa_for(cpu: str) -> VectorIsa:
     from rlxc.lowering.cpu.target import resolve_target
 
     arch = resolve_target(cpu)[0].arch
     if arch == "aarch64":
-        base = NEON
-    elif arch != "x86_64":
+        return ISAS["neon"]
+    if arch != "x86_64":
         raise NotImplementedError(f"sgemm: no kernel configuration for {arch}")
-    elif cpu in ("native", "host", ""):
-        base = AVX512 if host_has_avx512() else AVX2
-    elif cpu in ("avx512", "x86-64-v4") or "avx512" in cpu or cpu in (
+    if cpu in ("native", "host", ""):
+        if host_has_avx512():
+            return ISAS["avx512"]
+        from rlxc.lowering.cpu.target import host_cpu_features
+
+        feats = set(host_cpu_features().split(","))
+        if feats and "+fma" not in feats:
+            return ISAS["avx" if "+avx" in feats else "sse"]
+        return ISAS["avx2"]
+    for isa, names in NO_FMA_CPUS.items():
+        if cpu in names:
+            return ISAS[isa]
+    if cpu in ("avx512", "x86-64-v4") or "avx512" in cpu or cpu in (
             "skylake-avx512", "cascadelake", "cooperlake", "icelake-server",
             "sapphirerapids", "graniterapids", "emeraldrapids", "znver4", "znver5",
             "tigerlake", "rocketlake", "icelake-client"):
-        base = AVX512
-    else:
-        base = AVX2
-    return dataclasses.replace(base, **overrides) if overrides else base
+        return ISAS["avx512"]
+    return ISAS["avx2"]
+
+
+def sgemm_config(cpu: str = "native", **overrides) -> SgemmConfig:
+    """The sgemm configuration for ``cpu``: the ISA (AVX-512 when ``cpu`` is "native" and
+    the host has avx512f, or an AVX-512 CPU name; AArch64 NEON; else AVX2) and the
+    blocking derived from its caches (derive_config)."""
+    from rlxc.lowering.cpu.target import cache_info
+
+    return derive_config(_isa_for(cpu), cache_info(cpu), **overrides)
+
+
+def sgemm_params(cpu: str = "native") -> dict:
+    """What the sgemm of ``cpu`` was tuned with, for metadata and `rlxc compile -v`."""
+    from rlxc.lowering.cpu.target import cache_info, resolve_target
+
+    cfg, caches = sgemm_config(cpu), cache_info(cpu)
+    return {"cpu": resolve_target(cpu)[1], "isa": cfg.isa, "tile": f"{cfg.mr}x{cfg.nr}",
+            "kc": cfg.kc, "mc": cfg.mc, "nc": cfg.nc,
+            "caches": {"l1d": caches.l1d, "l1d_ways": caches.l1d_ways, "l2": caches.l2,
+                       "l3_per_core": caches.l3, "source": caches.source}}
+
+
+def describe_params(p: dict) -> str:
+    """One line for `rlxc compile -v`."""
+    c = p["caches"]
+    return (f"sgemm for {p['cpu']}: {p['isa']} {p['tile']} tile, kc={p['kc']} mc={p['mc']} "
+            f"nc={p['nc']} (L1d {c['l1d'] >> 10} KiB/{c['l1d_ways']}-way, L2 {c['l2'] >> 10} KiB,"
+            f" L3 {c['l3_per_core'] >> 10} KiB/core from {c['source']})")
 
 
 def _rup(x: int, m: int) -> int:
@@ -334,10 +442,21 @@ def _internal_fn(module: ir.Module, name: str, arg_types, noalias=(), inline=Non
     return fn
 
 
-def _fma(module: ir.Module, vl: int) -> ir.Function:
-    """llvm.fma on <vl x float>."""
+def _fma(module: ir.Module, vl: int, fused: bool = True) -> ir.Function:
+    """a*b + c on <vl x float>: llvm.fma, or (``fused=False``, a CPU without FMA, where
+    llvm.fma would become a call to fmaf per lane) an inlined multiply and add."""
     vt = ir.VectorType(F32, vl)
-    return _intrinsic(module, f"llvm.fma.v{vl}f32", vt, [vt, vt, vt])
+    if fused:
+        return _intrinsic(module, f"llvm.fma.v{vl}f32", vt, [vt, vt, vt])
+    name = f"rlxc.madd.v{vl}f32"
+    fn = module.globals.get(name)
+    if fn is None:
+        fn = ir.Function(module, ir.FunctionType(vt, [vt, vt, vt]), name)
+        fn.linkage = "internal"
+        fn.attributes.add("alwaysinline")
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        b.ret(b.fadd(b.fmul(fn.args[0], fn.args[1]), fn.args[2]))
+    return fn
 
 
 def _transpose_rows(b, vs, rows: int, lanes: int):
@@ -498,7 +617,7 @@ def _emit_micro(module, name, cfg: SgemmConfig, epilogue, epi_types, nv: int | N
     kc, Ap, Bp, C, ldc, m_rem, n_rem, beta, last, row0, col0 = fn.args[:11]
     lda = fn.args[11] if direct_a else None
     epi_args = list(fn.args[12 if direct_a else 11:])
-    fma = _fma(module, VL)
+    fma = _fma(module, VL, ISAS[cfg.isa].fma)
 
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     entry = b.block
@@ -655,7 +774,7 @@ def _emit_gemv_rows(module, name, cfg: SgemmConfig, epilogue, epi_types) -> ir.F
     vt = ir.VectorType(F32, VL)
     fn, (N, K, A, rsa, csa, B, rsb, C, ldc, beta, row0, col0), epi_args = \
         _skinny_fn(module, name, epi_types)
-    fma = _fma(module, VL)
+    fma = _fma(module, VL, ISAS[cfg.isa].fma)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     n_full = b.mul(b.sdiv(N, _c64(VL)), _c64(VL))
     tail = b.icmp_signed("<", n_full, N)
@@ -712,7 +831,7 @@ def _emit_skinny(module, name, cfg: SgemmConfig, mr: int, epilogue, epi_types) -
     vt = ir.VectorType(F32, VL)
     fn, (N, K, A, rsa, csa, B, rsb, C, ldc, beta, row0, col0), epi_args = \
         _skinny_fn(module, name, epi_types)
-    fma = _fma(module, VL)
+    fma = _fma(module, VL, ISAS[cfg.isa].fma)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     arows = [_gep(b, A, b.mul(_c64(r), rsa)) for r in range(mr)]
 
@@ -839,7 +958,7 @@ def _emit_narrow(module, name, cfg: SgemmConfig, nj: int, epilogue, epi_types) -
                       [2, 4, 6], inline="noinline")
     M, K, A, rsa, Bt, ldbt, C, ldc, N, beta, last, row0, col0 = fn.args[:13]
     epi_args = list(fn.args[13:])
-    fma = _fma(module, VL)
+    fma = _fma(module, VL, ISAS[cfg.isa].fma)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     k_full = b.mul(b.sdiv(K, _c64(VL)), _c64(VL))
     kmask = _lane_mask(b, 0, b.sub(K, k_full), VL)

@@ -25,6 +25,15 @@ place, and stores the result to C.  The call costs a few ns per VL outputs.
 The disk entry is checked against its sha256 sidecar before use.  It lives
 in runtime_dir() ($RLXC_RUNTIME_DIR, default ~/.cache/rlxc-runtime), not in
 the function cache: it is toolchain, not a compiled user function.
+
+Built ahead of time.  Building both variants takes 2-4 s of LLVM time, which a
+first run on a fresh machine would pay before its first result.  `make` (the
+install step) therefore runs `python -m rlxc.lowering.cpu.sgemm_object`, which
+builds them for the host and the x86-64-v3 baseline into prebuilt_dir() (next
+to this file; $RLXC_PREBUILT_DIR overrides it, empty turns it off).  Lookup
+order: memory, runtime_dir(), prebuilt_dir(), build (into runtime_dir()).  The
+key covers the CPU, its derived blocking, llvmlite and these sources, so a
+stale or foreign prebuilt object is never picked up.
 """
 from __future__ import annotations
 
@@ -48,6 +57,18 @@ SOURCES = ("sgemm_kernels.py", "openmp.py", "target.py", "sgemm_object.py")
 
 
 def _key(cpu: str) -> tuple[str, str]:
+    """(disk key, symbol tag) of `cpu`'s sgemm: computed once per process and cpu (it
+    reads and hashes the sources, and every matmul of a module asks for it)."""
+    got = _keys.get(cpu)
+    if got is None:
+        got = _keys[cpu] = _compute_key(cpu)
+    return got
+
+
+_keys: dict = {}
+
+
+def _compute_key(cpu: str) -> tuple[str, str]:
     from importlib.metadata import version
 
     from rlxc.lowering.cpu.sgemm_kernels import sgemm_config
@@ -140,6 +161,14 @@ def runtime_dir() -> str:
         os.path.expanduser("~"), ".cache", "rlxc-runtime")
 
 
+def prebuilt_dir() -> str:
+    """Where objects built at install time live ($RLXC_PREBUILT_DIR; "" = none)."""
+    env = os.environ.get("RLXC_PREBUILT_DIR")
+    if env is not None:
+        return env
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "prebuilt")
+
+
 def _read(path: str) -> bytes | None:
     try:
         with open(path, "rb") as f:
@@ -181,6 +210,9 @@ def sgemm_object(cpu: str = "native", variant: str = "cb") -> bytes:
         if obj is None:
             path = os.path.join(d, f"sgemm-{key}-{variant}.o")
             obj = _read(path)
+            pre = prebuilt_dir()
+            if obj is None and pre:
+                obj = _read(os.path.join(pre, os.path.basename(path)))
             if obj is None:
                 obj = _build(cpu, variant)
                 try:
@@ -209,3 +241,43 @@ def relocatable_link(objects: list[bytes], cpu: str = "native") -> bytes:
             raise RuntimeError(f"relocatable link failed: {proc.stderr.strip()}")
         with open(out, "rb") as f:
             return f.read()
+
+
+def prebuild(cpus=("native", "x86-64-v3"), out: str | None = None) -> list[str]:
+    """Build both variants for each of `cpus` into `out` (default prebuilt_dir());
+    returns the paths written (an existing, intact object is kept)."""
+    out = out or prebuilt_dir()
+    if not out:
+        raise ValueError("prebuild: no output folder ($RLXC_PREBUILT_DIR is empty)")
+    os.makedirs(out, exist_ok=True)
+    paths = []
+    for cpu in cpus:
+        key = _key(cpu)[0]
+        for variant in VARIANTS:
+            path = os.path.join(out, f"sgemm-{key}-{variant}.o")
+            if _read(path) is None:
+                obj = _build(cpu, variant)
+                _write_atomic(path + ".sha256", hashlib.sha256(obj).hexdigest().encode())
+                _write_atomic(path, obj)
+            paths.append(path)
+    return paths
+
+
+def main(argv=None) -> int:
+    import argparse
+    import time
+
+    ap = argparse.ArgumentParser(description="Build the shared sgemm objects ahead of time.")
+    ap.add_argument("cpus", nargs="*", default=["native", "x86-64-v3"],
+                    help="cpu strings (default: native x86-64-v3)")
+    ap.add_argument("--out", default=None, help="folder (default: prebuilt_dir())")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    paths = prebuild(args.cpus, args.out)
+    print(f"rlxc: {len(paths)} sgemm objects for {', '.join(args.cpus)} in "
+          f"{os.path.dirname(paths[0]) if paths else args.out} ({time.perf_counter() - t0:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

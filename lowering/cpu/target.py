@@ -25,6 +25,15 @@ x86-64 CPU name (``"x86-64-v3"``: the host's x86-64 target), a target name
 (``"aarch64-linux-gnu:neoverse-n1"``).  ``resolve_target(cpu)`` does the parsing,
 so every stage (target machine, sgemm blocking, linking) agrees on it.
 
+Cache sizes (``cache_info(cpu)``), from which the sgemm blocking is derived:
+for the host (``"native"``) they are read from sysfs
+(/sys/devices/system/cpu/cpu0/cache/index*: level, type, size, ways, and how
+many CPUs share the cache, so L3 is counted per core); for a named CPU that
+is not the host, or a host without sysfs, they come from ``CACHE_TABLE``:
+typical per-core sizes of that CPU family, from the vendors' optimization
+manuals (a VM or a part with a cut L3 may differ; only the blocking depends
+on them, never correctness).
+
 llvmlite 0.50 notes: ``llvm.initialize()`` raises, so only the
 ``initialize_all_*`` calls are made; O3 runs through the new pass manager
 (``create_pipeline_tuning_options`` + ``create_pass_builder``).
@@ -48,6 +57,9 @@ __all__ = [
     "host_cpu_name",
     "host_cpu_features",
     "host_has_avx512",
+    "CacheInfo",
+    "CACHE_TABLE",
+    "cache_info",
     "CpuTarget",
     "TARGETS",
     "host_target",
@@ -131,6 +143,143 @@ TARGETS: dict[str, CpuTarget] = {
                   emulator="qemu-aarch64"),
     )
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheInfo:
+    """Per-core data cache sizes of a CPU, in bytes (L3: this core's share)."""
+    l1d: int
+    l1d_ways: int
+    l2: int
+    l3: int
+    source: str   # "sysfs" | "table:<family>"
+
+    def describe(self) -> str:
+        return (f"L1d {self.l1d >> 10} KiB/{self.l1d_ways}-way, L2 {self.l2 >> 10} KiB, "
+                f"L3 {self.l3 >> 10} KiB per core ({self.source})")
+
+
+_K, _M = 1 << 10, 1 << 20
+# Typical per-core caches of x86-64 and AArch64 CPU families: (L1d, its ways, L2, L3 share),
+# keyed by family, then LLVM CPU names -> family.  The generic ISA levels take the most
+# common part of their class (x86-64-v3: Haswell/Skylake client, the smallest L2 of the
+# AVX2 parts; x86-64-v4: Skylake-SP).
+CACHE_TABLE: dict[str, tuple[int, int, int, int]] = {
+    "haswell":        (32 * _K, 8, 256 * _K, 2560 * _K),   # also broadwell
+    "skylake":        (32 * _K, 8, 256 * _K, 2 * _M),      # client: kaby/coffee/comet lake
+    "skylake-server": (32 * _K, 8, 1 * _M, 1408 * _K),     # skylake-avx512, cascade/cooper lake
+    "icelake-client": (48 * _K, 12, 512 * _K, 2 * _M),
+    "icelake-server": (48 * _K, 12, 1280 * _K, 1536 * _K),
+    "tigerlake":      (48 * _K, 12, 1280 * _K, 3 * _M),    # also rocketlake
+    "alderlake":      (48 * _K, 12, 1280 * _K, 3 * _M),    # P-cores; raptorlake: 2 MiB L2
+    "raptorlake":     (48 * _K, 12, 2 * _M, 3 * _M),
+    "sapphirerapids": (48 * _K, 12, 2 * _M, 1920 * _K),    # also emerald/granite rapids
+    "znver1":         (32 * _K, 8, 512 * _K, 2 * _M),      # 8 MiB per 4-core CCX
+    "znver2":         (32 * _K, 8, 512 * _K, 4 * _M),      # 16 MiB per 4-core CCX
+    "znver3":         (32 * _K, 8, 512 * _K, 4 * _M),      # 32 MiB per 8-core CCD
+    "znver4":         (32 * _K, 8, 1 * _M, 4 * _M),
+    "znver5":         (48 * _K, 12, 1 * _M, 4 * _M),
+    "neoverse-n1":    (64 * _K, 4, 1 * _M, 1 * _M),
+    "neoverse-v1":    (64 * _K, 4, 1 * _M, 1 * _M),
+    "neoverse-n2":    (64 * _K, 4, 1 * _M, 1 * _M),
+    "apple-m1":       (64 * _K, 8, 4 * _M, 2 * _M),        # P-core L1d is 128 KiB; shared L2
+    "generic-aarch64": (32 * _K, 4, 512 * _K, 1 * _M),     # Cortex-A5x/A7x class
+}
+_CPU_FAMILY = {   # x86-64 LLVM CPU names -> family
+    "x86-64": "haswell", "x86-64-v2": "haswell", "x86-64-v3": "haswell", "generic": "haswell",
+    "core2": "haswell", "nehalem": "haswell", "westmere": "haswell", "sandybridge": "haswell",
+    "ivybridge": "haswell", "broadwell": "haswell", "btver2": "haswell", "bdver4": "haswell",
+    "kabylake": "skylake", "coffeelake": "skylake", "cometlake": "skylake",
+    "cannonlake": "icelake-client", "x86-64-v4": "skylake-server",
+    "skylake-avx512": "skylake-server", "skx": "skylake-server", "cascadelake": "skylake-server",
+    "cooperlake": "skylake-server", "rocketlake": "tigerlake", "gracemont": "alderlake",
+    "meteorlake": "alderlake", "arrowlake": "alderlake", "lunarlake": "alderlake",
+    "sierraforest": "alderlake", "grandridge": "alderlake",
+    "emeraldrapids": "sapphirerapids", "graniterapids": "sapphirerapids",
+    "graniterapids-d": "sapphirerapids", "diamondrapids": "sapphirerapids",
+}
+_AARCH64_FAMILY = {   # AArch64 LLVM CPU names -> family
+    "neoverse-v2": "neoverse-n2", "ampere1": "neoverse-n1", "a64fx": "neoverse-n1",
+    "cortex-x1": "neoverse-n1", "apple-m2": "apple-m1", "apple-m3": "apple-m1",
+}
+
+
+def _family(name: str, arch: str) -> str:
+    if arch == "aarch64":
+        fam = _AARCH64_FAMILY.get(name, name)
+        return fam if fam in CACHE_TABLE else "generic-aarch64"
+    if name in CACHE_TABLE:
+        return name
+    if name in _CPU_FAMILY:
+        return _CPU_FAMILY[name]
+    if "avx512" in name:
+        return "skylake-server"
+    return "haswell"   # an unknown x86-64 part: the small caches of the AVX2 baseline
+
+
+def _sysfs_size(text: str) -> int:
+    text = text.strip().upper()
+    mult = {"K": _K, "M": _M, "G": 1 << 30}.get(text[-1:], 1)
+    return int(text.rstrip("KMG")) * mult
+
+
+def _cpu_count(cpulist: str) -> int:
+    n = 0
+    for part in cpulist.strip().split(","):
+        if part:
+            lo, _, hi = part.partition("-")
+            n += int(hi or lo) - int(lo) + 1
+    return max(n, 1)
+
+
+def sysfs_caches(root: str = "/sys/devices/system/cpu/cpu0/cache") -> CacheInfo | None:
+    """The host's per-core caches from sysfs, or None when it does not say (no sysfs, or
+    no L1d/L2 listed).  An L3 shared by n CPUs counts size/n; no L3 counts as 0."""
+    found = {}
+    try:
+        for entry in sorted(os.listdir(root)):
+            if not entry.startswith("index"):
+                continue
+            d = os.path.join(root, entry)
+
+            def rd(n, d=d):
+                with open(os.path.join(d, n)) as f:
+                    return f.read().strip()
+            kind, level = rd("type"), int(rd("level"))
+            if kind == "Instruction":
+                continue
+            size = _sysfs_size(rd("size"))
+            try:
+                ways = int(rd("ways_of_associativity"))
+            except (OSError, ValueError):
+                ways = 8
+            try:
+                share = _cpu_count(rd("shared_cpu_list"))
+            except (OSError, ValueError):
+                share = 1
+            found[level] = (size, ways, share)
+    except (OSError, ValueError):
+        return None
+    if 1 not in found or 2 not in found:
+        return None
+    l1, ways, _ = found[1]
+    l2, _, l2share = found[2]
+    l3 = found[3][0] // found[3][2] if 3 in found else 0
+    return CacheInfo(l1, max(ways, 1), l2 // max(l2share, 1), l3, "sysfs")
+
+
+@functools.lru_cache(maxsize=None)
+def cache_info(cpu: str = "native") -> CacheInfo:
+    """Per-core cache sizes of ``cpu`` (a cpu string): sysfs for the host, else the
+    typical sizes of its family (CACHE_TABLE)."""
+    tgt, name, _ = resolve_target(cpu)
+    if cpu in ("native", "host", ""):
+        got = sysfs_caches()
+        if got is not None:
+            return got
+    fam = _family(name, tgt.arch)
+    l1, ways, l2, l3 = CACHE_TABLE[fam]
+    return CacheInfo(l1, ways, l2, l3, f"table:{fam}")
 
 
 def host_target() -> CpuTarget:
