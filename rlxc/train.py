@@ -141,7 +141,7 @@ class StepProgram:
         step key plus a hash of the sources that turn a model into its step IR."""
         import hashlib
 
-        return hashlib.sha256(f"{self.key!r}|{_transform_fingerprint()}".encode()).hexdigest()
+        return hashlib.sha256(f"{self.key!r}|{transform_fingerprint()}".encode()).hexdigest()
 
     def arg_layout(self):
         """(data, params, slots, scalars, fwd) index ranges in the signature."""
@@ -169,12 +169,12 @@ class StepProgram:
         return ex
 
 
-def _safe(name: str) -> str:
+def safe_name(name: str) -> str:
     s = re.sub(r"\W", "_", name)
     return s if s and not s[0].isdigit() else "_" + s
 
 
-def _unique(base: str, used: set) -> str:
+def unique_name(base: str, used: set) -> str:
     n = base
     while n in used:
         n += "_"
@@ -182,7 +182,7 @@ def _unique(base: str, used: set) -> str:
     return n
 
 
-def _quant_key(quant):
+def quant_key(quant):
     if quant is None:
         return None
     if isinstance(quant, str):
@@ -221,7 +221,7 @@ _CACHE_MAX = 64
 _TRANSFORM_FP = None
 
 
-def _transform_fingerprint() -> str:
+def transform_fingerprint() -> str:
     """Hash of what builds a step graph from a model: the sources of rlxc/ and the
     dialect (tracer, IR builder, transforms, cleanup, optimizer rules), and the
     versions of xDSL (IR objects, rewriting) and NumPy (constant folding), read
@@ -278,7 +278,7 @@ def step_program(f, opt: Optimizer, wrt=None, max_grad_norm: float = 0.0, quant=
         norm_dtype = NORM_DTYPES.get(device, "f32")
     wrt = resolve_wrt(f, wrt)
     max_grad_norm = float(max_grad_norm)
-    qkey = _quant_key(quant)
+    qkey = quant_key(quant)
     key = (f.trace_hash(), optimizer_structure(opt), tuple(wrt), max(max_grad_norm, 0.0), qkey,
            norm_dtype, tuple(opt.step_scalars(1, opt.lr)))
     prog = _CACHE.get(key)
@@ -299,9 +299,9 @@ def _build(f, opt, wrt, max_grad_norm, qkey, norm_dtype) -> StepProgram:
     sig = f.signature()
     used = {a.name for a in sig}
     slot_args = [(p, s) for p in wrt for s in slots]
-    slot_arg_names = [_unique(_safe(f"opt_{s}_{p}"), used) for p, s in slot_args]
-    scal_name = _unique("opt_scalars", used)
-    fwd_names = [_unique(_safe(f"fwd_{p}"), used) for p in wrt] if qkey == "callable" else []
+    slot_arg_names = [unique_name(safe_name(f"opt_{s}_{p}"), used) for p, s in slot_args]
+    scal_name = unique_name("opt_scalars", used)
+    fwd_names = [unique_name(safe_name(f"fwd_{p}"), used) for p in wrt] if qkey == "callable" else []
 
     def build(sc: GraphScope, vg):
         data = {a.name: sc.input(a.name, a.shape, a.dtype) for a in sig if a.kind == "input"}
@@ -316,24 +316,12 @@ def _build(f, opt, wrt, max_grad_norm, qkey, norm_dtype) -> StepProgram:
         fwd = {p: sc.input(n, params[p].shape, "f32") for p, n in zip(wrt, fwd_names)}
         scal = {n: vec[i] for i, n in enumerate(scalar_names)}
 
-        call_args = dict(data)
-        for name, t in params.items():
-            if name in fwd:
-                t = fwd[name]
-            elif qkey is not None and name in wrt:
-                t = t.fake_quant(qkey[1])
-            call_args[name] = t
-        loss, *grads = sc.call(vg, call_args)
+        loss, grads = call_value_and_grad(sc, vg, data, params, wrt, qkey, fwd)
         if len(grads) != len(wrt):
             raise ValueError(f"train step: value_and_grad of {f.name} returned "
                              f"{len(grads)} grads for {len(wrt)} params")
-        if max_grad_norm > 0:
-            grads = _clip(sc, grads, max_grad_norm, norm_dtype)
-        new_p, new_s = [], []
-        for name, g in zip(wrt, grads):
-            p2, s2 = opt.checked_update(sc, params[name], g, st.get(name, {}), scal)
-            new_p.append(p2)
-            new_s.extend(s2[s] for s in slots)
+        new_p, new_s = clip_and_update(sc, opt, params, grads, wrt, st, scal,
+                                       max_grad_norm, norm_dtype)
         return [loss, *new_p, *new_s]
 
     def make():
@@ -350,7 +338,36 @@ def _build(f, opt, wrt, max_grad_norm, qkey, norm_dtype) -> StepProgram:
                        optimizer_structure(opt), max_grad_norm)
 
 
-def _clip(sc: GraphScope, grads, max_norm: float, nd: str):
+def call_value_and_grad(sc: GraphScope, vg, data: dict, params: dict, wrt, qkey, fwd: dict):
+    """Call the value_and_grad Func `vg` on the traced `data` and `params`: a param in `fwd`
+    is replaced by that input (a callable quantizer's forward value), the other `wrt` params
+    go through fake_quant when `qkey` names a format.  Returns (loss, grads)."""
+    call_args = dict(data)
+    for name, t in params.items():
+        if name in fwd:
+            t = fwd[name]
+        elif qkey is not None and name in wrt:
+            t = t.fake_quant(qkey[1])
+        call_args[name] = t
+    loss, *grads = sc.call(vg, call_args)
+    return loss, grads
+
+
+def clip_and_update(sc: GraphScope, opt: Optimizer, params: dict, grads, wrt, state: dict,
+                    scal: dict, max_grad_norm: float, norm_dtype: str):
+    """Global-norm clipping (when max_grad_norm > 0), then the optimizer's graph update of
+    each `wrt` param.  Returns (new params, new slots in wrt x opt.slots() order)."""
+    if max_grad_norm > 0:
+        grads = clip_grads(sc, grads, max_grad_norm, norm_dtype)
+    new_p, new_s = [], []
+    for name, g in zip(wrt, grads):
+        p2, s2 = opt.checked_update(sc, params[name], g, state.get(name, {}), scal)
+        new_p.append(p2)
+        new_s.extend(s2[k] for k in opt.slots())
+    return new_p, new_s
+
+
+def clip_grads(sc: GraphScope, grads, max_norm: float, nd: str):
     """The scaled grads (see the module docstring: clip, and Norm precision)."""
     one = sc.scalar(1.0, "f32")
     mx32 = sc.scalar(max_norm, "f32")
@@ -555,11 +572,3 @@ def load_params(f, path, strict: bool = True):
     dtypes = {a.name: NP_DTYPES[a.dtype] for a in f.signature() if a.kind == "param"}
     return f.with_params({n: to_param_dtype(f"load_params({str(path)!r})", n, a, dtypes[n])
                           for n, a in arrays.items()})
-
-
-# -- shared with rlxc/train_split.py (the step split in grads + apply programs) ------
-clip_grads = _clip
-quant_key = _quant_key
-safe_name = _safe
-unique_name = _unique
-transform_fingerprint = _transform_fingerprint

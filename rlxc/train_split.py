@@ -16,7 +16,7 @@ the gradients between them:
     apply:  args  opt_<slot>_<param> | opt_scalars f32[k] | grads f32[N]
                   | <trained params> (kind param, wrt order)
             g_p  = grads[off_p : off_p + numel_p].reshape(shape_p)
-            clip (max > 0): the fused step's clipping (rlxc/train.py `_clip`), on
+            clip (max > 0): the fused step's clipping (rlxc/train.py `clip_grads`), on
                   these grads: with the averaged gradient this is the global norm
             update: opt.checked_update, exactly as the fused step
             outputs: new p (wrt order)..., new slots (param-major, slot order)
@@ -38,12 +38,8 @@ from dataclasses import dataclass, field
 
 from .optim import Optimizer
 from .registry import backend
-from .train import NORM_DTYPES, optimizer_structure, resolve_wrt
-from .train import clip_grads as _clip
-from .train import quant_key as _quant_key
-from .train import safe_name as _safe
-from .train import transform_fingerprint as _transform_fingerprint
-from .train import unique_name as _unique
+from .train import (NORM_DTYPES, call_value_and_grad, clip_and_update, optimizer_structure,
+                    quant_key, resolve_wrt, safe_name, transform_fingerprint, unique_name)
 
 __all__ = ["SplitProgram", "split_programs"]
 
@@ -79,7 +75,7 @@ class SplitProgram:
         return sum(self.numels)
 
     def cache_alias(self) -> str:
-        return hashlib.sha256(f"{self.kind}|{self.key!r}|{_transform_fingerprint()}"
+        return hashlib.sha256(f"{self.kind}|{self.key!r}|{transform_fingerprint()}"
                               .encode()).hexdigest()
 
     def executor(self, device: str):
@@ -106,7 +102,7 @@ def split_programs(f, opt: Optimizer, wrt=None, max_grad_norm: float = 0.0, quan
         norm_dtype = NORM_DTYPES.get(device, "f32")
     wrt = resolve_wrt(f, wrt)
     max_grad_norm = max(float(max_grad_norm), 0.0)
-    qkey = _quant_key(quant)
+    qkey = quant_key(quant)
     key = (f.trace_hash(), optimizer_structure(opt), tuple(wrt), max_grad_norm, qkey,
            norm_dtype, tuple(opt.step_scalars(1, opt.lr)))
     pair = _CACHE.get(key)
@@ -127,8 +123,8 @@ def _grads(f, wrt, qkey, key) -> SplitProgram:
     Func = type(f)
     sig = f.signature()
     used = {a.name for a in sig}
-    scale_name = _unique("grad_scale", used)
-    fwd_names = [_unique(_safe(f"fwd_{p}"), used) for p in wrt] if qkey == "callable" else []
+    scale_name = unique_name("grad_scale", used)
+    fwd_names = [unique_name(safe_name(f"fwd_{p}"), used) for p in wrt] if qkey == "callable" else []
     shapes, numels = _layout(f, wrt)
 
     def build(sc, vg):
@@ -137,14 +133,7 @@ def _grads(f, wrt, qkey, key) -> SplitProgram:
         fwd = {p: sc.input(n, s, "f32") for p, n, s in zip(wrt, fwd_names, shapes)}
         params = {a.name: sc._arg(a.name, a.shape, a.dtype, "param")
                   for a in sig if a.kind == "param"}
-        call_args = dict(data)
-        for name, t in params.items():
-            if name in fwd:
-                t = fwd[name]
-            elif qkey is not None and name in wrt:
-                t = t.fake_quant(qkey[1])
-            call_args[name] = t
-        loss, *grads = sc.call(vg, call_args)
+        loss, grads = call_value_and_grad(sc, vg, data, params, wrt, qkey, fwd)
         if loss.size != 1:
             raise ValueError(f"distributed step: the loss of {f.name} must have one element, "
                              f"got shape {loss.shape}")
@@ -172,9 +161,9 @@ def _apply(f, opt, wrt, max_grad_norm, norm_dtype, key) -> SplitProgram:
     shapes, numels = _layout(f, wrt)
     used = set(wrt)
     slot_args = [(p, s) for p in wrt for s in slots]
-    slot_names = [_unique(_safe(f"opt_{s}_{p}"), used) for p, s in slot_args]
-    scal_name = _unique("opt_scalars", used)
-    grads_name = _unique("grads", used)
+    slot_names = [unique_name(safe_name(f"opt_{s}_{p}"), used) for p, s in slot_args]
+    scal_name = unique_name("opt_scalars", used)
+    grads_name = unique_name("grads", used)
     total = sum(numels)
 
     def build(sc):
@@ -189,13 +178,8 @@ def _apply(f, opt, wrt, max_grad_norm, norm_dtype, key) -> SplitProgram:
         for s, k in zip(shapes, numels):
             grads.append(flat.slice([off], [off + k]).reshape(s))
             off += k
-        if max_grad_norm > 0:
-            grads = _clip(sc, grads, max_grad_norm, norm_dtype)
-        new_p, new_s = [], []
-        for name, g in zip(wrt, grads):
-            p2, s2 = opt.checked_update(sc, params[name], g, st.get(name, {}), scal)
-            new_p.append(p2)
-            new_s.extend(s2[s] for s in slots)
+        new_p, new_s = clip_and_update(sc, opt, params, grads, wrt, st, scal,
+                                       max_grad_norm, norm_dtype)
         return [*new_p, *new_s]
 
     def make():
