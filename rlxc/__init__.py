@@ -23,6 +23,8 @@ _LAZY = {
     "Tensor": "rlxc.tensor",
     "concat": "rlxc.tensor",
     "where": "rlxc.tensor",
+    "argmax": "rlxc.indexops", "argmin": "rlxc.indexops", "cumsum": "rlxc.indexops",
+    "topk": "rlxc.indexops", "one_hot": "rlxc.indexops",
 }
 
 

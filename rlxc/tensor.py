@@ -663,6 +663,32 @@ class Tensor:
         d = self - target
         return (d * d).mean()
 
+    # -- indexing ops and randomness (rlxc/indexops.py, rlxc/random.py) ------
+    def argmax(self, axis=None, keepdims=False) -> "Tensor":
+        """i32 index of the largest element along `axis`; first on ties, NaN wins (NumPy)."""
+        from rlxc.indexops import argmax
+        return argmax(self, axis, keepdims)
+
+    def argmin(self, axis=None, keepdims=False) -> "Tensor":
+        """i32 index of the smallest element along `axis`; first on ties, NaN wins (NumPy)."""
+        from rlxc.indexops import argmin
+        return argmin(self, axis, keepdims)
+
+    def cumsum(self, axis=None) -> "Tensor":
+        """Inclusive running sum along `axis` (np.cumsum / torch.cumsum)."""
+        from rlxc.indexops import cumsum
+        return cumsum(self, axis)
+
+    def topk(self, k, axis=-1) -> tuple["Tensor", "Tensor"]:
+        """(values, i32 indices) of the k largest along `axis`, descending (torch.topk)."""
+        from rlxc.indexops import topk
+        return topk(self, k, axis)
+
+    def one_hot(self, n, dtype="f32") -> "Tensor":
+        """One-hot rows of length n for an integer tensor (jax.nn.one_hot)."""
+        from rlxc.indexops import one_hot
+        return one_hot(self, n, dtype)
+
 
 def _as_tensor(x, like: Tensor, what: str) -> Tensor:
     t = like._lift(x, what)

@@ -1,0 +1,164 @@
+"""Indexing ops as composites of rlx ops: argmax/argmin, cumsum, one_hot, topk.
+
+    argmax(x, a)   m = max(x, a); hit = (x == m) | isnan(x); min(where(hit, iota, n), a)
+    argmin(x, a)   the same with min(x, a)
+    cumsum(x, a)   Hillis-Steele scan: y += shift(y, s) for s = 1, 2, 4, ... < n
+    one_hot(i, n)  i[..., None] == iota(n), cast to the dtype
+    topk(x, k, a)  rank_i = #{j beating i} (a (.., n, n) compare-and-sum, fused);
+                   idx[p] = the i of rank p; values = x gathered at idx
+
+Each is built from ops that already have an interpreter rule, VJP, JVP and vmap
+rules and CPU/GPU lowerings, so every transform and backend applies unchanged
+and agrees bit-for-bit with the interpreter on the integer parts (the way JAX
+lowers cumsum through an associative scan and builds one_hot from comparisons).
+Derivatives follow JAX: argmax/argmin/one_hot/the topk indices are integer
+valued (their inputs pass through stop_gradient); cumsum's VJP is the reversed
+cumsum of the cotangent (the transposes of the pads and slices of the scan);
+topk values take the gradient through the gather (a scatter_add backwards).
+
+Semantics.  argmax/argmin return i32, the first index on ties; a NaN counts as
+the extreme (NumPy: the first NaN wins).  topk sorts descending like torch.topk,
+ties by lower index first, NaN above +inf (torch's order).  cumsum keeps the
+dtype (f32/f64/i32/i64).  one_hot of an index outside [0, n) is an all-zero row
+(JAX's rule).  Work: argmax/argmin/one_hot O(numel); cumsum O(numel log n)
+with log2(n) materialized passes; topk O(numel * n) (rank by comparison), meant
+for axes up to a few thousand elements.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from rlxc.dialect.shapes import FLOAT_DTYPES, INT_DTYPES, ShapeError, as_int, normalize_axes
+
+NUMBER_DTYPES = FLOAT_DTYPES + INT_DTYPES
+
+
+def _axis(x, axis, what: str) -> int:
+    if x.ndim == 0:
+        raise ShapeError(f"{what}: needs a tensor of rank >= 1, got a scalar")
+    if isinstance(axis, (tuple, list)):
+        raise TypeError(f"{what}: axis must be one integer, got {axis!r}")
+    return normalize_axes(axis, x.ndim, what)[0]
+
+
+def _numbers(x, what: str) -> None:
+    if x.dtype not in NUMBER_DTYPES:
+        raise TypeError(f"{what}: expects a f32/f64/i32/i64 tensor, got {x.dtype}")
+
+
+def _iota(x, n: int, axis: int, rank: int, dtype: str = "i32"):
+    """arange(n) laid along `axis` of a rank-`rank` tensor (size 1 elsewhere): a small
+    constant that broadcasts (a free index map, never a full-size array)."""
+    shape = [1] * rank
+    shape[axis] = n
+    return x.scope.constant(np.arange(n).reshape(shape), dtype)
+
+
+def _arg_extreme(x, axis, keepdims: bool, what: str, reduce: str):
+    _numbers(x, what)
+    if axis is None:
+        x, axis = x.reshape(-1), 0
+    ax = _axis(x, axis, what)
+    n = x.shape[ax]
+    if n == 0:
+        raise ShapeError(f"{what}: axis {ax} of {x.shape} is empty")
+    if n >= 2 ** 31:
+        raise ShapeError(f"{what}: axis {ax} of {x.shape} has more than 2**31 - 1 elements "
+                         "(the index is i32)")
+    xs = x.stop_gradient()
+    m = getattr(xs, reduce)(ax, keepdims=True)
+    hit = xs.eq(m)
+    if x.dtype in FLOAT_DTYPES:
+        hit = hit | xs.ne(xs)     # NaN: max/min propagate it, so only NaNs hit
+    iota = _iota(x, n, ax, x.ndim).broadcast_to(x.shape)
+    from rlxc.tensor import where
+
+    return where(hit, iota, n).min(ax, keepdims=keepdims)
+
+
+def argmax(x, axis=None, keepdims: bool = False):
+    """Index (i32) of the largest element along `axis` (the flattened tensor when None);
+    the first one on ties; a NaN counts as the largest (NumPy's np.argmax)."""
+    return _arg_extreme(x, axis, keepdims, "argmax", "max")
+
+
+def argmin(x, axis=None, keepdims: bool = False):
+    """Index (i32) of the smallest element along `axis`; first on ties; NaN wins (NumPy)."""
+    return _arg_extreme(x, axis, keepdims, "argmin", "min")
+
+
+def cumsum(x, axis=None):
+    """Inclusive running sum along `axis` (the flattened tensor when None), dtype kept."""
+    _numbers(x, "cumsum")
+    if axis is None:
+        x, axis = x.reshape(-1), 0
+    ax = _axis(x, axis, "cumsum")
+    n = x.shape[ax]
+    y, s = x, 1
+    while s < n:
+        lim = list(x.shape)
+        lim[ax] = n - s
+        low = [0] * x.ndim
+        low[ax] = s
+        head = y.slice([0] * x.ndim, lim)
+        y = y + y.scope.emit("rlx.pad", [head], low=tuple(low), high=(0,) * x.ndim)
+        s *= 2
+    return y
+
+
+def one_hot(x, n: int, dtype: str = "f32"):
+    """x[..., None] == arange(n) as `dtype` (f32 by default, like jax.nn.one_hot): shape
+    x.shape + (n,); an index outside [0, n) gives a row of zeros (JAX's rule)."""
+    if x.dtype not in INT_DTYPES:
+        raise TypeError(f"one_hot: expects an integer (i32/i64) tensor, got {x.dtype}")
+    n = as_int(n, "one_hot", "class count")
+    if n < 0:
+        raise ShapeError(f"one_hot: class count must be >= 0, got {n}")
+    xs = x.stop_gradient().expand_dims(-1)
+    shape = x.shape + (n,)
+    iota = _iota(x, n, x.ndim, x.ndim + 1, x.dtype)
+    return xs.broadcast_to(shape).eq(iota.broadcast_to(shape)).cast(dtype)
+
+
+def topk(x, k: int, axis: int = -1):
+    """(values, indices): the k largest elements along `axis`, sorted descending (ties: the
+    lower index first; NaN above everything, torch.topk's order); indices are i32."""
+    _numbers(x, "topk")
+    ax = _axis(x, axis, "topk")
+    n = x.shape[ax]
+    k = as_int(k, "topk", "k")
+    if not 1 <= k <= n:
+        raise ShapeError(f"topk: k = {k} out of range [1, {n}] for axis {ax} of {x.shape}")
+    if n >= 2 ** 31:
+        raise ShapeError(f"topk: axis {ax} of {x.shape} is too long for i32 indices")
+    perm = [d for d in range(x.ndim) if d != ax] + [ax]
+    xt = x.transpose(perm)                       # (..., n)
+    lead = xt.shape[:-1]
+    xs = xt.stop_gradient()
+    pair = lead + (n, n)                        # [..., i, j]: does x_j come before x_i?
+    xi = xs.expand_dims(-1).broadcast_to(pair)
+    xj = xs.expand_dims(-2).broadcast_to(pair)
+    r = len(pair)
+    jlt = (_iota(x, n, r - 1, r) < _iota(x, n, r - 2, r)).broadcast_to(pair)
+    if x.dtype in FLOAT_DTYPES:
+        ni, nj = xi.ne(xi), xj.ne(xj)
+        beats = xj.gt(xi) | (nj & ~ni) | ((xj.eq(xi) | (ni & nj)) & jlt)
+    else:
+        beats = xj.gt(xi) | (xj.eq(xi) & jlt)
+    rank = beats.cast("i32").sum(-1)            # (..., n): a permutation of 0..n-1
+    sel = (lead + (k, n))
+    hit = rank.expand_dims(-2).broadcast_to(sel).eq(_iota(x, k, len(sel) - 2, len(sel))
+                                                    .broadcast_to(sel))
+    from rlxc.tensor import where
+
+    idx = where(hit, _iota(x, n, len(sel) - 1, len(sel)).broadcast_to(sel), 0).sum(-1)
+    rows = 1
+    for d in lead:
+        rows *= d
+    dt = "i64" if rows * n >= 2 ** 31 else "i32"
+    flat = idx.cast(dt) + x.scope.constant((np.arange(rows) * n).reshape(lead + (1,)), dt)
+    vals = xt.reshape(-1).gather_raw(flat.reshape(-1), 0, "topk").reshape(lead + (k,))
+    inv = [0] * x.ndim
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return vals.transpose(inv), idx.transpose(inv)
