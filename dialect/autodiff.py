@@ -525,6 +525,10 @@ def _scatter_add_vjp(b, op, g, need):
     return [None, b.op("gather", g, b.wrap(op.operands[0]), axis=p["axis"], label=p["label"])]
 
 
+defzero("rlx.philox")          # random draws: integer operands (key, counter)
+ZERO_DERIVATIVE["rlx.philox"] = "integer operands (key, counter)"
+
+
 @defrule("rlx.cast")
 def _cast_vjp(b, op, g, need):
     src = dtype_of(op.operands[0].type)

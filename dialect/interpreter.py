@@ -19,6 +19,7 @@ from xdsl.dialects import func
 
 from .module import get_func, outputs
 from .ops import OPS, RlxOp
+from .philox import philox_uniform
 from .types import NP_DTYPES, dense_value, dtype_of
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])
@@ -225,6 +226,7 @@ EVAL_RULES = {
     "rlx.concat": lambda *xs, axis: np.concatenate(xs, axis=axis),
     "rlx.gather": _gather,
     "rlx.scatter_add": _scatter_add,
+    "rlx.philox": philox_uniform,     # dialect/philox.py
 }
 
 missing = set(OPS) - set(EVAL_RULES) - {"rlx.constant", "rlx.cast"}

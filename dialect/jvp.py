@@ -116,6 +116,7 @@ def _sub_jvp(b, op, ts):
 
 for _n in ("eq", "ne", "lt", "le", "gt", "ge"):
     JVP_RULES[f"rlx.{_n}"] = lambda b, op, ts: None
+JVP_RULES["rlx.philox"] = lambda b, op, ts: None     # integer operands: zero tangent
 
 
 @defrule("rlx.select")

@@ -390,6 +390,18 @@ class CastOp(RlxOp):
         return {"dtype": dtype_of(self.results[0].type)}
 
 
+PhiloxOp = _define(
+    "philox", "Counter-based random draws: element i is word `word` of the Philox-4x32-10 "
+    "block with key (key0[i], key1[i]) and counter (counter[i], stream, 0, 0), as a uniform "
+    "f32 in [0, 1) (the top 24 bits times 2**-24); rlxc.random builds on it.",
+    "%u = rlx.philox %k0, %k1, %ctr word = 0 stream = 0 : tensor<8xui32>, tensor<8xui32>, "
+    "tensor<8xi32> -> tensor<8xf32>",
+    {"key0": operand_def(TensorType), "key1": operand_def(TensorType),
+     "counter": operand_def(TensorType), "result": result_def(TensorType)},
+    "$key0 `,` $key1 `,` $counter `word` `=` $word `stream` `=` $stream attr-dict `:` "
+    "type($key0) `,` type($key1) `,` type($counter) `->` type($result)")
+
+
 RLX = Dialect("rlx", list(OPS.values()), [])
 
 

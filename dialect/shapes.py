@@ -28,8 +28,11 @@ import numpy as np
 
 from rlxc.runtime.errors import ShapeError
 
-DTYPE_NAMES = ("f32", "f64", "i1", "i32", "i64")
-NP_DTYPES = {"f32": np.float32, "f64": np.float64, "i1": np.bool_, "i32": np.int32, "i64": np.int64}
+# u32: the key dtype of rlxc.random (bits, not numbers): views, gather, concat, select,
+# casts and rlx.philox take it; arithmetic and compares on it are TypeErrors (U32_OPS)
+DTYPE_NAMES = ("f32", "f64", "i1", "i32", "i64", "u32")
+NP_DTYPES = {"f32": np.float32, "f64": np.float64, "i1": np.bool_, "i32": np.int32, "i64": np.int64,
+             "u32": np.uint32}
 FLOAT_DTYPES = ("f32", "f64")
 INT_DTYPES = ("i32", "i64")
 
@@ -108,7 +111,7 @@ def dense_bytes(array, dtype: str | None = None) -> tuple[tuple, str, bytes]:
     array = np.asarray(array)
     if dtype is None:
         dtype = {np.dtype(np.float64): "f64", np.dtype(np.bool_): "i1", np.dtype(np.int32): "i32",
-                 np.dtype(np.int64): "i64"}.get(array.dtype, "f32")
+                 np.dtype(np.int64): "i64", np.dtype(np.uint32): "u32"}.get(array.dtype, "f32")
     arr = np.array(array, dtype=NP_DTYPES[dtype], order="C")  # keeps rank 0
     if dtype == "i1":
         arr = arr.astype(np.int8)
@@ -140,8 +143,8 @@ PARAM_KINDS = {
 }
 
 
-ALL_DTYPES = DTYPE_NAMES
-ELEMENTWISE_FAMILIES = ("unary", "binary", "compare", "select", "cast")
+ALL_DTYPES = ("f32", "f64", "i1", "i32", "i64")   # the number dtypes (u32 is a key dtype)
+ELEMENTWISE_FAMILIES = ("unary", "binary", "compare", "select", "cast", "random")
 
 
 class OpShape(NamedTuple):
@@ -508,3 +511,29 @@ _shape("concat", "variadic", _infer_concat, {"axis": "int"})
 _shape("gather", "gather", _infer_gather, {"axis": "int", "label": "str"})
 _shape("scatter_add", "gather", _infer_scatter_add, {"axis": "int", "dim": "int", "label": "str"},
        root=True)
+
+
+# ---------------------------------------------------------------- randomness (rlxc/random.py)
+# rlx.philox(k0, k1, ctr) {word, stream}: element i is word `word` of the Philox-4x32-10
+# block with key (k0, k1) and counter (ctr, stream, 0, 0), as a uniform f32 in [0, 1):
+# (bits >> 8) * 2**-24.  Elementwise: every operand has the result's shape (the key words
+# are broadcast u32 views, ctr the i32 linear index), so vmap, fusion and both backends
+# treat it like any elementwise op (lowering/shared/philox.py, dialect/philox.py).
+
+def _infer_philox(types, word, stream):
+    k0, k1, c = types
+    if not (k0.shape == k1.shape == c.shape):
+        raise ShapeError(f"philox: operand shapes differ: {k0}, {k1}, {c}")
+    if k0.dtype != "u32" or k1.dtype != "u32" or c.dtype != "i32":
+        raise ShapeError(f"philox: expects u32 key words and an i32 counter, got {k0}, {k1}, {c}")
+    if not 0 <= word < 4 or not 0 <= stream < 2 ** 32:
+        raise ShapeError(f"philox: word {word} not in [0, 4) or stream {stream} not in [0, 2**32)")
+    return c.shape, "f32"
+
+
+_shape("philox", "random", _infer_philox, {"word": "int", "stream": "int"}, cost="heavy")
+
+# the ops that accept u32 operands (the tracer rejects any other op on them)
+U32_OPS = frozenset(n for n, s in SHAPES.items() if s.view) | {
+    "rlx.gather", "rlx.concat", "rlx.select", "rlx.stop_gradient", "rlx.cast", "rlx.philox",
+    "rlx.pad"}

@@ -19,6 +19,7 @@ from xdsl.dialects.builtin import (
     Float32Type,
     Float64Type,
     IntegerType,
+    Signedness,
     TensorType,
     f32,
     f64,
@@ -37,7 +38,8 @@ from .shapes import (  # noqa: F401  (re-exported)
     numel,
 )
 
-DTYPES = {"f32": f32, "f64": f64, "i1": i1, "i32": i32, "i64": i64}
+DTYPES = {"f32": f32, "f64": f64, "i1": i1, "i32": i32, "i64": i64,
+          "u32": IntegerType(32, Signedness.UNSIGNED)}
 
 
 def dtype_name(elem) -> str:
@@ -47,6 +49,8 @@ def dtype_name(elem) -> str:
         return "f64"
     if isinstance(elem, IntegerType):
         w = elem.width.data
+        if w == 32 and elem.signedness.data == Signedness.UNSIGNED:
+            return "u32"
         return {1: "i1", 32: "i32", 64: "i64"}.get(w, f"i{w}")
     raise TypeError(f"unsupported element type {elem}")
 

@@ -140,6 +140,7 @@ def _family(*families: str) -> list[str]:
 
 def_elementwise(*_family("unary", "binary", "compare", "select"), "rlx.cast")  # fake_quant is unary
 def_reducer(*_family("reduce"))
+def_elementwise(*_family("random"))   # rlx.philox: the batch of keys broadcasts per element
 
 
 # ---------------------------------------------------------------- matmul

@@ -28,7 +28,7 @@ _LAZY = {
 }
 
 
-_SUBMODULES = ("distributed",)   # imported on first use: rlxc.distributed.init(...)
+_SUBMODULES = ("distributed", "random")   # imported on first use: rlxc.distributed.init(...)
 
 
 def __getattr__(name):

@@ -25,6 +25,7 @@ from rlxc.dialect.shapes import (
     SHAPES,
     ShapeError,
     TType,
+    U32_OPS,
     as_dims,
     as_int,
     broadcast_shapes,
@@ -116,6 +117,9 @@ class GraphScope:
         """Record one rlx op (its name, like "rlx.pad", or its class) on `operands`."""
         name = op if isinstance(op, str) else op.name
         spec = SHAPES[name]
+        if name not in U32_OPS and any(t.dtype == "u32" for t in operands):
+            raise TypeError(f"{name}: u32 tensors are random keys (bits), not numbers: only "
+                            "views, gather, concat, where, casts and rlxc.random take them")
         shape, dtype = spec.infer([t.value.type for t in operands], **params)
         _check_dtype(dtype)
         _check_size(name, shape, dtype)
@@ -597,6 +601,9 @@ class Tensor:
             raise TypeError(f"cast: unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
         if dtype == self.dtype:
             return self
+        if dtype == "u32" and self.dtype not in INT_DTYPES:
+            raise TypeError(f"cast: only i32/i64 tensors cast to u32 (the key dtype), "
+                            f"got {self.dtype}")
         (v,) = self.scope.trace.add("rlx.cast", [self.value], {"dtype": dtype},
                                     [TType(self.shape, dtype)])
         return Tensor(self.scope, v)
@@ -683,6 +690,11 @@ class Tensor:
         """(values, i32 indices) of the k largest along `axis`, descending (torch.topk)."""
         from rlxc.indexops import topk
         return topk(self, k, axis)
+
+    def dropout(self, p, key, stream=0) -> "Tensor":
+        """Inverted dropout with a u32 key of shape (2,): rlxc.random.dropout."""
+        from rlxc.random import dropout
+        return dropout(self, p, key, stream)
 
     def one_hot(self, n, dtype="f32") -> "Tensor":
         """One-hot rows of length n for an integer tensor (jax.nn.one_hot)."""

@@ -59,7 +59,7 @@ from .call import CallFrame, checked_array, data_address
 from .errors import ArtifactError, RlxError
 
 NP_DTYPES = {"f32": np.float32, "f64": np.float64, "i1": np.bool_, "i32": np.int32,
-             "i64": np.int64}
+             "i64": np.int64, "u32": np.uint32}
 _EXC = {"IndexError": IndexError, "ValueError": ValueError, "RuntimeError": RuntimeError}
 ABI = 1
 

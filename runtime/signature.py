@@ -12,7 +12,7 @@ import numpy as np
 from .errors import NameLookupError, ShapeError
 
 NP_DTYPES = {"f32": np.float32, "f64": np.float64, "i1": np.bool_, "i32": np.int32,
-             "i64": np.int64}
+             "i64": np.int64, "u32": np.uint32}
 
 
 def _count(shape) -> int:
@@ -28,7 +28,7 @@ def coerce(kind: str, name: str, value, shape, dtype: str) -> np.ndarray:
     a = value if isinstance(value, np.ndarray) else np.asarray(value)
     if a.dtype.kind not in "biuf":
         raise TypeError(f"{kind} {name!r}: expects numbers ({dtype}), got dtype {a.dtype}")
-    if dtype in ("i32", "i64", "i1") and a.dtype.kind == "f":
+    if dtype in ("i32", "i64", "i1", "u32") and a.dtype.kind == "f":
         raise TypeError(f"{kind} {name!r}: expects integers ({dtype}), got {a.dtype}")
     shape = tuple(shape)
     if a.shape != shape:
@@ -41,6 +41,9 @@ def coerce(kind: str, name: str, value, shape, dtype: str) -> np.ndarray:
     if dtype in ("i32",) and a.dtype.kind in "iu" and a.size and \
             (a.max() > np.iinfo(np.int32).max or a.min() < np.iinfo(np.int32).min):
         raise ValueError(f"{kind} {name!r}: values do not fit in i32")
+    if dtype == "u32" and a.dtype.kind in "iu" and a.size and \
+            (int(a.max()) > 0xFFFFFFFF or int(a.min()) < 0):
+        raise ValueError(f"{kind} {name!r}: values do not fit in u32 (0 .. 2**32 - 1)")
     if a.dtype != want or not a.flags.c_contiguous:
         a = np.ascontiguousarray(a, dtype=want)
     return a

@@ -301,7 +301,7 @@ def _lanes(cpu: str) -> int:
 
 
 def _align(dt: str) -> int:
-    return {"f32": 4, "f64": 8, "i1": 1, "i32": 4, "i64": 8}[dt]
+    return {"f32": 4, "f64": 8, "i1": 1, "i32": 4, "i64": 8, "u32": 4}[dt]
 
 
 def ptr_type(dt: str):

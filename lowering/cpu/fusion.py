@@ -49,7 +49,7 @@ VIEW_OPS = ops_where(lambda s: s.view)
 FREE_OPS = VIEW_OPS | {"rlx.stop_gradient"}  # never worth a buffer of their own
 # roots: the ops computed by a kernel of their own, and concat (the CPU writes it piecewise)
 ROOT_OPS = ops_where(lambda s: s.root) | {"rlx.concat"}
-SUPPORTED_DTYPES = ("f32", "f64", "i1", "i32", "i64")
+SUPPORTED_DTYPES = ("f32", "f64", "i1", "i32", "i64", "u32")
 
 
 def unsupported_dtype(opname: str, dtype: str):
@@ -75,7 +75,7 @@ def splat_value(v):
     arr = dense_value(v.owner.value)
     x = arr.reshape(-1)[0] if arr.size else 0
     d = dtype_of(v.type)
-    return bool(x) if d == "i1" else (int(x) if d in ("i32", "i64") else float(x))
+    return bool(x) if d == "i1" else (int(x) if d in ("i32", "i64", "u32") else float(x))
 
 
 class Plan:
@@ -210,7 +210,8 @@ class Gen:
                 check_dtype(o, name)
             if name == "rlx.cast":
                 return Op("cast", args, dt)
-            params = tuple(sorted(op.params().items())) if name == "rlx.fake_quant" else ()
+            params = tuple(sorted(op.params().items())) if name in ("rlx.fake_quant",
+                                                                    "rlx.philox") else ()
             if fam in ("unary", "binary") and dt not in SHAPES[name].dtypes:
                 raise unsupported_dtype(name, dt)
             return Op(short, args, dt, params)

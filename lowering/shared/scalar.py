@@ -65,6 +65,7 @@ import llvmlite.ir as ir
 import numpy as np
 
 from rlxc.dialect.shapes import SHAPES
+from rlxc.lowering.shared.philox import philox_rule
 
 F32 = ir.FloatType()
 F64 = ir.DoubleType()
@@ -73,8 +74,8 @@ I8 = ir.IntType(8)
 I32 = ir.IntType(32)
 I64 = ir.IntType(64)
 
-TYPES = {"f32": F32, "f64": F64, "i1": I1, "i32": I32, "i64": I64}
-MEM_TYPES = {"f32": F32, "f64": F64, "i1": I8, "i32": I32, "i64": I64}
+TYPES = {"f32": F32, "f64": F64, "i1": I1, "i32": I32, "i64": I64, "u32": I32}
+MEM_TYPES = {"f32": F32, "f64": F64, "i1": I8, "i32": I32, "i64": I64, "u32": I32}
 FCMP = {"eq": "==", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 
 
@@ -267,13 +268,21 @@ def cast(b, x, src: str, dst: str):
         if dst == "i1":
             return b.fcmp_unordered("!=", x, const(x.type, 0.0))
         return _fptosi(b, x, to)
-    if src == "i1":
-        return b.uitofp(x, to) if _is_float(dst) else b.zext(x, to)
+    if src in ("i1", "u32"):   # unsigned sources: zero-extended
+        if _is_float(dst):
+            return b.uitofp(x, to)
+        if dst == "i1":
+            return b.icmp_unsigned("!=", x, const(x.type, 0))
+        if TYPES[dst].width == TYPES[src].width:
+            return x
+        return b.zext(x, to) if TYPES[dst].width > TYPES[src].width else b.trunc(x, to)
     if _is_float(dst):
         return b.sitofp(x, to)
     if dst == "i1":
         return b.icmp_signed("!=", x, const(x.type, 0))
     sw, dw = TYPES[src].width, TYPES[dst].width
+    if sw == dw:               # i32 <-> u32: the same bits
+        return x
     return b.sext(x, to) if dw > sw else b.trunc(x, to)
 
 
@@ -424,6 +433,7 @@ LOWER_RULES = {
     "rlx.minimum": _binary("min"),
     "rlx.rem": _binary("rem"),
     **{f"rlx.{n}": _compare(n) for n in (*FCMP, "ne")},
+    "rlx.philox": philox_rule,     # lowering/shared/philox.py
     # every transcendental: derived from its `math` property (dialect/shapes.py)
     **{name: _math(s.math) for name, s in SHAPES.items() if s.math},
 }
