@@ -191,6 +191,45 @@ for _n, _f in MATH_FAMILY_BINARY.items():   # y away from 0 keeps atan2 off its 
          (lambda m: lambda s, x, y: getattr(x, m)(y))(_n), _f)
 
 
+# issue 15: indexing ops and randomness (rlxc/indexops.py, rlxc/random.py); own generator
+_rng15 = np.random.default_rng(15)
+_TIES = np.array([[1, 3, 3, -2, 0], [5, 5, 5, 5, 5], [-1, 2, 0.5, 2, -3]], np.float32)
+_KEYF = np.array([3.5, 7.5], np.float32)        # a runtime key: cast i32 -> u32 (3, 7)
+
+
+def _g15(*shape):
+    return _rng15.uniform(-2, 2, size=shape).astype(np.float32)
+
+
+def _philox_ref(key, shape, word=0):
+    import philox_ref   # tests/philox_ref.py: pure-Python Philox-4x32-10
+    return philox_ref.uniform(np.trunc(key).astype(np.int64), shape, word)
+
+
+def _stable_topk(x, k):
+    i = np.argsort(-x, axis=-1, kind="stable")[..., :k]
+    return np.take_along_axis(x, i, -1), i.astype(np.int32)
+
+
+case("argmax", {"x": _TIES}, lambda s, x: x.argmax(1), lambda x: np.argmax(x, 1).astype(np.int32))
+case("argmin", {"x": _TIES}, lambda s, x: x.argmin(0), lambda x: np.argmin(x, 0).astype(np.int32))
+case("argmax_all", {"x": _g15(3, 4)}, lambda s, x: x.argmax(), lambda x: np.int32(np.argmax(x)))
+case("cumsum", {"x": _g15(3, 7)}, lambda s, x: x.cumsum(1), lambda x: np.cumsum(x, 1))
+case("cumsum_axis0", {"x": _g15(5, 2, 3)}, lambda s, x: x.cumsum(0), lambda x: np.cumsum(x, 0))
+case("topk_values", {"x": _g15(3, 7)}, lambda s, x: x.topk(3)[0],
+     lambda x: _stable_topk(x, 3)[0])
+case("topk_indices", {"x": _g15(2, 6, 3)}, lambda s, x: x.topk(2, axis=1)[1],
+     lambda x: np.moveaxis(_stable_topk(np.moveaxis(x, 1, -1), 2)[1], -1, 1))
+case("one_hot", {"x": _g15(2, 3) * 3 + 2.5}, lambda s, x: x.cast("i32").one_hot(5),
+     lambda x: (np.trunc(x).astype(np.int64)[..., None] == np.arange(5)).astype(np.float32))
+case("philox", {"k": _KEYF},
+     lambda s, k: rlxc.random.uniform(k.cast("i32").cast("u32"), (4, 5)),
+     lambda k: _philox_ref(k, (4, 5)))
+case("dropout", {"x": _g15(4, 6), "k": _KEYF},
+     lambda s, x, k: x.dropout(0.25, k.cast("i32").cast("u32")),
+     lambda x, k: np.where(_philox_ref(k, (4, 6)) >= 0.25, x / 0.75, 0).astype(np.float32))
+
+
 def make_func(name):
     build, oracle, inputs = CASES[name]
     names = list(inputs)

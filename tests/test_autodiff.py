@@ -137,6 +137,12 @@ case("scatter_add", {"x": _u(4, 3)},
 case("cast", {"x": _u(3, 4)}, lambda s, x: (x.cast("f64") * 2.0).cast("f32"), label="cast_float")
 case("cast", {"x": _u(3, 4, lo=-5, hi=5)}, lambda s, x: x.cast("i32").cast("f32") * x,
      label="cast_int")
+# rlxc.random's draws: zero derivative in the key; the product rule around them
+case("philox", {"x": _u(4, 5)},
+     lambda s, x: rlxc.random.uniform(s.constant(np.array([3, 7], np.uint32), "u32"), (4, 5)) * x)
+case("philox", {"x": _u(3, 4)},
+     lambda s, x: rlxc.random.normal(s.constant(np.array([1, 2], np.uint32), "u32"), (3, 4)) * x
+     + x.dropout(0.5, s.constant(np.array([5, 6], np.uint32), "u32")), label="philox_dropout")
 
 
 def weights(shape):
@@ -280,7 +286,9 @@ SHARED_SKIP = {"fake_quant": "straight-through gradient, not the FD slope",
                "stop_gradient": "the identity with gradient zero, not the FD slope",
                "round": "inputs on the jumps (halves): derivative 0 by convention",
                **{n: "rounded inputs tie: FD crosses the mask"
-                  for n in ("eq", "ne", "lt", "le", "gt", "ge")}}
+                  for n in ("eq", "ne", "lt", "le", "gt", "ge")},
+               **{n: "i32 indices: no derivative (JAX's rule), grad refuses integer outputs"
+                  for n in ("argmax", "argmin", "argmax_all", "topk_indices")}}
 
 
 @pytest.mark.parametrize("name", sorted(opcases.CASES))

@@ -135,7 +135,8 @@ def test_grad_of_grad_scalar_native():
 @pytest.mark.parametrize("name", sorted(opcases.CASES))
 def test_op_grad_and_jvp_compiled(name):
     f, _oracle, inputs, names = opcases.make_func(name)
-    if name in ("stop_gradient", "eq", "ne", "lt", "le", "gt", "ge"):
+    if name in ("stop_gradient", "eq", "ne", "lt", "le", "gt", "ge",
+                "argmax", "argmin", "argmax_all", "topk_indices"):
         pytest.skip("no float path from the inputs to the output")
     g = f.grad(names)
     t = f.jvp(names)
