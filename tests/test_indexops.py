@@ -314,3 +314,14 @@ def test_against_torch_topk_cumsum(shape, axis, k):
                                    + (t.cumsum(axis) * wc).sum())(s.input("x", shape)))
     got = g.grad("x").run_on("cpu", x=x)[0]
     np.testing.assert_allclose(got, tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_vmap_of_index_ops_matches_a_loop():
+    x = RNG.normal(size=(3, 6, 4)).astype(np.float32)
+    f = rlxc.Func("vi", lambda s: (lambda t: [t.argmax(0), t.cumsum(1), *t.topk(2, axis=0),
+                                              t.argmin(1).one_hot(4)])(s.input("x", (6, 4))))
+    vb = f.vmap(["x"], 3)
+    for outs in _all(vb, x=x):
+        for b in range(3):
+            for got, want in zip(outs, f.run_on("interp", x=x[b])):
+                np.testing.assert_allclose(got[b], want, rtol=1e-6, atol=1e-6)
