@@ -4,8 +4,10 @@
     argmin(x, a)   the same with min(x, a)
     cumsum(x, a)   Hillis-Steele scan: y += shift(y, s) for s = 1, 2, 4, ... < n
     one_hot(i, n)  i[..., None] == iota(n), cast to the dtype
-    topk(x, k, a)  rank_i = #{j beating i} (a (.., n, n) compare-and-sum, fused);
-                   idx[p] = the i of rank p; values = x gathered at idx
+    topk(x, k, a)  k small (8k < n): k passes of a masked argmax (first max, or first NaN,
+                   among the untaken); else rank_i = #{j beating i} (a (.., n, n)
+                   compare-and-sum, fused), idx[p] = the i of rank p;
+                   values = x gathered at idx (both give the same order)
 
 Each is built from ops that already have an interpreter rule, VJP, JVP and vmap
 rules and CPU/GPU lowerings, so every transform and backend applies unchanged
@@ -21,8 +23,7 @@ the extreme (NumPy: the first NaN wins).  topk sorts descending like torch.topk,
 ties by lower index first, NaN above +inf (torch's order).  cumsum keeps the
 dtype (f32/f64/i32/i64).  one_hot of an index outside [0, n) is an all-zero row
 (JAX's rule).  Work: argmax/argmin/one_hot O(numel); cumsum O(numel log n)
-with log2(n) materialized passes; topk O(numel * n) (rank by comparison), meant
-for axes up to a few thousand elements.
+with log2(n) materialized passes; topk O(numel * min(8k, n)).
 """
 from __future__ import annotations
 
@@ -135,6 +136,52 @@ def topk(x, k: int, axis: int = -1):
     xt = x.transpose(perm)                       # (..., n)
     lead = xt.shape[:-1]
     xs = xt.stop_gradient()
+    idx = _topk_select(xs, k) if k * SELECT_RATIO < n else _topk_rank(xs, k)
+    rows = 1
+    for d in lead:
+        rows *= d
+    dt = "i64" if rows * n >= 2 ** 31 else "i32"
+    flat = idx.cast(dt) + x.scope.constant((np.arange(rows) * n).reshape(lead + (1,)), dt)
+    vals = xt.reshape(-1).gather_raw(flat.reshape(-1), 0, "topk").reshape(lead + (k,))
+    inv = [0] * x.ndim
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return vals.transpose(inv), idx.transpose(inv)
+
+
+SELECT_RATIO = 8    # k * 8 < n: k selection passes (O(k n)); else ranking (O(n^2))
+
+
+def _topk_select(xs, k: int):
+    """k passes of a masked argmax over the last axis: pass p takes the first maximum
+    (the first NaN if any) among the elements not yet taken."""
+    from rlxc.tensor import concat, where
+
+    n = xs.shape[-1]
+    iota = _iota(xs, n, xs.ndim - 1, xs.ndim).broadcast_to(xs.shape)
+    isnan = xs.ne(xs) if xs.dtype in FLOAT_DTYPES else None
+    low = float("-inf") if xs.dtype in FLOAT_DTYPES else int(np.iinfo(
+        np.int32 if xs.dtype == "i32" else np.int64).min)
+    taken, out = None, []
+    for _ in range(k):
+        cur = xs if taken is None else where(taken, low, xs)
+        m = cur.max(-1, keepdims=True)
+        hit = xs.eq(m) if isnan is None else xs.eq(m) | isnan
+        if taken is not None:
+            hit = hit & ~taken
+        i = where(hit, iota, n).min(-1, keepdims=True)
+        out.append(i)
+        new = iota.eq(i)
+        taken = new if taken is None else taken | new
+    return concat(out, -1)
+
+
+def _topk_rank(xs, k: int):
+    """Ranking: rank_i = #{j before i} by one (.., n, n) compare-and-sum, then the i of
+    each rank p < k."""
+    x = xs
+    n = xs.shape[-1]
+    lead = xs.shape[:-1]
     pair = lead + (n, n)                        # [..., i, j]: does x_j come before x_i?
     xi = xs.expand_dims(-1).broadcast_to(pair)
     xj = xs.expand_dims(-2).broadcast_to(pair)
@@ -151,14 +198,4 @@ def topk(x, k: int, axis: int = -1):
                                                     .broadcast_to(sel))
     from rlxc.tensor import where
 
-    idx = where(hit, _iota(x, n, len(sel) - 1, len(sel)).broadcast_to(sel), 0).sum(-1)
-    rows = 1
-    for d in lead:
-        rows *= d
-    dt = "i64" if rows * n >= 2 ** 31 else "i32"
-    flat = idx.cast(dt) + x.scope.constant((np.arange(rows) * n).reshape(lead + (1,)), dt)
-    vals = xt.reshape(-1).gather_raw(flat.reshape(-1), 0, "topk").reshape(lead + (k,))
-    inv = [0] * x.ndim
-    for i, p in enumerate(perm):
-        inv[p] = i
-    return vals.transpose(inv), idx.transpose(inv)
+    return where(hit, _iota(x, n, len(sel) - 1, len(sel)).broadcast_to(sel), 0).sum(-1)

@@ -243,11 +243,13 @@ def test_cumsum_numpy_random_shapes():
 
 def test_cumsum_topk_fd_and_grad_of_grad():
     def build(s):
-        x = s.input("x", (3, 5))
-        v, _ = x.topk(3, axis=1)
-        return (x.cumsum(1).sin() * x).sum() + (v * v * s.constant(np.arange(3.0) + 1)).sum()
+        x = s.input("x", (3, 6))
+        v, _ = x.topk(3, axis=1)                            # ranking
+        w, _ = x.reshape(18).topk(2)                        # selection passes (2 * 8 < 18)
+        return (x.cumsum(1).sin() * x).sum() + (v * v * s.constant(np.arange(3.0) + 1)).sum() \
+            + (w * w * w).sum()
     m = rlxc.Func("ctk", build).module
-    x = RNG.permutation(15).reshape(3, 5) * 0.2 - 1.3      # distinct: no topk ties
+    x = RNG.permutation(18).reshape(3, 6) * 0.2 - 1.3      # distinct: no topk ties
     check_vjp(m, [x], rtol=1e-5, atol=1e-6)
     check_vjp(grad_module(m, float_args(m)), [x], float_args(m), rtol=1e-5, atol=1e-5)
     f = rlxc.Func("ctk", build)
@@ -265,8 +267,9 @@ def _np_topk(x, k, axis):
             np.moveaxis(nan_first, -1, axis).astype(np.int32))
 
 
+# k * 8 < n takes the k-pass selection (rlxc/indexops.py), the others the ranking
 TOPK_SHAPES = [((5,), 1, 0), ((5,), 5, 0), ((3, 8), 3, -1), ((8, 3), 2, 0), ((2, 5, 7), 4, 1),
-               ((2, 3, 33), 5, 2)]
+               ((2, 3, 33), 5, 2), ((4, 50), 3, 1), ((41, 3), 5, 0), ((3, 100), 1, -1)]
 
 
 def test_topk_numpy_random_shapes_ties_nan():
@@ -274,6 +277,10 @@ def test_topk_numpy_random_shapes_ties_nan():
               for k, (shp, _, _) in enumerate(TOPK_SHAPES)}
     arrays["x1"] = np.array([2, np.nan, 2, -np.inf, np.nan], np.float32)   # ties and NaN
     arrays["x3"] = np.round(arrays["x3"])                                   # many ties
+    arrays["x7"] = np.round(arrays["x7"] * 2)                               # ties, selection
+    arrays["x7"][[3, 7, 20], 1] = [np.nan, -np.inf, np.nan]
+    arrays["x6"][1] = -np.inf                                               # all -inf row
+    arrays["x6"][2, [4, 9]] = np.nan
     ints = RNG.integers(-3, 3, (4, 9)).astype(np.int64)
 
     def build(s):
