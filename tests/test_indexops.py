@@ -332,3 +332,53 @@ def test_vmap_of_index_ops_matches_a_loop():
         for b in range(3):
             for got, want in zip(outs, f.run_on("interp", x=x[b])):
                 np.testing.assert_allclose(got[b], want, rtol=1e-6, atol=1e-6)
+
+
+KEYED_C = r"""
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include "keyed.h"
+
+int main(void)
+{
+    static float x[KEYED_INPUT0_NUMEL], y[KEYED_OUTPUT0_NUMEL];
+    uint32_t key[2] = {4000000000u, 17u};      /* above INT32_MAX: unsigned all the way */
+    const float *in[2] = {x, (const float *)key};
+    float *out[1] = {y};
+    keyed_ctx *ctx = keyed_create();
+    int i;
+    if (strcmp(keyed_input_dtype(1), "u32") != 0) return 2;
+    for (i = 0; i < (int)KEYED_INPUT0_NUMEL; ++i) x[i] = (float)i;
+    if (keyed_run(ctx, in, out) != RLX_OK) { printf("%s\n", keyed_last_error(ctx)); return 3; }
+    for (i = 0; i < (int)KEYED_OUTPUT0_NUMEL; ++i) printf("%.9g\n", y[i]);
+    keyed_destroy(ctx);
+    return 0;
+}
+"""
+
+
+def test_u32_key_through_the_c_abi(tmp_path):
+    """A C program passes a uint32_t key (one above INT32_MAX) to a compiled dropout."""
+    import shutil
+    import subprocess
+
+    from rlxc import export as aot
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler")
+    f = rlxc.Func("keyed", lambda s: s.input("x", (4, 8)).dropout(
+        0.5, s.input("key", (2,), "u32"), stream=3))
+    aot.build_artifact(aot.spec_from_func(f, "keyed"), str(tmp_path))
+    assert '"u32"' in (tmp_path / "keyed.h").read_text()
+    (tmp_path / "main.c").write_text(KEYED_C)
+    subprocess.run(["cc", "-std=c99", "-Wall", "-Werror", "-I", str(tmp_path),
+                    str(tmp_path / "main.c"), "-L", str(tmp_path), "-lkeyed",
+                    f"-Wl,-rpath,{tmp_path}", "-o", str(tmp_path / "main")], check=True)
+    p = subprocess.run([str(tmp_path / "main")], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    got = np.array([float(v) for v in p.stdout.split()], np.float32).reshape(4, 8)
+    x = np.arange(32, dtype=np.float32).reshape(4, 8)
+    key = np.array([4000000000, 17], np.uint32)
+    mask = philox_ref.uniform(key, (4, 8), stream=3) >= 0.5
+    np.testing.assert_array_equal(got, np.where(mask, x * 2, 0))
+    np.testing.assert_array_equal(got, f.run_on("interp", x=x, key=key)[0])
