@@ -3,7 +3,9 @@
 rlx values are ranked builtin tensors, `tensor<4x3xf32>`. A rank-0 tensor
 (`tensor<f32>`) is a scalar; full reductions produce one. Element types:
 f32 (the compute type), f64 (the interpreter's gradient-check mode and
-explicit casts), i1 (masks from comparisons), i32/i64 (indices).
+explicit casts), i1 (masks from comparisons), i32/i64 (indices), u32 (`ui32`:
+the keys of rlxc.random; bits, not numbers: only views, gather, concat, select,
+casts and rlx.philox take it, see shapes.U32_OPS).
 
 The xDSL-free parts (dtype names, shape arithmetic, constant bytes) live in
 dialect/shapes.py and are re-exported here.

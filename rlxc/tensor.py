@@ -72,7 +72,8 @@ class GraphScope:
         return Tensor(self, self.trace.add_arg(Arg(name, kind, shape, dtype)))
 
     def input(self, name: str, shape, dtype: str = "f32") -> "Tensor":
-        """A named runtime input of the given shape and dtype (f32, f64, i1, i32, i64)."""
+        """A named runtime input of the given shape and dtype (f32, f64, i1, i32, i64, or
+        u32 for the (2,) keys of rlxc.random)."""
         return self._arg(name, shape, dtype, "input")
 
     def param(self, name: str, shape, dtype: str = "f32") -> "Tensor":
