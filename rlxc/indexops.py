@@ -58,6 +58,8 @@ def _iota(x, n: int, axis: int, rank: int, dtype: str = "i32"):
 def _arg_extreme(x, axis, keepdims: bool, what: str, reduce: str):
     _numbers(x, what)
     if axis is None:
+        if keepdims:      # NumPy: every axis kept as size 1
+            return _arg_extreme(x, None, False, what, reduce).reshape((1,) * x.ndim)
         x, axis = x.reshape(-1), 0
     ax = _axis(x, axis, what)
     n = x.shape[ax]

@@ -175,11 +175,11 @@ def test_argmax_argmin_ties_nan_ints():
     def build(s):
         t, i = s.input("x", x.shape), s.input("n", n.shape, "i64")
         return [t.argmax(1), t.argmin(1), t.argmax(0, keepdims=True), t.argmin(),
-                i.argmax(1), i.argmin(0), rlxc.argmax(t, -1)]
+                i.argmax(1), i.argmin(0), rlxc.argmax(t, -1), i.argmax(keepdims=True)]
     outs = _all(rlxc.Func("am", build), x=x, n=n)
     _same(outs)
     want = [np.argmax(x, 1), np.argmin(x, 1), np.argmax(x, 0)[None], np.argmin(x),
-            np.argmax(n, 1), np.argmin(n, 0), np.argmax(x, -1)]
+            np.argmax(n, 1), np.argmin(n, 0), np.argmax(x, -1), np.argmax(n, keepdims=True)]
     for got, w in zip(outs[1], want):
         assert got.dtype == np.int32
         np.testing.assert_array_equal(got, w)
