@@ -156,6 +156,11 @@ CASES["rlx.scatter_add"] = [
      {"i": _ints(3)}),
 ]
 
+_u32 = lambda rng, shp: rng.integers(0, 2 ** 32, shp, dtype=np.uint64).astype(np.uint32)  # noqa
+CASES["rlx.philox"] = [   # rlxc.random: keys and counters batched in every combination
+    (_op("rlx.philox", [("k0", (2, 3), "u32"), ("k1", (2, 3), "u32"), ("c", (2, 3), "i32")],
+         word=1, stream=5), {"k0": _u32, "k1": _u32, "c": _ints(1000)})]
+
 
 def _subsets(names):
     return [list(c) for r in range(1, len(names) + 1) for c in itertools.combinations(names, r)]
