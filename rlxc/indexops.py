@@ -4,8 +4,8 @@
     argmin(x, a)   the same with min(x, a)
     cumsum(x, a)   Hillis-Steele scan: y += shift(y, s) for s = 1, 2, 4, ... < n
     one_hot(i, n)  i[..., None] == iota(n), cast to the dtype
-    topk(x, k, a)  k small (8k < n): k passes of a masked argmax (first max, or first NaN,
-                   among the untaken); else rank_i = #{j beating i} (a (.., n, n)
+    topk(x, k, a)  k small (8k < n): k passes of an argmax (first max, or first NaN) over
+                   the elements after the previous pick in the order; else rank_i = #{j beating i} (a (.., n, n)
                    compare-and-sum, fused), idx[p] = the i of rank p;
                    values = x gathered at idx (both give the same order)
 
@@ -155,26 +155,47 @@ SELECT_RATIO = 8    # k * 8 < n: k selection passes (O(k n)); else ranking (O(n^
 
 
 def _topk_select(xs, k: int):
-    """k passes of a masked argmax over the last axis: pass p takes the first maximum
-    (the first NaN if any) among the elements not yet taken."""
+    """k passes over the last axis, each two fused reductions and no mask buffer: pass p
+    takes the first maximum (the first NaN if any) among the elements that come after
+    pass p-1's pick (v, i) in the order (NaN first, then descending, ties by index)."""
     from rlxc.tensor import concat, where
 
     n = xs.shape[-1]
     iota = _iota(xs, n, xs.ndim - 1, xs.ndim).broadcast_to(xs.shape)
-    isnan = xs.ne(xs) if xs.dtype in FLOAT_DTYPES else None
-    low = float("-inf") if xs.dtype in FLOAT_DTYPES else int(np.iinfo(
-        np.int32 if xs.dtype == "i32" else np.int64).min)
-    taken, out = None, []
+    isf = xs.dtype in FLOAT_DTYPES
+    xnan = xs.ne(xs) if isf else None
+    low = float(np.finfo(np.float32 if xs.dtype == "f32" else np.float64).min) if isf else \
+        int(np.iinfo(np.int32 if xs.dtype == "i32" else np.int64).min)
+    v = i = None
+    out = []
     for _ in range(k):
-        cur = xs if taken is None else where(taken, low, xs)
+        if v is None:
+            cand = None
+            cur = xs
+        else:
+            vb, ib = v.broadcast_to(xs.shape), i.broadcast_to(xs.shape)
+            later = iota > ib
+            after = xs.lt(vb) | (xs.eq(vb) & later)
+            if isf:
+                vnan = vb.ne(vb)
+                after = where(vnan, ~xnan | later, ~xnan & after)
+            cand = after
+            cur = where(cand, xs, low)
         m = cur.max(-1, keepdims=True)
-        hit = xs.eq(m) if isnan is None else xs.eq(m) | isnan
-        if taken is not None:
-            hit = hit & ~taken
+        hit = xs.eq(m.broadcast_to(xs.shape)) if not isf else \
+            xs.eq(m.broadcast_to(xs.shape)) | xnan
+        if cand is not None:
+            hit = hit & cand
         i = where(hit, iota, n).min(-1, keepdims=True)
+        v = m
+        if cand is not None and isf:
+            # `low` is the lowest finite float, not -inf: a max over where(c, x, -inf)
+            # compiles to a slow non-vectorized loop (see the report); when every candidate
+            # is -inf nothing hits, and the pick is the first candidate, value -inf
+            none = i.eq(n)
+            i = where(none, where(cand, iota, n).min(-1, keepdims=True), i)
+            v = where(none, float("-inf"), m)
         out.append(i)
-        new = iota.eq(i)
-        taken = new if taken is None else taken | new
     return concat(out, -1)
 
 

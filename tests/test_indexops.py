@@ -281,6 +281,8 @@ def test_topk_numpy_random_shapes_ties_nan():
     arrays["x7"][[3, 7, 20], 1] = [np.nan, -np.inf, np.nan]
     arrays["x6"][1] = -np.inf                                               # all -inf row
     arrays["x6"][2, [4, 9]] = np.nan
+    arrays["x6"][3] = -np.inf                                               # the lowest finite
+    arrays["x6"][3, [30, 5]] = np.finfo(np.float32).min                     # float, then -inf
     ints = RNG.integers(-3, 3, (4, 9)).astype(np.int64)
 
     def build(s):
