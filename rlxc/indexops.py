@@ -5,9 +5,9 @@
     cumsum(x, a)   Hillis-Steele scan: y += shift(y, s) for s = 1, 2, 4, ... < n
     one_hot(i, n)  i[..., None] == iota(n), cast to the dtype
     topk(x, k, a)  k small (8k < n): k passes of an argmax (first max, or first NaN) over
-                   the elements after the previous pick in the order; else rank_i = #{j beating i} (a (.., n, n)
-                   compare-and-sum, fused), idx[p] = the i of rank p;
-                   values = x gathered at idx (both give the same order)
+                   the elements after the previous pick in the order; else ranking:
+                   rank_i = #{j beating i} (a (.., n, n) compare-and-sum, fused),
+                   idx[p] = the i of rank p; values = x gathered at idx (same order)
 
 Each is built from ops that already have an interpreter rule, VJP, JVP and vmap
 rules and CPU/GPU lowerings, so every transform and backend applies unchanged

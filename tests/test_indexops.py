@@ -384,3 +384,14 @@ def test_u32_key_through_the_c_abi(tmp_path):
     mask = philox_ref.uniform(key, (4, 8), stream=3) >= 0.5
     np.testing.assert_array_equal(got, np.where(mask, x * 2, 0))
     np.testing.assert_array_equal(got, f.run_on("interp", x=x, key=key)[0])
+
+
+def test_constant_splat_key_above_int32_max():
+    """A constant key (a splat u32 above INT32_MAX, folded into the loop as an immediate)
+    draws the same bits on every backend; 5000 elements stay unfolded (> FOLD_LIMIT)."""
+    key = np.array([4000000000, 4000000000], np.uint32)
+    f = rlxc.Func("sp", lambda s: s.input("x", (5000,)) * rlxc.random.uniform(
+        s.constant(key, "u32"), (5000,)))
+    outs = _all(f, x=np.ones(5000, np.float32))
+    _same(outs)
+    np.testing.assert_array_equal(outs[0][0][:64], philox_ref.uniform(key, (64,)))
