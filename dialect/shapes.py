@@ -508,3 +508,11 @@ _shape("concat", "variadic", _infer_concat, {"axis": "int"})
 _shape("gather", "gather", _infer_gather, {"axis": "int", "label": "str"})
 _shape("scatter_add", "gather", _infer_scatter_add, {"axis": "int", "dim": "int", "label": "str"},
        root=True)
+
+
+# ---------------------------------------------------------------- convolution (dialect/conv_shapes.py)
+
+from .conv_shapes import CONV_SHAPES  # noqa: E402
+
+for _n, (_f, _p) in CONV_SHAPES.items():
+    _shape(_n, "conv", _f, _p, root=True)

@@ -23,6 +23,8 @@ _LAZY = {
     "Tensor": "rlxc.tensor",
     "concat": "rlxc.tensor",
     "where": "rlxc.tensor",
+    **{n: "rlxc.conv" for n in ("conv2d", "conv1d", "conv_transpose2d", "max_pool2d",
+                                "avg_pool2d", "upsample_nearest2d")},
 }
 
 

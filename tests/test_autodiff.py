@@ -138,6 +138,17 @@ case("cast", {"x": _u(3, 4)}, lambda s, x: (x.cast("f64") * 2.0).cast("f32"), la
 case("cast", {"x": _u(3, 4, lo=-5, hi=5)}, lambda s, x: x.cast("i32").cast("f32") * x,
      label="cast_int")
 
+# the convolution family (rlxc/conv.py): strides, asymmetric padding, dilation, groups
+_CONV = dict(stride=(2, 1), padding=(1, 0, 2, 1), dilation=(1, 2), groups=2)
+case("conv2d", {"x": _u(2, 4, 6, 5), "w": _u(4, 2, 3, 2)},
+     lambda s, x, w: s.emit("rlx.conv2d", [x, w], **_CONV))
+case("conv2d", {"x": _u(1, 2, 4, 4), "w": _u(3, 2, 3, 3), "b": _u(3)},
+     lambda s, x, w, b: x.conv2d(w, b, padding="same"), label="conv2d_same_bias")
+case("conv_transpose2d", {"x": _u(2, 4, 3, 3), "w": _u(4, 1, 3, 2)},
+     lambda s, x, w: s.emit("rlx.conv_transpose2d", [x, w], **_CONV, output_padding=(1, 0)))
+case("conv2d_filter_grad", {"x": _u(2, 4, 6, 5), "y": _u(2, 4, 3, 6)},
+     lambda s, x, y: s.emit("rlx.conv2d_filter_grad", [x, y], **_CONV, kernel=(3, 2)))
+
 
 def weights(shape):
     """The fixed cotangent R of a case's loss sum(out * R)."""

@@ -156,6 +156,16 @@ CASES["rlx.scatter_add"] = [
      {"i": _ints(3)}),
 ]
 
+_CONV = dict(stride=(2, 1), padding=(1, 0, 2, 1), dilation=(1, 2), groups=2)
+CASES["rlx.conv2d"] = [(_op("rlx.conv2d", [("x", (2, 4, 6, 5), F), ("w", (4, 2, 3, 2), F)],
+                            **_CONV), {})]
+CASES["rlx.conv_transpose2d"] = [(_op("rlx.conv_transpose2d", [("x", (2, 4, 3, 3), F),
+                                                               ("w", (4, 1, 3, 2), F)],
+                                      **_CONV, output_padding=(1, 0)), {})]
+CASES["rlx.conv2d_filter_grad"] = [(_op("rlx.conv2d_filter_grad", [("x", (2, 4, 6, 5), F),
+                                                                   ("y", (2, 4, 3, 6), F)],
+                                        **_CONV, kernel=(3, 2)), {})]
+
 
 def _subsets(names):
     return [list(c) for r in range(1, len(names) + 1) for c in itertools.combinations(names, r)]
