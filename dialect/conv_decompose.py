@@ -2,12 +2,13 @@
 
     rlx.conv2d(x, w)                       im2col, then ONE (batched) GEMM in NCHW order:
       xpad = pad(x)                          cols[n, (c,i,j), (p,q)] = xpad[n, c, p*sh+i*dh, q*sw+j*dw]
-      cols = concat_ij(slice_ij(xpad))       (kH*kW strided slices, reshaped and concatenated)
-      y    = w(g, O/g, C/g*kH*kW) @ cols(N, g, C/g*kH*kW, OH*OW)  -> (N, O, OH, OW)
+      cols = concat_ij(slice_ij(xpad))       (kH*kW strided slices, reshaped and concatenated;
+                                              K ordered (i, j, c), the weight permuted to match)
+      y    = w(g, O/g, kH*kW*C/g) @ cols(N, g, kH*kW*C/g, OH*OW)  -> (N, O, OH, OW)
     rlx.conv_transpose2d(y, w)             GEMM, then col2im:
       cols = w^T(g, Co/g*kH*kW, Ci/g) @ y(N, g, Ci/g, H*W)
       z    = crop(sum_ij pad_ij(dilate_s(cols[:, :, ij])))   (zeros interleaved by reshape+pad)
-    rlx.conv2d_filter_grad(x, dy)          dw = sum_n dy(N, g, O/g, L) @ cols^T(N, g, L, K)
+    rlx.conv2d_filter_grad(x, dy)          dw^T = sum_n cols(N, g, K, L) @ dy^T(N, g, L, O/g)
 
 A 1x1, stride-1, unpadded conv2d skips im2col (cols is x reshaped).  Depthwise conv2d
 (one input and one output channel per group) is a weighted sum of the kH*kW windows, an
@@ -52,14 +53,27 @@ def _windows(b: Builder, x, kernel, stride, padding, dilation, oh, ow):
     return out
 
 
-def _cols(b: Builder, x, kernel, stride, padding, dilation, oh, ow):
-    """(N, C, kH*kW, OH*OW): im2col in NCHW order (a plain reshape for a 1x1 stride-1 conv)."""
+def _cols(b: Builder, x, kernel, stride, padding, dilation, oh, ow, g):
+    """(N, g, kH*kW*C/g, OH*OW): im2col with K ordered (i, j, c), so each window is one
+    contiguous block of the concat (no copy after it); a plain reshape for a 1x1 stride-1
+    conv.  The weight is permuted to match (_w_rows), a small copy."""
     n, c = x.shape[:2]
     if tuple(kernel) == (1, 1) and tuple(stride) == (1, 1) and not any(padding):
-        return b.reshape(x, (n, c, 1, oh * ow))
-    pieces = [b.reshape(s, (n, c, 1, oh * ow))
+        return b.reshape(x, (n, g, c // g, oh * ow))
+    pieces = [b.reshape(s, (n, g, c // g, oh * ow))
               for s in _windows(b, x, kernel, stride, padding, dilation, oh, ow)]
     return pieces[0] if len(pieces) == 1 else b.op("concat", *pieces, axis=2)
+
+
+def _w_rows(b: Builder, w, g):
+    """(O, C/g, kH, kW) -> (g, O/g, kH*kW*C/g), K in the (i, j, c) order of _cols."""
+    o, cg, kh, kw = w.shape
+    return b.reshape(b.transpose(w, (0, 2, 3, 1)), (g, o // g, kh * kw * cg))
+
+
+def _squeeze_groups(b: Builder, v, g):
+    """Drop the group dim (axis -3) when there is one group: a plain 2-D/3-D GEMM."""
+    return b.reshape(v, v.shape[:-3] + v.shape[-2:]) if g == 1 else v
 
 
 def _tree_sum(terms):
@@ -85,12 +99,8 @@ def _conv2d(b: Builder, op):
                       strides=(1, 1, 1, 1))
             terms.append(win * b.broadcast_to(b.reshape(wk, (o, 1, 1)), win.shape))
         return _tree_sum(terms)
-    cols = _cols(b, x, *args)
-    k = cg * kh * kw
-    if g == 1:
-        y = b.op("matmul", b.reshape(w, (o, k)), b.reshape(cols, (n, k, oh * ow)))
-    else:
-        y = b.op("matmul", b.reshape(w, (g, o // g, k)), b.reshape(cols, (n, g, k, oh * ow)))
+    cols = _squeeze_groups(b, _cols(b, x, *args, g), g)
+    y = b.op("matmul", _squeeze_groups(b, _w_rows(b, w, g), g), cols)
     return b.reshape(y, (n, o, oh, ow))
 
 
@@ -154,14 +164,13 @@ def _conv2d_filter_grad(b: Builder, op):
     o, oh, ow = dy.shape[1:]
     kh, kw = p["kernel"]
     g = p["groups"]
-    cols = _cols(b, x, (kh, kw), p["stride"], p["padding"], p["dilation"], oh, ow)
-    k = (c // g) * kh * kw
-    if g == 1:
-        prod = b.op("matmul", b.reshape(dy, (n, o, oh * ow)), b.mT(b.reshape(cols, (n, k, oh * ow))))
-    else:
-        prod = b.op("matmul", b.reshape(dy, (n, g, o // g, oh * ow)),
-                    b.mT(b.reshape(cols, (n, g, k, oh * ow))))
-    return b.reshape(b.reduce("sum", prod, (0,)), (o, c // g, kh, kw))
+    cols = _squeeze_groups(b, _cols(b, x, (kh, kw), p["stride"], p["padding"], p["dilation"],
+                                    oh, ow, g), g)
+    # dw^T = cols @ dy^T summed over N: the transposed operand is the small dy
+    dyt = b.mT(_squeeze_groups(b, b.reshape(dy, (n, g, o // g, oh * ow)), g))
+    dwt = b.reduce("sum", b.op("matmul", cols, dyt), (0,))        # ([g,] kH*kW*C/g, O/g)
+    dw = b.reshape(b.mT(dwt), (o, kh, kw, c // g))
+    return b.transpose(dw, (0, 3, 1, 2))
 
 
 DECOMPOSE = {

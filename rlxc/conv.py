@@ -5,7 +5,9 @@
     x.conv_transpose2d(w, b=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1)
                                            rlx.conv_transpose2d (the VJP of conv2d in x)
     x.max_pool2d(kernel, stride=None, padding=0)   max of the kH*kW strided windows; padding
-                                           is -inf (a select), so it never wins
+                                           is -inf (a select), so it never wins; with
+                                           stride == kernel and no padding, one max
+                                           reduction over a (N, C, OH, kH, OW, kW) view
     x.avg_pool2d(kernel, stride=None, padding=0)   mean of the windows, zeros counted
                                            (count_include_pad=True, PyTorch's default)
     x.upsample_nearest2d(scale)            reshape, broadcast, reshape
@@ -157,11 +159,23 @@ def _tree(terms, fn):
     return terms[0]
 
 
+def _tiles(x, k, oh, ow):
+    """Non-overlapping windows (stride == kernel, no padding) as dims 3 and 5 of a
+    (N, C, OH, kH, OW, kW) view: the pool is then one reduction."""
+    n, c = x.shape[:2]
+    if (oh * k[0], ow * k[1]) != x.shape[2:]:
+        x = x.slice((0, 0, 0, 0), (n, c, oh * k[0], ow * k[1]))
+    return x.reshape(n, c, oh, k[0], ow, k[1])
+
+
 def max_pool2d(x, kernel, stride=None, padding=0):
-    """Max over kH x kW windows of NCHW x; padded positions are -inf (never the max)."""
+    """Max over kH x kW windows of NCHW x; padded positions are -inf (never the max).
+    Ties within a window share the gradient evenly (the max reduction's rule)."""
     from rlxc.tensor import where
 
     k, s, p, oh, ow = _pool_geometry(x, kernel, stride, padding, "max_pool2d")
+    if s == k and not any(p):
+        return _tiles(x, k, oh, ow).max((3, 5))
     xp = _pad_hw(x, p)
     if any(p):
         inside = np.zeros(xp.shape[2:], bool)
@@ -173,6 +187,8 @@ def max_pool2d(x, kernel, stride=None, padding=0):
 def avg_pool2d(x, kernel, stride=None, padding=0):
     """Mean over kH x kW windows of NCHW x, padded zeros included (count_include_pad)."""
     k, s, p, oh, ow = _pool_geometry(x, kernel, stride, padding, "avg_pool2d")
+    if s == k and not any(p):
+        return _tiles(x, k, oh, ow).mean((3, 5))
     total = _tree(_pool_windows(_pad_hw(x, p), k, s, oh, ow), lambda a, b: a + b)
     return total * (1.0 / (k[0] * k[1]))
 
