@@ -1,10 +1,10 @@
-"""The `rlx-decompose-conv` pass: the convolution family as pad/slice/concat/reshape/matmul.
+"""The `rlx-decompose-conv` pass: the convolution family as pad/gather/slice/reshape/matmul.
 
     rlx.conv2d(x, w)                       im2col, then ONE (batched) GEMM in NCHW order:
       xpad = pad(x)                          cols[n, (c,i,j), (p,q)] = xpad[n, c, p*sh+i*dh, q*sw+j*dw]
-      cols = concat_ij(slice_ij(xpad))       (kH*kW strided slices, reshaped and concatenated;
-                                              K ordered (i, j, c), the weight permuted to match)
-      y    = w(g, O/g, kH*kW*C/g) @ cols(N, g, kH*kW*C/g, OH*OW)  -> (N, O, OH, OW)
+      cols = gather(xpad, IDX)               one gather at constant indices (one kernel, not
+                                             kH*kW window copies: LLVM time stays small)
+      y    = w(g, O/g, C/g*kH*kW) @ cols(N, g, C/g*kH*kW, OH*OW)  -> (N, O, OH, OW)
     rlx.conv_transpose2d(y, w)             GEMM, then col2im:
       cols = w^T(g, Co/g*kH*kW, Ci/g) @ y(N, g, Ci/g, H*W)
       z    = crop(sum_ij pad_ij(dilate_s(cols[:, :, ij])))   (zeros interleaved by reshape+pad)
@@ -22,11 +22,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
 from .autodiff import Builder
+from .ops import ConstantOp
+from .types import dense_attr, tensor_type
 from .conv_shapes import CONV_SHAPES
 from .module import get_func
 
@@ -53,22 +56,35 @@ def _windows(b: Builder, x, kernel, stride, padding, dilation, oh, ow):
     return out
 
 
+def _const(b: Builder, array, dtype: str):
+    op = ConstantOp.create(result_types=[tensor_type(array.shape, dtype)],
+                           properties={"value": dense_attr(array, dtype)})
+    b.block.insert_op_before(op, b.anchor)
+    return b.wrap(op.results[0])
+
+
 def _cols(b: Builder, x, kernel, stride, padding, dilation, oh, ow, g):
-    """(N, g, kH*kW*C/g, OH*OW): im2col with K ordered (i, j, c), so each window is one
-    contiguous block of the concat (no copy after it); a plain reshape for a 1x1 stride-1
-    conv.  The weight is permuted to match (_w_rows), a small copy."""
+    """(N, g, C/g*kH*kW, OH*OW): im2col as ONE gather of the padded image's pixels at
+    constant indices (K ordered (c, i, j), the weight's own order); a plain reshape
+    for a 1x1 stride-1 conv."""
     n, c = x.shape[:2]
     if tuple(kernel) == (1, 1) and tuple(stride) == (1, 1) and not any(padding):
         return b.reshape(x, (n, g, c // g, oh * ow))
-    pieces = [b.reshape(s, (n, g, c // g, oh * ow))
-              for s in _windows(b, x, kernel, stride, padding, dilation, oh, ow)]
-    return pieces[0] if len(pieces) == 1 else b.op("concat", *pieces, axis=2)
+    xp = _pad_hw(b, x, padding)
+    hp, wp = xp.shape[2:]
+    (sh, sw), (dh, dw) = stride, dilation
+    i, j, p, q = np.ix_(range(kernel[0]), range(kernel[1]), range(oh), range(ow))
+    pix = ((p * sh + i * dh) * wp + (q * sw + j * dw)).reshape(1, -1, oh * ow)
+    idx = (np.arange(c).reshape(c, 1, 1) * (hp * wp) + pix).reshape(-1, oh * ow)
+    cols = b.op("gather", b.reshape(xp, (n, c * hp * wp)), _const(b, idx.astype(np.int32), "i32"),
+                axis=1, label="")
+    return b.reshape(cols, (n, g, (c // g) * kernel[0] * kernel[1], oh * ow))
 
 
 def _w_rows(b: Builder, w, g):
-    """(O, C/g, kH, kW) -> (g, O/g, kH*kW*C/g), K in the (i, j, c) order of _cols."""
+    """(O, C/g, kH, kW) -> (g, O/g, C/g*kH*kW): K in the (c, i, j) order of _cols."""
     o, cg, kh, kw = w.shape
-    return b.reshape(b.transpose(w, (0, 2, 3, 1)), (g, o // g, kh * kw * cg))
+    return b.reshape(w, (g, o // g, cg * kh * kw))
 
 
 def _squeeze_groups(b: Builder, v, g):
@@ -169,8 +185,7 @@ def _conv2d_filter_grad(b: Builder, op):
     # dw^T = cols @ dy^T summed over N: the transposed operand is the small dy
     dyt = b.mT(_squeeze_groups(b, b.reshape(dy, (n, g, o // g, oh * ow)), g))
     dwt = b.reduce("sum", b.op("matmul", cols, dyt), (0,))        # ([g,] kH*kW*C/g, O/g)
-    dw = b.reshape(b.mT(dwt), (o, kh, kw, c // g))
-    return b.transpose(dw, (0, 3, 1, 2))
+    return b.reshape(b.mT(dwt), (o, c // g, kh, kw))
 
 
 DECOMPOSE = {

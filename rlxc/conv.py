@@ -4,8 +4,9 @@
     x.conv1d(...)                          the same on (N, C, L): conv2d of (N, C, 1, L)
     x.conv_transpose2d(w, b=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1)
                                            rlx.conv_transpose2d (the VJP of conv2d in x)
-    x.max_pool2d(kernel, stride=None, padding=0)   max of the kH*kW strided windows; padding
-                                           is -inf (a select), so it never wins; with
+    x.max_pool2d(kernel, stride=None, padding=0)   max over the windows, gathered at constant
+                                           indices as (N, C, kH*kW, OH*OW); padding is
+                                           -inf (a select), so it never wins; with
                                            stride == kernel and no padding, one max
                                            reduction over a (N, C, OH, kH, OW, kW) view
     x.avg_pool2d(kernel, stride=None, padding=0)   mean of the windows, zeros counted
@@ -14,7 +15,7 @@
 
 `padding` is an int, a pair (h, w), "same" (stride 1; an odd total pads one more at the
 bottom/right, like PyTorch) or "valid" (0).  The pools and upsampling are compositions of
-primitive ops (slice, select, maximum, add, broadcast_to), so every transform and backend
+primitive ops (gather, select, max/mean, reshape, broadcast_to), so every transform and backend
 handles them and the elementwise fusion puts an activation before a pool into the pool's
 kernel.  The batch dim N is never computed with.  Bad arguments raise ShapeError naming
 the op and the shapes.
@@ -140,23 +141,17 @@ def _pool_geometry(x, kernel, stride, padding, what):
 
 
 def _pool_windows(xp, k, s, oh, ow):
-    n, c = xp.shape[:2]
-    return [xp.slice((0, 0, i, j), (n, c, i + (oh - 1) * s[0] + 1, j + (ow - 1) * s[1] + 1),
-                     (1, 1, s[0], s[1]))
-            for i in range(k[0]) for j in range(k[1])]
+    """(N, C, kH*kW, OH*OW): every window's pixels, one gather at constant indices."""
+    n, c, hp, wp = xp.shape
+    i, j, p, q = np.ix_(range(k[0]), range(k[1]), range(oh), range(ow))
+    idx = ((p * s[0] + i) * wp + (q * s[1] + j)).reshape(k[0] * k[1], oh * ow)
+    return xp.reshape(n, c, hp * wp).gather(idx.astype(np.int32), axis=2)
 
 
 def _pad_hw(x, p):
     if not any(p):
         return x
     return x.scope.emit("rlx.pad", [x], low=(0, 0, p[0], p[1]), high=(0, 0, p[0], p[1]))
-
-
-def _tree(terms, fn):
-    while len(terms) > 1:
-        terms = [fn(terms[i], terms[i + 1]) if i + 1 < len(terms) else terms[i]
-                 for i in range(0, len(terms), 2)]
-    return terms[0]
 
 
 def _tiles(x, k, oh, ow):
@@ -181,7 +176,7 @@ def max_pool2d(x, kernel, stride=None, padding=0):
         inside = np.zeros(xp.shape[2:], bool)
         inside[p[0]:p[0] + x.shape[2], p[1]:p[1] + x.shape[3]] = True
         xp = where(x.scope.constant(inside, "i1"), xp, -np.inf)
-    return _tree(_pool_windows(xp, k, s, oh, ow), lambda a, b: a.maximum(b))
+    return _pool_windows(xp, k, s, oh, ow).max(2).reshape(x.shape[0], x.shape[1], oh, ow)
 
 
 def avg_pool2d(x, kernel, stride=None, padding=0):
@@ -189,8 +184,8 @@ def avg_pool2d(x, kernel, stride=None, padding=0):
     k, s, p, oh, ow = _pool_geometry(x, kernel, stride, padding, "avg_pool2d")
     if s == k and not any(p):
         return _tiles(x, k, oh, ow).mean((3, 5))
-    total = _tree(_pool_windows(_pad_hw(x, p), k, s, oh, ow), lambda a, b: a + b)
-    return total * (1.0 / (k[0] * k[1]))
+    win = _pool_windows(_pad_hw(x, p), k, s, oh, ow)
+    return win.mean(2).reshape(x.shape[0], x.shape[1], oh, ow)
 
 
 def upsample_nearest2d(x, scale):
