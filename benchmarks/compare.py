@@ -32,6 +32,9 @@ integer labels, batch 128):
       from what `make` built at install (lowering/cpu/prebuilt), and "no prebuilt"
       hides those too (RLXC_PREBUILT_DIR=""): the sgemm is built on the first run
   W8  MLP forward (logits) at batch 1, rlxc through Jitted.run
+  W9  LeNet-style CNN training step, input (64, 3, 32, 32): conv 5x5 (6) + relu +
+      max_pool 2, conv 5x5 (16) + relu + max_pool 2, linear 400-120 + relu,
+      linear 120-10, softmax cross-entropy, SGD(lr 0.01); rlxc: Func.trainer
 
 Method.  Every implementation of a workload lives in this one process.  Each
 is built, run once, and its result checked against rlxc's (assert close:
@@ -69,7 +72,7 @@ ROOT = os.path.dirname(HERE)
 SIZES = (784, 512, 512, 10)
 BATCH = 128
 IMPLS = ("rlxc", "numpy", "jax", "torch", "torch.compile")
-WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8")
+WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9")
 TARGETS = {  # workload -> [(peer, minimum peer/rlxc ratio, text)]  (issues 8 and 19)
     "W1": [("jax", 2.0, ">= 2x JAX")],
     "W2": [("numpy", 1.0, ">= 1.0x OpenBLAS"), ("jax", 1.0, "> JAX")],
@@ -78,6 +81,7 @@ TARGETS = {  # workload -> [(peer, minimum peer/rlxc ratio, text)]  (issues 8 an
     "W5": [("jax", 5.0, ">= 5x JAX"), ("numpy", 1.0, ">= NumPy")],
     "W6": [("jax", 2.0, ">= 2x JAX"), ("numpy", 1.0, ">= NumPy")],
     "W8": [("jax", 2.0, ">= 2x JAX"), ("numpy", 1.0, ">= NumPy")],
+    "W9": [("best", 1.2, ">= 1.2x best peer")],
 }
 PORTABLE = "x86-64-v3"   # what --cpu portable builds (the shipped-artifact baseline)
 
@@ -724,6 +728,133 @@ WORKLOAD_FNS = {"W1": (w1, "sum(tanh(x*a+b)*sigmoid(x)), 1M"),
                 "W5": (w5, "per-example grads, vmap(grad), b128"),
                 "W6": (w6, "HVP sum(tanh(W@x)), 256"),
                 "W8": (w8, "MLP fwd, batch 1")}
+WORKLOAD_FNS["W9"] = (lambda args: w9(args), "LeNet train step (SGD), b64")
+
+
+# ------------------------------------------------------------------ W9: a LeNet training step
+
+CNN_BATCH, CNN_LR = 64, 0.01
+CNN_SHAPES = {"c1w": (6, 3, 5, 5), "c1b": (6,), "c2w": (16, 6, 5, 5), "c2b": (16,),
+              "f1w": (400, 120), "f1b": (120,), "f2w": (120, 10), "f2b": (10,)}
+
+
+def cnn_params(seed=0):
+    np = np_mod()
+    rng = np.random.default_rng(seed)
+    p = {}
+    for k, shp in CNN_SHAPES.items():
+        fan_in = int(np.prod(shp[1:])) if k.startswith("c") and k.endswith("w") else shp[0]
+        scale = 1 / np.sqrt(fan_in) if k.endswith("w") else 0.01
+        p[k] = (rng.standard_normal(shp) * scale).astype(np.float32)
+    return p
+
+
+def w9(args):
+    """LeNet training step; the check compares the loss and the params after step one."""
+    np = np_mod()
+    P = cnn_params()
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((CNN_BATCH, 3, 32, 32)).astype(np.float32)
+    y = rng.integers(0, 10, CNN_BATCH).astype(np.int32)
+    names = list(CNN_SHAPES)
+    impls = {}
+
+    def rl():
+        from rlxc import Func
+        from rlxc.optim import SGD
+
+        def build(s):
+            p = {k: s.param(k, shp) for k, shp in CNN_SHAPES.items()}
+            h = s.input("x", x.shape).conv2d(p["c1w"], p["c1b"]).relu().max_pool2d(2)
+            h = h.conv2d(p["c2w"], p["c2b"]).relu().max_pool2d(2)
+            h = h.reshape(CNN_BATCH, 400).linear(p["f1w"], p["f1b"]).relu()
+            return h.linear(p["f2w"], p["f2b"]).cross_entropy(s.input("y", (CNN_BATCH,), "i32"))
+        tr = Func("w9_lenet", build).with_params(P).trainer(SGD(CNN_LR))
+        data = {"x": x, "y": y}
+        first = [True]
+
+        def f():
+            loss = tr.step(data)
+            if first[0]:
+                first[0] = False
+                return [np.float32(loss)] + [tr.func.param_binding(k) for k in names]
+            return loss
+        return f
+    impls["rlxc"] = rl
+
+    def nmp():
+        raise Skip("no NumPy CNN (convolution is not a NumPy op)")
+    impls["numpy"] = nmp
+
+    def jx():
+        jax = peer("jax")
+        jnp = jax.numpy
+
+        def conv(h, w, b):
+            h = jax.lax.conv_general_dilated(h, w, (1, 1), "VALID",
+                                             dimension_numbers=("NCHW", "OIHW", "NCHW"))
+            return h + b[None, :, None, None]
+
+        def pool(h):
+            return jax.lax.reduce_window(h, -jnp.inf, jax.lax.max, (1, 1, 2, 2), (1, 1, 2, 2),
+                                         "VALID")
+
+        def loss(p, x, y):
+            h = pool(jax.nn.relu(conv(x, p["c1w"], p["c1b"])))
+            h = pool(jax.nn.relu(conv(h, p["c2w"], p["c2b"])))
+            h = jax.nn.relu(h.reshape(x.shape[0], 400) @ p["f1w"] + p["f1b"])
+            logp = jax.nn.log_softmax(h @ p["f2w"] + p["f2b"], axis=-1)
+            return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1))
+
+        def step(p, x, y):
+            value, g = jax.value_and_grad(loss)(p, x, y)
+            return jax.tree_util.tree_map(lambda a, b: a - CNN_LR * b, p, g), value
+        stepj = jax.jit(step, donate_argnums=0)
+        st = {"p": {k: jnp.array(v) for k, v in P.items()}}
+        xd, yd = jnp.asarray(x), jnp.asarray(y)
+        first = [True]
+
+        def f():
+            st["p"], value = stepj(st["p"], xd, yd)
+            v = float(value)
+            if first[0]:
+                first[0] = False
+                return [np.float32(v)] + [np.asarray(st["p"][k]) for k in names]
+            return v
+        return f
+    impls["jax"] = jx
+
+    def tch(compiled):
+        def make():
+            torch = peer("torch")
+            F = torch.nn.functional
+
+            def loss(p, x, y):
+                h = F.max_pool2d(F.relu(F.conv2d(x, p["c1w"], p["c1b"])), 2)
+                h = F.max_pool2d(F.relu(F.conv2d(h, p["c2w"], p["c2b"])), 2)
+                h = F.relu(torch.addmm(p["f1b"], h.reshape(x.shape[0], 400), p["f1w"]))
+                return F.cross_entropy(torch.addmm(p["f2b"], h, p["f2w"]), y)
+            pt = {k: torch.tensor(v, requires_grad=True) for k, v in P.items()}
+            opt = torch.optim.SGD(list(pt.values()), lr=CNN_LR)
+            xt, yt = torch.from_numpy(x), torch.from_numpy(y).long()
+            g = compile_torch(torch, loss) if compiled else loss
+            first = [True]
+
+            def f():
+                opt.zero_grad(set_to_none=True)
+                value = g(pt, xt, yt)
+                value.backward()
+                opt.step()
+                v = value.item()
+                if first[0]:
+                    first[0] = False
+                    return [np.float32(v)] + [pt[k].detach().numpy().copy() for k in names]
+                return v
+            return f
+        return make
+    impls["torch"] = tch(False)
+    impls["torch.compile"] = tch(True)
+    return impls, dict(rtol=1e-3, atol=1e-4), {"stateful": True}
 
 
 # ------------------------------------------------------------------ running one workload

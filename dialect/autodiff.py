@@ -537,6 +537,48 @@ def _cast_vjp(b, op, g, need):
     return [None]
 
 
+# ---- convolution family (dialect/conv_shapes.py): each op's adjoints are the other two
+def _conv_common(p):
+    return {k: p[k] for k in ("stride", "padding", "dilation", "groups")}
+
+
+def _conv_output_padding(in_shape, p, kernel):
+    """output_padding that makes conv_transpose2d give back the conv2d input's H, W."""
+    return tuple((in_shape[2 + a] + p["padding"][2 * a] + p["padding"][2 * a + 1]
+                  - p["dilation"][a] * (kernel[a] - 1) - 1) % p["stride"][a] for a in range(2))
+
+
+@defrule("rlx.conv2d")
+def _conv2d_vjp(b, op, g, need):
+    (x, w), _ = _ops(op, b)
+    p = op.params()
+    c = _conv_common(p)
+    gx = b.op("conv_transpose2d", g, w, **c,
+              output_padding=_conv_output_padding(x.shape, p, w.shape[2:])) if need[0] else None
+    gw = b.op("conv2d_filter_grad", x, g, **c, kernel=w.shape[2:]) if need[1] else None
+    return [gx, gw]
+
+
+@defrule("rlx.conv_transpose2d")
+def _conv_transpose2d_vjp(b, op, g, need):
+    (y, w), _ = _ops(op, b)
+    c = _conv_common(op.params())
+    gy = b.op("conv2d", g, w, **c) if need[0] else None
+    gw = b.op("conv2d_filter_grad", g, y, **c, kernel=w.shape[2:]) if need[1] else None
+    return [gy, gw]
+
+
+@defrule("rlx.conv2d_filter_grad")
+def _conv2d_filter_grad_vjp(b, op, g, need):
+    (x, dy), _ = _ops(op, b)
+    p = op.params()
+    c = _conv_common(p)
+    gx = b.op("conv_transpose2d", dy, g, **c,
+              output_padding=_conv_output_padding(x.shape, p, p["kernel"])) if need[0] else None
+    gdy = b.op("conv2d", x, g, **c) if need[1] else None
+    return [gx, gdy]
+
+
 # ---------------------------------------------------------------- the transform
 
 def differentiable(value) -> bool:

@@ -229,6 +229,10 @@ EVAL_RULES = {
     "rlx.philox": philox_uniform,     # dialect/philox.py
 }
 
+from .conv_ref import EVAL_RULES as _CONV_EVAL  # noqa: E402  (convolution family)
+
+EVAL_RULES.update(_CONV_EVAL)
+
 missing = set(OPS) - set(EVAL_RULES) - {"rlx.constant", "rlx.cast"}
 assert not missing, f"no interpreter rule for {sorted(missing)}"
 

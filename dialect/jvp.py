@@ -176,6 +176,18 @@ def _cast_jvp(b, op, ts):
     return None
 
 
+def _bilinear_jvp(b, op, ts):
+    """A bilinear op (the convolution family): op(t0, x1) + op(x0, t1)."""
+    x0, x1 = (b.wrap(o) for o in op.operands)
+    t0, t1 = ts
+    return b.add_opt(_same_op(b, op, [t0, x1]) if t0 is not None else None,
+                     _same_op(b, op, [x0, t1]) if t1 is not None else None)
+
+
+for _n in ("conv2d", "conv_transpose2d", "conv2d_filter_grad"):
+    JVP_RULES[f"rlx.{_n}"] = _bilinear_jvp
+
+
 # ---------------------------------------------------------------- the transforms
 
 def jvp_module(module: ModuleOp, tangent_for: list[str], what: str = "rlx-jvp") -> ModuleOp:

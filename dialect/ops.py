@@ -400,6 +400,29 @@ PhiloxOp = _define(
      "counter": operand_def(TensorType), "result": result_def(TensorType)},
     "$key0 `,` $key1 `,` $counter `word` `=` $word `stream` `=` $stream attr-dict `:` "
     "type($key0) `,` type($key1) `,` type($counter) `->` type($result)")
+# ---------------------------------------------------------------- convolution (dialect/conv_shapes.py)
+
+for _n, _s in {
+        "conv2d": ("2-D convolution, NCHW input, (O, C/groups, kH, kW) weight; padding is "
+                   "(top, bottom, left, right)",
+                   "%y = rlx.conv2d %x, %w stride = array<i64: 1, 1> padding = array<i64: 0, 0, 0, 0> "
+                   "dilation = array<i64: 1, 1> groups = 1 : tensor<2x3x8x8xf32>, "
+                   "tensor<4x3x3x3xf32> -> tensor<2x4x6x6xf32>"),
+        "conv_transpose2d": ("Transposed 2-D convolution (the adjoint of conv2d in its input), "
+                             "weight (C_in, C_out/groups, kH, kW)",
+                             "%x = rlx.conv_transpose2d %y, %w ... output_padding = "
+                             "array<i64: 0, 0> : tensor<2x4x6x6xf32>, tensor<4x3x3x3xf32> -> "
+                             "tensor<2x3x8x8xf32>"),
+        "conv2d_filter_grad": ("The adjoint of conv2d in its weight: dw from input x and output "
+                               "gradient dy",
+                               "%dw = rlx.conv2d_filter_grad %x, %dy ... kernel = "
+                               "array<i64: 3, 3> : tensor<2x3x8x8xf32>, tensor<2x4x6x6xf32> -> "
+                               "tensor<4x3x3x3xf32>")}.items():
+    _params = " ".join(f"`{k}` `=` ${k}" for k in SHAPES[f"rlx.{_n}"].params)
+    _define(_n, _s[0] + ".", _s[1],
+            {"lhs": operand_def(TensorType), "rhs": operand_def(TensorType),
+             "result": result_def(TensorType)},
+            f"$lhs `,` $rhs {_params} attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)")
 
 
 RLX = Dialect("rlx", list(OPS.values()), [])

@@ -46,6 +46,7 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "cse": _lazy("cse", "CSEPass"),
     "dce": _lazy("dce", "DCEPass"),
     "cleanup": lambda: CleanupPass,
+    "rlx-decompose-conv": _lazy("conv_decompose", "DecomposeConvPass"),
 }
 
 DESCRIPTIONS: dict[str, str] = {
@@ -59,6 +60,7 @@ DESCRIPTIONS: dict[str, str] = {
     "cse": "common subexpression elimination of pure ops; equal constants merged",
     "dce": "remove ops whose results are unused",
     "cleanup": "canonicalize, constant-fold, cse, dce to a fixed point",
+    "rlx-decompose-conv": "convolutions as pad/slice/concat/reshape/matmul (before lowering)",
 }
 
 

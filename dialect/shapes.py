@@ -537,3 +537,9 @@ _shape("philox", "random", _infer_philox, {"word": "int", "stream": "int"}, cost
 U32_OPS = frozenset(n for n, s in SHAPES.items() if s.view) | {
     "rlx.gather", "rlx.concat", "rlx.select", "rlx.stop_gradient", "rlx.cast", "rlx.philox",
     "rlx.pad"}
+# ---------------------------------------------------------------- convolution (dialect/conv_shapes.py)
+
+from .conv_shapes import CONV_SHAPES  # noqa: E402
+
+for _n, (_f, _p) in CONV_SHAPES.items():
+    _shape(_n, "conv", _f, _p, root=True)

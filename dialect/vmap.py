@@ -211,6 +211,41 @@ BATCH_RULES.update({
 })
 
 
+# ---------------------------------------------------------------- convolution family
+
+# op -> (axis of operand 0, axis of operand 1, axis of the result) that the batch folds into
+_CONV_FOLD = {"rlx.conv2d": (1, 0, 1), "rlx.conv_transpose2d": (1, 0, 1),
+              "rlx.conv2d_filter_grad": (1, 1, 0)}
+
+
+def _fold(bt: Batcher, x, axis: int):
+    """(B, *s) -> s with the batch folded into dim `axis` as its major part (B*s[axis])."""
+    shp = shape_of(x)[1:]
+    perm = tuple(range(1, axis + 1)) + (0,) + tuple(range(axis + 1, len(shp) + 1))
+    x = bt.transpose(x, perm)
+    return bt.reshape(x, shp[:axis] + (bt.B * shp[axis],) + shp[axis + 1:])
+
+
+def _unfold(bt: Batcher, y, axis: int):
+    shp = shape_of(y)
+    y = bt.reshape(y, shp[:axis] + (bt.B, shp[axis] // bt.B) + shp[axis + 1:])
+    return bt.moveaxis_to_front(y, axis)
+
+
+def _conv(bt: Batcher, op, xs, bs):
+    """The batch becomes B times as many groups: both operands fold it into their channel
+    dim (an unbatched one is broadcast first), one convolution, the result unfolds it."""
+    a0, a1, ar = _CONV_FOLD[op.name]
+    x0, x1 = (x if b else bt.bcast(x) for x, b in zip(xs, bs))
+    y = bt.remake(op, [_fold(bt, x0, a0), _fold(bt, x1, a1)],
+                  groups=op.params()["groups"] * bt.B)
+    return _unfold(bt, y, ar)
+
+
+for _n in _CONV_FOLD:
+    BATCH_RULES[_n] = _conv
+
+
 # ---------------------------------------------------------------- gather / scatter_add
 
 def _gather(bt: Batcher, op, xs, bs):

@@ -25,6 +25,8 @@ _LAZY = {
     "where": "rlxc.tensor",
     "argmax": "rlxc.indexops", "argmin": "rlxc.indexops", "cumsum": "rlxc.indexops",
     "topk": "rlxc.indexops", "one_hot": "rlxc.indexops",
+    **{n: "rlxc.conv" for n in ("conv2d", "conv1d", "conv_transpose2d", "max_pool2d",
+                                "avg_pool2d", "upsample_nearest2d")},
 }
 
 

@@ -794,4 +794,8 @@ def _derive_elementwise_methods() -> None:
 
 _derive_elementwise_methods()
 
+from rlxc.conv import install as _install_conv  # noqa: E402  (conv/pool methods, rlxc/conv.py)
+
+_install_conv(Tensor)
+
 __all__ = ["GraphScope", "Tensor", "where", "concat", "KINDS", "NUMPY_ALIASES"]

@@ -228,6 +228,73 @@ case("philox", {"k": _KEYF},
 case("dropout", {"x": _g15(4, 6), "k": _KEYF},
      lambda s, x, k: x.dropout(0.25, k.cast("i32").cast("u32")),
      lambda x, k: np.where(_philox_ref(k, (4, 6)) >= 0.25, x / 0.75, 0).astype(np.float32))
+# The convolution family (rlxc/conv.py); NumPy oracles from the definitions, in float64.
+_rng3 = np.random.default_rng(15)
+
+
+def _c(*shape):
+    return _rng3.uniform(-1, 1, size=shape).astype(np.float32)
+
+
+def _np_conv2d(x, w, stride=(1, 1), pad=(0, 0, 0, 0), dil=(1, 1), groups=1):
+    x, w = x.astype(np.float64), w.astype(np.float64)
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    xp = np.pad(x, ((0, 0), (0, 0), pad[:2], pad[2:]))
+    oh = (h + pad[0] + pad[1] - dil[0] * (kh - 1) - 1) // stride[0] + 1
+    ow = (wd + pad[2] + pad[3] - dil[1] * (kw - 1) - 1) // stride[1] + 1
+    y = np.zeros((n, o, oh, ow))
+    og = o // groups
+    for oc in range(o):
+        g = oc // og
+        for i in range(kh):
+            for j in range(kw):
+                win = xp[:, g * cg:(g + 1) * cg, i * dil[0]:i * dil[0] + (oh - 1) * stride[0] + 1:stride[0],
+                         j * dil[1]:j * dil[1] + (ow - 1) * stride[1] + 1:stride[1]]
+                y[:, oc] += np.einsum("nchw,c->nhw", win, w[oc, :, i, j])
+    return y
+
+
+def _np_pool(x, k, s, p, fn, fill):
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (p, p), (p, p)), constant_values=fill)
+    oh, ow = (xp.shape[2] - k) // s + 1, (xp.shape[3] - k) // s + 1
+    return fn(np.stack([xp[:, :, i:i + (oh - 1) * s + 1:s, j:j + (ow - 1) * s + 1:s]
+                        for i in range(k) for j in range(k)]), axis=0)
+
+
+case("conv2d", {"x": _c(2, 4, 7, 6), "w": _c(6, 2, 3, 2), "b": _c(6)},
+     lambda s, x, w, b: x.conv2d(w, b, stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2),
+     lambda x, w, b: _np_conv2d(x, w, (2, 1), (1, 1, 2, 2), (1, 2), 2) + b[:, None, None])
+case("conv2d_relu_same", {"x": _c(2, 3, 6, 6), "w": _c(4, 3, 3, 3)},
+     lambda s, x, w: x.conv2d(w, padding="same").relu(),
+     lambda x, w: np.maximum(_np_conv2d(x, w, pad=(1, 1, 1, 1)), 0))
+case("conv2d_depthwise", {"x": _c(2, 3, 5, 5), "w": _c(3, 1, 3, 3)},
+     lambda s, x, w: x.conv2d(w, padding=1, groups=3),
+     lambda x, w: _np_conv2d(x, w, pad=(1, 1, 1, 1), groups=3))
+case("conv1d", {"x": _c(2, 3, 9), "w": _c(4, 3, 3)},
+     lambda s, x, w: x.conv1d(w, stride=2, padding=1),
+     lambda x, w: _np_conv2d(x[:, :, None], w[:, :, None], (1, 2), (0, 0, 1, 1))[:, :, 0])
+# conv_transpose2d is the adjoint of conv2d: <conv_transpose2d(y, w), e_k> = <y, conv2d(e_k, w)>
+case("conv_transpose2d", {"x": _c(2, 4, 3, 3), "w": _c(4, 3, 3, 2)},
+     lambda s, x, w: x.conv_transpose2d(w, stride=2, padding=1, output_padding=1),
+     lambda x, w: np.stack([np.einsum("nohw,nohw->n", x.astype(np.float64), _np_conv2d(
+         np.eye(3 * 6 * 5)[k].reshape(1, 3, 6, 5).repeat(2, 0), w, (2, 2), (1, 1, 1, 1)))
+         for k in range(3 * 6 * 5)], 1).reshape(2, 3, 6, 5))
+# conv2d_filter_grad is the adjoint in w: dw[k] = <dy, conv2d(x, e_k)>
+case("conv2d_filter_grad", {"x": _c(2, 4, 5, 5), "y": _c(2, 2, 3, 5)},
+     lambda s, x, y: s.emit("rlx.conv2d_filter_grad", [x, y], stride=(2, 1), padding=(0, 1, 1, 0),
+                            dilation=(1, 1), groups=2, kernel=(2, 2)),
+     lambda x, y: np.array([np.sum(y.astype(np.float64) * _np_conv2d(
+         x, np.eye(2 * 2 * 2 * 2)[k].reshape(2, 2, 2, 2), (2, 1), (0, 1, 1, 0), (1, 1), 2))
+         for k in range(16)]).reshape(2, 2, 2, 2))
+case("max_pool2d", {"x": _c(2, 3, 7, 6)}, lambda s, x: x.max_pool2d(3, 2, padding=1),
+     lambda x: _np_pool(x, 3, 2, 1, np.max, -np.inf))
+case("max_pool2d_relu", {"x": _c(2, 3, 6, 6)}, lambda s, x: x.relu().max_pool2d(2),
+     lambda x: _np_pool(np.maximum(x, 0), 2, 2, 0, np.max, 0))
+case("avg_pool2d", {"x": _c(2, 3, 7, 6)}, lambda s, x: x.avg_pool2d(3, 2, padding=1),
+     lambda x: _np_pool(x, 3, 2, 1, np.mean, 0))
+case("upsample_nearest2d", {"x": _c(2, 3, 2, 3)}, lambda s, x: x.upsample_nearest2d((2, 3)),
+     lambda x: x.repeat(2, axis=2).repeat(3, axis=3))
 
 
 def make_func(name):

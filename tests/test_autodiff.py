@@ -144,6 +144,17 @@ case("philox", {"x": _u(3, 4)},
      lambda s, x: rlxc.random.normal(s.constant(np.array([1, 2], np.uint32), "u32"), (3, 4)) * x
      + x.dropout(0.5, s.constant(np.array([5, 6], np.uint32), "u32")), label="philox_dropout")
 
+# the convolution family (rlxc/conv.py): strides, asymmetric padding, dilation, groups
+_CONV = dict(stride=(2, 1), padding=(1, 0, 2, 1), dilation=(1, 2), groups=2)
+case("conv2d", {"x": _u(2, 4, 6, 5), "w": _u(4, 2, 3, 2)},
+     lambda s, x, w: s.emit("rlx.conv2d", [x, w], **_CONV))
+case("conv2d", {"x": _u(1, 2, 4, 4), "w": _u(3, 2, 3, 3), "b": _u(3)},
+     lambda s, x, w, b: x.conv2d(w, b, padding="same"), label="conv2d_same_bias")
+case("conv_transpose2d", {"x": _u(2, 4, 3, 3), "w": _u(4, 1, 3, 2)},
+     lambda s, x, w: s.emit("rlx.conv_transpose2d", [x, w], **_CONV, output_padding=(1, 0)))
+case("conv2d_filter_grad", {"x": _u(2, 4, 6, 5), "y": _u(2, 4, 3, 6)},
+     lambda s, x, y: s.emit("rlx.conv2d_filter_grad", [x, y], **_CONV, kernel=(3, 2)))
+
 
 def weights(shape):
     """The fixed cotangent R of a case's loss sum(out * R)."""

@@ -160,6 +160,15 @@ _u32 = lambda rng, shp: rng.integers(0, 2 ** 32, shp, dtype=np.uint64).astype(np
 CASES["rlx.philox"] = [   # rlxc.random: keys and counters batched in every combination
     (_op("rlx.philox", [("k0", (2, 3), "u32"), ("k1", (2, 3), "u32"), ("c", (2, 3), "i32")],
          word=1, stream=5), {"k0": _u32, "k1": _u32, "c": _ints(1000)})]
+_CONV = dict(stride=(2, 1), padding=(1, 0, 2, 1), dilation=(1, 2), groups=2)
+CASES["rlx.conv2d"] = [(_op("rlx.conv2d", [("x", (2, 4, 6, 5), F), ("w", (4, 2, 3, 2), F)],
+                            **_CONV), {})]
+CASES["rlx.conv_transpose2d"] = [(_op("rlx.conv_transpose2d", [("x", (2, 4, 3, 3), F),
+                                                               ("w", (4, 1, 3, 2), F)],
+                                      **_CONV, output_padding=(1, 0)), {})]
+CASES["rlx.conv2d_filter_grad"] = [(_op("rlx.conv2d_filter_grad", [("x", (2, 4, 6, 5), F),
+                                                                   ("y", (2, 4, 3, 6), F)],
+                                        **_CONV, kernel=(3, 2)), {})]
 
 
 def _subsets(names):

@@ -371,6 +371,9 @@ def build_program(module, name: str, sgemm_threads: int = 1, cpu: str = "native"
     from rlxc.lowering.cpu.matvec import rewrite_small_matmuls
     from rlxc.lowering.shared.empty import rewrite_empty
 
+    from rlxc.dialect.conv_decompose import decompose_conv
+
+    module = decompose_conv(module)   # convolutions -> im2col + GEMM (dialect/conv_decompose.py)
     return Builder(rewrite_small_matmuls(rewrite_empty(module)), name, sgemm_threads, cpu).build()
 
 

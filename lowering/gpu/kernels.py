@@ -344,7 +344,10 @@ def build_kernels(module, target: str = "gpu"):
     """(llvmlite module, GpuPlan, launches) for an rlx module (or Func)."""
     from rlxc.lowering.shared.empty import rewrite_empty
 
-    plan = plan_module(rewrite_empty(getattr(module, "module", module), checked_indices=False))
+    from rlxc.dialect.conv_decompose import decompose_conv
+
+    module = decompose_conv(getattr(module, "module", module))   # convolutions -> GEMMs
+    plan = plan_module(rewrite_empty(module, checked_indices=False))
     if target == "gpu":
         mod = nvptx.new_module(plan.func.sym_name.data)
     else:

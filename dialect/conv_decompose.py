@@ -1,0 +1,228 @@
+"""The `rlx-decompose-conv` pass: the convolution family as pad/gather/slice/reshape/matmul.
+
+    rlx.conv2d(x, w)                       im2col, then ONE (batched) GEMM in NCHW order:
+      xpad = pad(x)                          cols[n, (c,i,j), (p,q)] = xpad[n, c, p*sh+i*dh, q*sw+j*dw]
+      cols = gather(xpad, IDX)               one gather at constant indices (one kernel, not
+                                             kH*kW window copies: LLVM time stays small)
+      y    = w(g, O/g, C/g*kH*kW) @ cols(N, g, C/g*kH*kW, OH*OW)  -> (N, O, OH, OW)
+    rlx.conv_transpose2d(y, w)             GEMM, then col2im:
+      cols = w^T(g, Co/g*kH*kW, Ci/g) @ y(N, g, Ci/g, H*W)
+      z    = crop(sum_ij pad_ij(dilate_s(cols[:, :, ij])))   (zeros interleaved by reshape+pad)
+    rlx.conv2d_filter_grad(x, dy)          dw^T = sum_n cols(N, g, K, L) @ dy^T(N, g, L, O/g)
+
+A 1x1, stride-1, unpadded conv2d skips im2col (cols is x reshaped).  Depthwise conv2d
+(one input and one output channel per group) is a weighted sum of the kH*kW windows, an
+elementwise kernel, not M=1 GEMMs.  Every op emitted is a primitive the CPU and GPU
+backends already lower (the matmuls reach the packed sgemm on the CPU), and the rewrite
+runs right before lowering, after the transforms, so grad/jvp/vmap still see one op.
+After a rewrite the module is cleaned up (cse merges the forward's cols with the
+filter gradient's).  The caller's module is never mutated: a clone is rewritten.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.passes import ModulePass
+
+from .autodiff import Builder
+from .ops import ConstantOp
+from .types import dense_attr, tensor_type
+from .conv_shapes import CONV_SHAPES
+from .module import get_func
+
+CONV_OPS = frozenset(f"rlx.{n}" for n in CONV_SHAPES)
+
+
+def _pad_hw(b: Builder, x, padding):
+    if not any(padding):
+        return x
+    return b.op("pad", x, low=(0, 0, padding[0], padding[2]), high=(0, 0, padding[1], padding[3]))
+
+
+def _windows(b: Builder, x, kernel, stride, padding, dilation, oh, ow):
+    """The kH*kW strided windows of the padded x, each (N, C, OH, OW), row-major in (i, j)."""
+    n, c = x.shape[:2]
+    (sh, sw), (dh, dw) = stride, dilation
+    xp = _pad_hw(b, x, padding)
+    out = []
+    for i in range(kernel[0]):
+        for j in range(kernel[1]):
+            out.append(b.op("slice", xp, starts=(0, 0, i * dh, j * dw),
+                            limits=(n, c, i * dh + (oh - 1) * sh + 1, j * dw + (ow - 1) * sw + 1),
+                            strides=(1, 1, sh, sw)))
+    return out
+
+
+def _const(b: Builder, array, dtype: str):
+    op = ConstantOp.create(result_types=[tensor_type(array.shape, dtype)],
+                           properties={"value": dense_attr(array, dtype)})
+    b.block.insert_op_before(op, b.anchor)
+    return b.wrap(op.results[0])
+
+
+def _cols(b: Builder, x, kernel, stride, padding, dilation, oh, ow, g):
+    """(N, g, C/g*kH*kW, OH*OW): im2col as ONE gather of the padded image's pixels at
+    constant indices (K ordered (c, i, j), the weight's own order); a plain reshape
+    for a 1x1 stride-1 conv."""
+    n, c = x.shape[:2]
+    if tuple(kernel) == (1, 1) and tuple(stride) == (1, 1) and not any(padding):
+        return b.reshape(x, (n, g, c // g, oh * ow))
+    xp = _pad_hw(b, x, padding)
+    hp, wp = xp.shape[2:]
+    (sh, sw), (dh, dw) = stride, dilation
+    i, j, p, q = np.ix_(range(kernel[0]), range(kernel[1]), range(oh), range(ow))
+    pix = ((p * sh + i * dh) * wp + (q * sw + j * dw)).reshape(1, -1, oh * ow)
+    idx = (np.arange(c).reshape(c, 1, 1) * (hp * wp) + pix).reshape(-1, oh * ow)
+    cols = b.op("gather", b.reshape(xp, (n, c * hp * wp)), _const(b, idx.astype(np.int32), "i32"),
+                axis=1, label="")
+    return b.reshape(cols, (n, g, (c // g) * kernel[0] * kernel[1], oh * ow))
+
+
+def _w_rows(b: Builder, w, g):
+    """(O, C/g, kH, kW) -> (g, O/g, C/g*kH*kW): K in the (c, i, j) order of _cols."""
+    o, cg, kh, kw = w.shape
+    return b.reshape(w, (g, o // g, cg * kh * kw))
+
+
+def _squeeze_groups(b: Builder, v, g):
+    """Drop the group dim (axis -3) when there is one group: a plain 2-D/3-D GEMM."""
+    return b.reshape(v, v.shape[:-3] + v.shape[-2:]) if g == 1 else v
+
+
+def _tree_sum(terms):
+    while len(terms) > 1:
+        terms = [terms[k] + terms[k + 1] if k + 1 < len(terms) else terms[k]
+                 for k in range(0, len(terms), 2)]
+    return terms[0]
+
+
+def _conv2d(b: Builder, op):
+    x, w = (b.wrap(o) for o in op.operands)
+    p = op.params()
+    n, c = x.shape[:2]
+    o, cg, kh, kw = w.shape
+    oh, ow = op.results[0].type.get_shape()[2:]
+    g = p["groups"]
+    args = ((kh, kw), p["stride"], p["padding"], p["dilation"], oh, ow)
+    if cg == 1 and o == g:   # depthwise: sum_ij window_ij * w[:, 0, i, j]
+        wins = _windows(b, x, *args)
+        terms = []
+        for k, win in enumerate(wins):
+            wk = b.op("slice", w, starts=(0, 0, k // kw, k % kw), limits=(o, 1, k // kw + 1, k % kw + 1),
+                      strides=(1, 1, 1, 1))
+            terms.append(win * b.broadcast_to(b.reshape(wk, (o, 1, 1)), win.shape))
+        return _tree_sum(terms)
+    cols = _squeeze_groups(b, _cols(b, x, *args, g), g)
+    y = b.op("matmul", _squeeze_groups(b, _w_rows(b, w, g), g), cols)
+    return b.reshape(y, (n, o, oh, ow))
+
+
+def _dilate(b: Builder, x, axis: int, s: int):
+    """Insert s-1 zeros between the elements of dim `axis` (length (d-1)*s + 1)."""
+    if s == 1:
+        return x
+    shp = x.shape
+    d = shp[axis]
+    x = b.reshape(x, shp[:axis + 1] + (1,) + shp[axis + 1:])
+    high = [0] * (len(shp) + 1)
+    high[axis + 1] = s - 1
+    x = b.op("pad", x, low=(0,) * (len(shp) + 1), high=tuple(high))
+    x = b.reshape(x, shp[:axis] + (d * s,) + shp[axis + 1:])
+    lim = list(x.shape)
+    lim[axis] = (d - 1) * s + 1
+    return b.op("slice", x, starts=(0,) * len(shp), limits=tuple(lim), strides=(1,) * len(shp))
+
+
+def _conv_transpose2d(b: Builder, op):
+    y, w = (b.wrap(o) for o in op.operands)
+    p = op.params()
+    n, ci, h, wd = y.shape
+    _, cog, kh, kw = w.shape
+    g = p["groups"]
+    co = cog * g
+    oh, ow = op.results[0].type.get_shape()[2:]
+    (sh, sw), (dh, dw), pad = p["stride"], p["dilation"], p["padding"]
+    kk = cog * kh * kw
+    if g == 1:
+        wt = b.transpose(b.reshape(w, (ci, kk)), (1, 0))
+        cols = b.op("matmul", wt, b.reshape(y, (n, ci, h * wd)))
+    else:
+        wt = b.transpose(b.reshape(w, (g, ci // g, kk)), (0, 2, 1))
+        cols = b.op("matmul", wt, b.reshape(y, (n, g, ci // g, h * wd)))
+    cols = b.reshape(cols, (n, co, kh * kw, h, wd))
+    cols = _dilate(b, _dilate(b, cols, 3, sh), 4, sw)
+    hd, wdd = cols.shape[3:]
+    hc = max(hd + dh * (kh - 1), pad[0] + oh)
+    wc = max(wdd + dw * (kw - 1), pad[2] + ow)
+    terms = []
+    for i in range(kh):
+        for j in range(kw):
+            k = i * kw + j
+            t = b.op("slice", cols, starts=(0, 0, k, 0, 0), limits=(n, co, k + 1, hd, wdd),
+                     strides=(1,) * 5)
+            t = b.reshape(t, (n, co, hd, wdd))
+            terms.append(b.op("pad", t, low=(0, 0, i * dh, j * dw),
+                              high=(0, 0, hc - i * dh - hd, wc - j * dw - wdd)))
+    z = _tree_sum(terms)
+    if (hc, wc) == (oh, ow):
+        return z
+    return b.op("slice", z, starts=(0, 0, pad[0], pad[2]), limits=(n, co, pad[0] + oh, pad[2] + ow),
+                strides=(1, 1, 1, 1))
+
+
+def _conv2d_filter_grad(b: Builder, op):
+    x, dy = (b.wrap(o) for o in op.operands)
+    p = op.params()
+    n, c = x.shape[:2]
+    o, oh, ow = dy.shape[1:]
+    kh, kw = p["kernel"]
+    g = p["groups"]
+    cols = _squeeze_groups(b, _cols(b, x, (kh, kw), p["stride"], p["padding"], p["dilation"],
+                                    oh, ow, g), g)
+    # dw^T = cols @ dy^T summed over N: the transposed operand is the small dy
+    dyt = b.mT(_squeeze_groups(b, b.reshape(dy, (n, g, o // g, oh * ow)), g))
+    dwt = b.reduce("sum", b.op("matmul", cols, dyt), (0,))        # ([g,] kH*kW*C/g, O/g)
+    return b.reshape(b.mT(dwt), (o, c // g, kh, kw))
+
+
+DECOMPOSE = {
+    "rlx.conv2d": _conv2d,
+    "rlx.conv_transpose2d": _conv_transpose2d,
+    "rlx.conv2d_filter_grad": _conv2d_filter_grad,
+}
+assert set(DECOMPOSE) == CONV_OPS
+
+
+def decompose_conv(module: ModuleOp, clean: bool = True) -> ModuleOp:
+    """`module`, or a rewritten clone of it, without convolution ops."""
+    if not any(op.name in DECOMPOSE for op in get_func(module).body.block.ops):
+        return module
+    module = module.clone()
+    block = get_func(module).body.block
+    for op in list(block.ops):
+        rule = DECOMPOSE.get(op.name)
+        if rule is None:
+            continue
+        new = rule(Builder(block, op), op)
+        op.results[0].replace_all_uses_with(new.v)
+        block.erase_op(op)
+    if clean:
+        from .passes import cleanup
+        cleanup(module)
+    return module
+
+
+@dataclass(frozen=True)
+class DecomposeConvPass(ModulePass):
+    """Rewrite conv2d / conv_transpose2d / conv2d_filter_grad into primitives."""
+
+    name = "rlx-decompose-conv"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        new = decompose_conv(op)
+        if new is not op:
+            from .vmap import replace_module_body
+            replace_module_body(op, new)
