@@ -533,6 +533,15 @@ def _cast_vjp(b, op, g, need):
     return [None]
 
 
+def _attention_vjp(b, op, g, need):  # dialect/attention.py: recomputes P block by block
+    from .attention import attention_vjp
+
+    return attention_vjp(b, op, g, need)
+
+
+VJP_RULES["rlx.attention"] = _attention_vjp
+
+
 # ---------------------------------------------------------------- the transform
 
 def differentiable(value) -> bool:

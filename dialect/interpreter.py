@@ -17,6 +17,7 @@ import math
 import numpy as np
 from xdsl.dialects import func
 
+from .attention import attention_ref
 from .module import get_func, outputs
 from .ops import OPS, RlxOp
 from .types import NP_DTYPES, dense_value, dtype_of
@@ -226,6 +227,8 @@ EVAL_RULES = {
     "rlx.gather": _gather,
     "rlx.scatter_add": _scatter_add,
 }
+
+EVAL_RULES["rlx.attention"] = attention_ref
 
 missing = set(OPS) - set(EVAL_RULES) - {"rlx.constant", "rlx.cast"}
 assert not missing, f"no interpreter rule for {sorted(missing)}"

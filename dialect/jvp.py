@@ -175,6 +175,13 @@ def _cast_jvp(b, op, ts):
     return None
 
 
+@defrule("rlx.attention")
+def _attention_jvp(b, op, ts):  # dialect/attention.py
+    from .attention import attention_jvp
+
+    return attention_jvp(b, op, ts)
+
+
 # ---------------------------------------------------------------- the transforms
 
 def jvp_module(module: ModuleOp, tangent_for: list[str], what: str = "rlx-jvp") -> ModuleOp:

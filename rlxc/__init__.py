@@ -23,10 +23,12 @@ _LAZY = {
     "Tensor": "rlxc.tensor",
     "concat": "rlxc.tensor",
     "where": "rlxc.tensor",
+    "attention": "rlxc.attention",
+    "einsum": "rlxc.einsum",
 }
 
 
-_SUBMODULES = ("distributed",)   # imported on first use: rlxc.distributed.init(...)
+_SUBMODULES = ("distributed", "nn")   # imported on first use: rlxc.distributed.init(...)
 
 
 def __getattr__(name):
@@ -48,4 +50,4 @@ def __getattr__(name):
 
 __all__ = ["Func", "default_device", "LrSchedule", "optim", "lowp", "GraphScope", "Tensor",
            "concat", "where", "ShapeError", "NameLookupError", "RlxError", "ArtifactError",
-           "__version__"]
+           "__version__", "attention", "einsum"]

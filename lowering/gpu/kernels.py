@@ -342,9 +342,11 @@ GENERATORS = {
 
 def build_kernels(module, target: str = "gpu"):
     """(llvmlite module, GpuPlan, launches) for an rlx module (or Func)."""
+    from rlxc.dialect.attention import expand_module
     from rlxc.lowering.shared.empty import rewrite_empty
 
-    plan = plan_module(rewrite_empty(getattr(module, "module", module), checked_indices=False))
+    module = expand_module(getattr(module, "module", module))   # rlx.attention, unfused
+    plan = plan_module(rewrite_empty(module, checked_indices=False))
     if target == "gpu":
         mod = nvptx.new_module(plan.func.sym_name.data)
     else:
