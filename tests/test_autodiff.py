@@ -138,6 +138,18 @@ case("cast", {"x": _u(3, 4)}, lambda s, x: (x.cast("f64") * 2.0).cast("f32"), la
 case("cast", {"x": _u(3, 4, lo=-5, hi=5)}, lambda s, x: x.cast("i32").cast("f32") * x,
      label="cast_int")
 
+# attention (dialect/attention.py): every mask kind, softcap, a fully masked row (zeros)
+_AM = np.random.default_rng(15).uniform(size=(1, 2, 3, 4)) < 0.6
+_AM[0, 0, 1] = False
+_QKV = {"q": _u(1, 2, 3, 4), "k": _u(1, 2, 4, 4), "v": _u(1, 2, 4, 4)}
+case("attention", _QKV, lambda s, q, k, v: rlxc.attention(q, k, v))
+case("attention", _QKV, lambda s, q, k, v: rlxc.attention(q, k, v, mask="causal", softcap=1.5),
+     label="attention_causal_softcap")
+case("attention", _QKV, lambda s, q, k, v: rlxc.attention(q, k, v, mask=("sliding", 2)),
+     label="attention_sliding")
+case("attention", _QKV, lambda s, q, k, v: rlxc.attention(q, k, v, mask=_AM, scale=0.7),
+     label="attention_tensor_mask")
+
 
 def weights(shape):
     """The fixed cotangent R of a case's loss sum(out * R)."""

@@ -156,6 +156,15 @@ CASES["rlx.scatter_add"] = [
      {"i": _ints(3)}),
 ]
 
+_QKV = [("q", (2, 2, 3, 4), F), ("k", (2, 2, 5, 4), F), ("v", (2, 2, 5, 4), F)]
+CASES["rlx.attention"] = [
+    (_op("rlx.attention", _QKV, scale=0.5, softcap=0.0, kind="", window=0), {}),
+    (_op("rlx.attention", _QKV, scale=0.5, softcap=2.0, kind="causal", window=0), {}),
+    (_op("rlx.attention", _QKV, scale=0.5, softcap=0.0, kind="sliding", window=2), {}),
+    (_op("rlx.attention", _QKV + [("m", (1, 2, 3, 5), "i1")], scale=0.5, softcap=0.0,
+         kind="tensor", window=0), {}),
+]
+
 
 def _subsets(names):
     return [list(c) for r in range(1, len(names) + 1) for c in itertools.combinations(names, r)]
