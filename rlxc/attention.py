@@ -65,8 +65,11 @@ def attention(q, k, v, mask=None, scale=None, softcap=None):
         if mask.dtype != "i1":
             raise TypeError(f"attention: a mask tensor must be boolean (i1), got {mask.dtype}")
         full = q.shape[:3] + (k.shape[2] if k.ndim == 4 else -1,)
-        if mask.ndim > 4 or broadcast_shapes(mask.shape, full,
-                                             "attention: mask") != full:
+        try:
+            ok = mask.ndim <= 4 and broadcast_shapes(mask.shape, full) == full
+        except ShapeError:
+            ok = False
+        if not ok:
             raise ShapeError(f"attention: mask {mask.shape} does not broadcast to (B, H, Sq, Sk) "
                              f"= {full}")
         if mask.ndim < 4:
