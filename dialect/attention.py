@@ -45,7 +45,7 @@ from .types import dense_attr, shape_of, tensor_type
 # one block (no tiling) while the scores have at most this many elements;
 # otherwise query blocks of ~BLOCK_ELEMS scores each, at least MIN_ROWS rows
 SINGLE_ELEMS = 1 << 21
-BLOCK_ELEMS = 1 << 20
+BLOCK_ELEMS = 1 << 22
 MIN_ROWS = 32
 
 
@@ -90,8 +90,8 @@ def blocks(sq: int, sk: int, bh: int, kind: str, window: int, rows: int | None =
     if rows is None:
         if sq * sk * bh <= SINGLE_ELEMS or sq <= MIN_ROWS:
             rows = sq
-        else:
-            rows = max(MIN_ROWS, min(sq, BLOCK_ELEMS // max(1, sk * bh)))
+        else:   # at least two blocks
+            rows = max(MIN_ROWS, min((sq + 1) // 2, BLOCK_ELEMS // max(1, sk * bh)))
     out = []
     for q0 in range(0, sq, max(rows, 1)):
         q1 = min(sq, q0 + rows)
@@ -122,6 +122,7 @@ class Expander:
         self.dtype = self.q.dtype
         self.blocks = blocks(self.sq, self.sk, B * H, self.p["kind"], self.p["window"], rows)
         self._V = V
+        self._qs = None
 
     # -- small emitters
     def rows(self, x, a, z):
@@ -167,17 +168,26 @@ class Expander:
             m = b.op("mul", m, d.lt(b.full(w, full[2:], "i32")))
         return b.broadcast_to(b.reshape(m, (1, 1) + full[2:]), full)
 
-    def probs(self, q0, q1, k0, k1):
-        """(P, tanh term or None, q block, k block, v block) of one block."""
+    def scaled_q(self):
+        """q * scale, once per expansion (so the scores' matmul has no epilogue)."""
+        if self._qs is None:
+            self._qs = self.q * self.p["scale"]
+        return self._qs
+
+    def probs(self, q0, q1, k0, k1, normalize=True):
+        """(P, tanh term or None, q block, k block, v block) of one block; with
+        normalize=False (the forward's lowering only: not for differentiation),
+        (exp(S - max), row sums (1 where 0), ...) instead of P."""
         b, p = self.b, self.p
         qb, kb, vb = self.rows(self.q, q0, q1), self.rows(self.k, k0, k1), \
             self.rows(self.v, k0, k1)
-        s = b.op("matmul", qb, b.mT(kb)) * p["scale"]
+        s = b.op("matmul", self.rows(self.scaled_q(), q0, q1), b.mT(kb))
         t = None
         if p["softcap"]:
             t = (s * (1.0 / p["softcap"])).tanh()
             s = t * p["softcap"]
         m = self.block_mask(q0, q1, k0, k1)
+        raw = s
         if m is not None:
             s = b.select(m, s, b.full(-math.inf, s.shape, self.dtype))
         mx = b.reduce("max", s, (3,), keepdims=True)
@@ -185,11 +195,20 @@ class Expander:
             mx = b.select(mx.eq(b.full(-math.inf, mx.shape, self.dtype)),
                           b.full(0, mx.shape, self.dtype), mx)
         mx = b.op("stop_gradient", mx)
-        e = (s - b.broadcast_to(mx, s.shape)).exp()
+        if m is not None and not normalize:
+            # lowering only (never differentiated): the select sits after the exp, so the
+            # masked scores are not a buffer of their own (an exp that overflows where
+            # masked is dropped by the select)
+            e = b.select(m, (raw - b.broadcast_to(mx, s.shape)).exp(),
+                         b.full(0, s.shape, self.dtype))
+        else:
+            e = (s - b.broadcast_to(mx, s.shape)).exp()
         den = b.reduce("sum", e, (3,), keepdims=True)
         if m is not None:
             den = b.select(den.eq(b.full(0, den.shape, self.dtype)),
                            b.full(1, den.shape, self.dtype), den)
+        if not normalize:
+            return e, den, qb, kb, vb
         return e / b.broadcast_to(den, s.shape), t, qb, kb, vb
 
     def zeros(self, rows, cols=None):
@@ -212,8 +231,10 @@ class Expander:
             if k1 == k0:
                 outs.append(self.zeros(q1 - q0))
                 continue
-            pr = self.probs(q0, q1, k0, k1)[0]
-            outs.append(self.b.op("matmul", pr, self.rows(self.v, k0, k1)))
+            # (e v) / rowsum(e): the division touches D columns, not Sk
+            e, den, _, _, vb = self.probs(q0, q1, k0, k1, normalize=False)
+            o = self.b.op("matmul", e, vb)
+            outs.append(o / self.b.broadcast_to(den, o.shape))
         return self.concat_rows(outs)
 
     def backward(self, out, g, need):
