@@ -32,6 +32,8 @@ integer labels, batch 128):
       from what `make` built at install (lowering/cpu/prebuilt), and "no prebuilt"
       hides those too (RLXC_PREBUILT_DIR=""): the sgemm is built on the first run
   W8  MLP forward (logits) at batch 1, rlxc through Jitted.run
+  W10 one transformer block, value_and_grad; W11 causal attention forward
+      (benchmarks/compare_models.py)
 
 Method.  Every implementation of a workload lives in this one process.  Each
 is built, run once, and its result checked against rlxc's (assert close:
@@ -69,7 +71,7 @@ ROOT = os.path.dirname(HERE)
 SIZES = (784, 512, 512, 10)
 BATCH = 128
 IMPLS = ("rlxc", "numpy", "jax", "torch", "torch.compile")
-WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8")
+WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W10", "W11")
 TARGETS = {  # workload -> [(peer, minimum peer/rlxc ratio, text)]  (issues 8 and 19)
     "W1": [("jax", 2.0, ">= 2x JAX")],
     "W2": [("numpy", 1.0, ">= 1.0x OpenBLAS"), ("jax", 1.0, "> JAX")],
@@ -78,6 +80,8 @@ TARGETS = {  # workload -> [(peer, minimum peer/rlxc ratio, text)]  (issues 8 an
     "W5": [("jax", 5.0, ">= 5x JAX"), ("numpy", 1.0, ">= NumPy")],
     "W6": [("jax", 2.0, ">= 2x JAX"), ("numpy", 1.0, ">= NumPy")],
     "W8": [("jax", 2.0, ">= 2x JAX"), ("numpy", 1.0, ">= NumPy")],
+    "W10": [("jax", 1.2, ">= 1.2x JAX"), ("torch", 1.0, ">= 1.0x PyTorch eager")],
+    "W11": [("torch", 1.0, ">= 1.0x torch SDPA")],
 }
 PORTABLE = "x86-64-v3"   # what --cpu portable builds (the shipped-artifact baseline)
 
@@ -723,7 +727,21 @@ WORKLOAD_FNS = {"W1": (w1, "sum(tanh(x*a+b)*sigmoid(x)), 1M"),
                 "W4": (w4, "MLP train step (SGD), b128"),
                 "W5": (w5, "per-example grads, vmap(grad), b128"),
                 "W6": (w6, "HVP sum(tanh(W@x)), 256"),
-                "W8": (w8, "MLP fwd, batch 1")}
+                "W8": (w8, "MLP fwd, batch 1"),
+                # issue 15: transformer workloads (benchmarks/compare_models.py)
+                "W10": (lambda a: _models().w10(a, sys.modules[__name__]),
+                        "transformer block value_and_grad"),
+                "W11": (lambda a: _models().w11(a, sys.modules[__name__]),
+                        "causal attention fwd 1x8x2048x64")}
+
+
+def _models():
+    sys.path.insert(0, HERE)
+    try:
+        import compare_models
+    finally:
+        sys.path.remove(HERE)
+    return compare_models
 
 
 # ------------------------------------------------------------------ running one workload

@@ -23,8 +23,8 @@ _LAZY = {
     "Tensor": "rlxc.tensor",
     "concat": "rlxc.tensor",
     "where": "rlxc.tensor",
-    "attention": "rlxc.attention",
-    "einsum": "rlxc.einsum",
+    "attention": "rlxc.attention_op",
+    "einsum": "rlxc.einsum_op",
 }
 
 

@@ -86,7 +86,7 @@ def attention_block(s, name: str, x, heads: int, mask="causal", rope_base=None,
                     softcap=None, dropout=None):
     """Multi-head self-attention of x (B, S, d): params NAME.qkv.{w,b}, NAME.out.{w,b}.
     `rope_base` (e.g. 10000.0) rotates q and k; `dropout` (h -> h) acts on the output."""
-    from rlxc.attention import attention
+    from rlxc.attention_op import attention
 
     B, S, d = x.shape
     qkv = linear(s, f"{name}.qkv", x, 3 * d)

@@ -256,3 +256,15 @@ def test_against_torch_sdpa(mask, softcap):
         want = want.detach().numpy()
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max(),
                                    err_msg=what)
+
+
+def test_rlxc_attention_and_einsum_are_functions_after_importing_nn():
+    """Regression: a submodule named rlxc.attention would shadow the function once imported."""
+    import importlib
+
+    import rlxc.nn  # noqa: F401  (imports the attention implementation)
+
+    importlib.import_module("rlxc.attention_op")
+    importlib.import_module("rlxc.einsum_op")
+    assert callable(rlxc.attention) and rlxc.attention.__name__ == "attention"
+    assert callable(rlxc.einsum) and rlxc.einsum.__name__ == "einsum"

@@ -1,4 +1,4 @@
-"""rlxc.einsum: decomposed at trace time (rlxc/einsum.py) into transpose/reshape/slice/
+"""rlxc.einsum: decomposed at trace time (rlxc/einsum_op.py) into transpose/reshape/slice/
 sum/matmul; checked against np.einsum on the interpreter and the CPU backend, its
 gradient against finite differences of the interpreter, and its errors."""
 from __future__ import annotations
