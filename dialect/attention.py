@@ -190,7 +190,7 @@ class Expander:
         raw = s
         if m is not None:
             s = b.select(m, s, b.full(-math.inf, s.shape, self.dtype))
-        mx = b.reduce("max", s, (3,), keepdims=True)
+        mx = self.row_reduce("max", s)
         if m is not None:
             mx = b.select(mx.eq(b.full(-math.inf, mx.shape, self.dtype)),
                           b.full(0, mx.shape, self.dtype), mx)
@@ -203,13 +203,24 @@ class Expander:
                          b.full(0, s.shape, self.dtype))
         else:
             e = (s - b.broadcast_to(mx, s.shape)).exp()
-        den = b.reduce("sum", e, (3,), keepdims=True)
+        den = self.row_reduce("sum", e)
         if m is not None:
             den = b.select(den.eq(b.full(0, den.shape, self.dtype)),
                            b.full(1, den.shape, self.dtype), den)
         if not normalize:
             return e, den, qb, kb, vb
         return e / b.broadcast_to(den, s.shape), t, qb, kb, vb
+
+    def row_reduce(self, name, x):
+        """Reduce the last dim keeping it (size 1).  A row of a multiple of 16 is reduced
+        as (n/16, 16) -> 16 -> 1: the first step runs across 16 contiguous lanes (vector
+        code), where one scalar accumulator per row would be a serial chain."""
+        b = self.b
+        n = x.shape[3]
+        if n % 16 or n < 64:
+            return b.reduce(name, x, (3,), keepdims=True)
+        part = b.reduce(name, b.reshape(x, x.shape[:3] + (n // 16, 16)), (3,))
+        return b.reduce(name, part, (3,), keepdims=True)
 
     def zeros(self, rows, cols=None):
         return self.b.full(0, (self.B, self.H, rows, self.d if cols is None else cols), self.dtype)
