@@ -168,10 +168,11 @@ class Expander:
             m = b.op("mul", m, d.lt(b.full(w, full[2:], "i32")))
         return b.broadcast_to(b.reshape(m, (1, 1) + full[2:]), full)
 
-    def scaled_q(self):
-        """q * scale, once per expansion (so the scores' matmul has no epilogue)."""
+    def scaled_kt(self):
+        """k^T * scale (B, H, D, Sk), once per expansion: the scores' matmul then reads
+        a row-major right operand (no strided packing) and has no epilogue."""
         if self._qs is None:
-            self._qs = self.q * self.p["scale"]
+            self._qs = self.b.mT(self.k) * self.p["scale"]
         return self._qs
 
     def probs(self, q0, q1, k0, k1, normalize=True):
@@ -181,7 +182,11 @@ class Expander:
         b, p = self.b, self.p
         qb, kb, vb = self.rows(self.q, q0, q1), self.rows(self.k, k0, k1), \
             self.rows(self.v, k0, k1)
-        s = b.op("matmul", self.rows(self.scaled_q(), q0, q1), b.mT(kb))
+        kt = self.scaled_kt()
+        if (k0, k1) != (0, self.sk):
+            kt = b.op("slice", kt, starts=(0, 0, 0, k0), limits=kt.shape[:3] + (k1,),
+                      strides=(1, 1, 1, 1))
+        s = b.op("matmul", qb, kt)
         t = None
         if p["softcap"]:
             t = (s * (1.0 / p["softcap"])).tanh()
