@@ -29,7 +29,7 @@ knows the math:
   dS = P * (dP - rowsum(dO * O)); dK and dV accumulate over the blocks.
   It emits rlx ops only, so grad of grad, jvp of grad and vmap of grad work.
 - `attention_jvp`: tO = dP v + P tv with dP = P * (tS - rowsum(P * tS)),
-  unblocked (the scores of the tangent are materialized).
+  query block by query block like the backward.
 - `attention_vmap`: the vmapped axis folds into B (one op, no loop).
 - `expand_module` (lowering): every rlx.attention of a module as its expansion;
   the CPU and GPU backends start from it.
@@ -287,23 +287,31 @@ class Expander:
         return [dq, dk, dv] + ([None] if self.mask is not None else [])
 
     def tangent(self, tq, tk, tv):
+        """Forward mode, block by block like the backward (tangent scores per block)."""
         b, p = self.b, self.p
-        if not self.sq or not self.sk or not self.d:
+        if not self.blocks or not self.d:
             return None
-        q0, q1, k0, k1 = 0, self.sq, 0, self.sk
-        pr, t, qb, kb, vb = self.probs(q0, q1, k0, k1)
-        out = None
-        if tq is not None or tk is not None:
-            ts = b.add_opt(b.op("matmul", tq, b.mT(kb)) if tq is not None else None,
-                           b.op("matmul", qb, b.mT(tk)) if tk is not None else None) * p["scale"]
-            if t is not None:
-                ts = ts * (1.0 - t * t)
-            w = pr * ts
-            tp = w - pr * b.broadcast_to(b.reduce("sum", w, (3,), keepdims=True), w.shape)
-            out = b.op("matmul", tp, vb)
-        if tv is not None:
-            out = b.add_opt(out, b.op("matmul", pr, tv))
-        return out
+        outs = []
+        for q0, q1, k0, k1 in self.blocks:
+            if k1 == k0:
+                outs.append(self.zeros(q1 - q0))
+                continue
+            pr, t, qb, kb, vb = self.probs(q0, q1, k0, k1)
+            out = None
+            if tq is not None or tk is not None:
+                ts = b.add_opt(
+                    b.op("matmul", self.rows(tq, q0, q1), b.mT(kb)) if tq is not None else None,
+                    b.op("matmul", qb, b.mT(self.rows(tk, k0, k1))) if tk is not None else None)
+                ts = ts * p["scale"]
+                if t is not None:
+                    ts = ts * (1.0 - t * t)
+                w = pr * ts
+                tp = w - pr * b.broadcast_to(self.row_reduce("sum", w), w.shape)
+                out = b.op("matmul", tp, vb)
+            if tv is not None:
+                out = b.add_opt(out, b.op("matmul", pr, self.rows(tv, k0, k1)))
+            outs.append(out)
+        return self.concat_rows(outs)
 
 
 # ---------------------------------------------------------------- transform rules
