@@ -286,3 +286,37 @@ def test_blocked_jvp_matches_one_block(monkeypatch):
     many = interpret(jm, [q, k, v] + t, float_dtype=np.float64)
     for a, b in zip(one, many):
         np.testing.assert_allclose(b, a, rtol=1e-10, atol=1e-12)
+
+
+def test_gpu_ptx_of_a_long_causal_attention_and_its_grad_assembles():
+    """The GPU lowering (the same query-blocked expansion, unfused kernels) of a sequence
+    long enough for blocks and lane-split row reductions: PTX for sm_90, and a cubin
+    where ptxas is installed; the emulator runs a mid-size one against the interpreter."""
+    from rlxc.lowering.gpu import driver as gpu_driver
+    from rlxc.lowering.gpu import emu as gpu_emu
+    from rlxc.lowering.gpu import nvptx
+
+    ptxas = nvptx.find_ptxas()
+    f = attn_func([(1, 4, 768, 32)] * 3, mask="causal", name="gpu_long")
+    for g in (f, f.grad(["q", "k", "v"])):
+        art = gpu_driver.compile_cuda(g.module, ptxas=ptxas or False)
+        assert ".target sm_90" in art.ptx
+        if ptxas:
+            assert art.cubin[:4] == b"\x7fELF"
+    q, k, v = qkv(1, 1, 80, 80, 8, seed=21)
+    m = attn_func([q.shape, k.shape, v.shape], mask="causal", softcap=3.0, name="gpu_mid")
+    got = gpu_emu.emulate(m.module, [q, k, v])
+    np.testing.assert_allclose(got[0], m.run_on("interp", q=q, k=k, v=v)[0], rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_gpu_splat_constant_as_a_matmul_operand():
+    """Regression (lowering/gpu/plan.py): a splat constant read in place by a matmul (the
+    ones cotangent of a non-scalar output, sliced per query block) had no buffer: KeyError."""
+    from rlxc.lowering.gpu import emu as gpu_emu
+
+    f = rlxc.Func("splat_mm", lambda s: s.constant(np.full((16, 8), 2.0, np.float32))
+                  @ s.input("x", (8, 4)))
+    x = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
+    np.testing.assert_allclose(gpu_emu.emulate(f.module, [x])[0], 2 * np.ones((16, 8)) @ x,
+                               rtol=1e-5, atol=1e-5)
