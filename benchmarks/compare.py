@@ -35,6 +35,8 @@ integer labels, batch 128):
   W9  LeNet-style CNN training step, input (64, 3, 32, 32): conv 5x5 (6) + relu +
       max_pool 2, conv 5x5 (16) + relu + max_pool 2, linear 400-120 + relu,
       linear 120-10, softmax cross-entropy, SGD(lr 0.01); rlxc: Func.trainer
+  W10 one transformer block, value_and_grad; W11 causal attention forward
+      (benchmarks/compare_models.py)
 
 Method.  Every implementation of a workload lives in this one process.  Each
 is built, run once, and its result checked against rlxc's (assert close:
@@ -72,7 +74,7 @@ ROOT = os.path.dirname(HERE)
 SIZES = (784, 512, 512, 10)
 BATCH = 128
 IMPLS = ("rlxc", "numpy", "jax", "torch", "torch.compile")
-WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9")
+WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "W10", "W11")
 TARGETS = {  # workload -> [(peer, minimum peer/rlxc ratio, text)]  (issues 8 and 19)
     "W1": [("jax", 2.0, ">= 2x JAX")],
     "W2": [("numpy", 1.0, ">= 1.0x OpenBLAS"), ("jax", 1.0, "> JAX")],
@@ -82,6 +84,8 @@ TARGETS = {  # workload -> [(peer, minimum peer/rlxc ratio, text)]  (issues 8 an
     "W6": [("jax", 2.0, ">= 2x JAX"), ("numpy", 1.0, ">= NumPy")],
     "W8": [("jax", 2.0, ">= 2x JAX"), ("numpy", 1.0, ">= NumPy")],
     "W9": [("best", 1.2, ">= 1.2x best peer")],
+    "W10": [("jax", 1.2, ">= 1.2x JAX"), ("torch", 1.0, ">= 1.0x PyTorch eager")],
+    "W11": [("torch", 1.0, ">= 1.0x torch SDPA")],
 }
 PORTABLE = "x86-64-v3"   # what --cpu portable builds (the shipped-artifact baseline)
 
@@ -727,7 +731,14 @@ WORKLOAD_FNS = {"W1": (w1, "sum(tanh(x*a+b)*sigmoid(x)), 1M"),
                 "W4": (w4, "MLP train step (SGD), b128"),
                 "W5": (w5, "per-example grads, vmap(grad), b128"),
                 "W6": (w6, "HVP sum(tanh(W@x)), 256"),
-                "W8": (w8, "MLP fwd, batch 1")}
+                "W8": (w8, "MLP fwd, batch 1"),
+                # issue 15: transformer workloads (benchmarks/compare_models.py)
+                "W10": (lambda a: _models().w10(a, sys.modules[__name__]),
+                        "transformer block value_and_grad"),
+                "W11": (lambda a: _models().w11(a, sys.modules[__name__]),
+                        "causal attention fwd 1x8x2048x64")}
+
+
 WORKLOAD_FNS["W9"] = (lambda args: w9(args), "LeNet train step (SGD), b64")
 
 
@@ -855,6 +866,15 @@ def w9(args):
     impls["torch"] = tch(False)
     impls["torch.compile"] = tch(True)
     return impls, dict(rtol=1e-3, atol=1e-4), {"stateful": True}
+
+
+def _models():
+    sys.path.insert(0, HERE)
+    try:
+        import compare_models
+    finally:
+        sys.path.remove(HERE)
+    return compare_models
 
 
 # ------------------------------------------------------------------ running one workload

@@ -577,6 +577,13 @@ def _conv2d_filter_grad_vjp(b, op, g, need):
               output_padding=_conv_output_padding(x.shape, p, p["kernel"])) if need[0] else None
     gdy = b.op("conv2d", x, g, **c) if need[1] else None
     return [gx, gdy]
+def _attention_vjp(b, op, g, need):  # dialect/attention.py: recomputes P block by block
+    from .attention import attention_vjp
+
+    return attention_vjp(b, op, g, need)
+
+
+VJP_RULES["rlx.attention"] = _attention_vjp
 
 
 # ---------------------------------------------------------------- the transform

@@ -17,6 +17,7 @@ import math
 import numpy as np
 from xdsl.dialects import func
 
+from .attention import attention_ref
 from .module import get_func, outputs
 from .ops import OPS, RlxOp
 from .philox import philox_uniform
@@ -232,6 +233,7 @@ EVAL_RULES = {
 from .conv_ref import EVAL_RULES as _CONV_EVAL  # noqa: E402  (convolution family)
 
 EVAL_RULES.update(_CONV_EVAL)
+EVAL_RULES["rlx.attention"] = attention_ref
 
 missing = set(OPS) - set(EVAL_RULES) - {"rlx.constant", "rlx.cast"}
 assert not missing, f"no interpreter rule for {sorted(missing)}"

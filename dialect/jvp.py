@@ -186,6 +186,11 @@ def _bilinear_jvp(b, op, ts):
 
 for _n in ("conv2d", "conv_transpose2d", "conv2d_filter_grad"):
     JVP_RULES[f"rlx.{_n}"] = _bilinear_jvp
+@defrule("rlx.attention")
+def _attention_jvp(b, op, ts):  # dialect/attention.py
+    from .attention import attention_jvp
+
+    return attention_jvp(b, op, ts)
 
 
 # ---------------------------------------------------------------- the transforms

@@ -423,6 +423,17 @@ for _n, _s in {
             {"lhs": operand_def(TensorType), "rhs": operand_def(TensorType),
              "result": result_def(TensorType)},
             f"$lhs `,` $rhs {_params} attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)")
+# ---------------------------------------------------------------- attention (dialect/attention.py)
+
+AttentionOp = _define(
+    "attention", "softmax(mask(softcap(scale * q k^T))) v over (B, H, S, D) tensors; a fully "
+    "masked row gives zeros. Mask kinds: none, causal, sliding (window), tensor (4th operand).",
+    "%o = rlx.attention %q, %k, %v scale = 1.250000e-01 softcap = 0.000000e+00 kind = \"causal\" "
+    "window = 0 : (tensor<1x2x8x64xf32>, tensor<1x2x8x64xf32>, tensor<1x2x8x64xf32>) -> "
+    "tensor<1x2x8x64xf32>",
+    {"inputs": var_operand_def(TensorType), "result": result_def(TensorType)},
+    "$inputs `scale` `=` $scale `softcap` `=` $softcap (`kind` `=` $kind^)? `window` `=` $window "
+    "attr-dict `:` `(` type($inputs) `)` `->` type($result)")
 
 
 RLX = Dialect("rlx", list(OPS.values()), [])
@@ -435,3 +446,4 @@ def op_class(name: str):
         return OPS[key]
     except KeyError:
         raise KeyError(f"unknown op {name!r}; valid: {', '.join(sorted(OPS))}") from None
+

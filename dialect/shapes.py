@@ -543,3 +543,43 @@ from .conv_shapes import CONV_SHAPES  # noqa: E402
 
 for _n, (_f, _p) in CONV_SHAPES.items():
     _shape(_n, "conv", _f, _p, root=True)
+# ---------------------------------------------------------------- attention (dialect/attention.py)
+
+ATTENTION_MASKS = ("", "causal", "sliding", "tensor")
+
+
+def _infer_attention(types, scale, softcap, kind="", window=0):
+    """q (B, H, Sq, D), k and v (B, H, Sk, D); with kind "tensor" a 4th operand, an i1
+    mask whose dims are each 1 or the full (B, H, Sq, Sk) size. Result (B, H, Sq, D)."""
+    if kind not in ATTENTION_MASKS:
+        raise ShapeError(f"attention: mask kind {kind!r} is not one of {ATTENTION_MASKS}")
+    want = 4 if kind == "tensor" else 3
+    if len(types) != want:
+        raise ShapeError(f"attention: mask kind {kind!r} takes {want} operands, got {len(types)}")
+    q, k, v = types[:3]
+    for n, t in (("q", q), ("k", k), ("v", v)):
+        if len(t.shape) != 4:
+            raise ShapeError(f"attention: {n} must be (B, H, S, D), got shape {t.shape}")
+        if t.dtype not in FLOAT_DTYPES or t.dtype != q.dtype:
+            raise ShapeError(f"attention: {n} must be a float tensor of q's dtype, got {t.dtype}")
+    (B, H, Sq, D), (Sk,) = q.shape, k.shape[2:3]
+    if k.shape != (B, H, Sk, D) or v.shape != (B, H, Sk, D):
+        raise ShapeError(f"attention: q {q.shape} needs k and v of shape (B, H, Sk, D) = "
+                         f"({B}, {H}, Sk, {D}); got k {k.shape}, v {v.shape}")
+    if kind == "tensor":
+        m = types[3]
+        full = (B, H, Sq, Sk)
+        if m.dtype != "i1" or len(m.shape) != 4 or any(a not in (1, f) for a, f in
+                                                        zip(m.shape, full)):
+            raise ShapeError(f"attention: mask must be a rank-4 i1 tensor broadcasting to "
+                             f"{full}, got {m}")
+    if kind == "sliding" and window < 1:
+        raise ShapeError(f"attention: sliding window must be >= 1, got {window}")
+    if softcap < 0:
+        raise ShapeError(f"attention: softcap must be > 0 (0: none), got {softcap}")
+    return q.shape, q.dtype
+
+
+_shape("attention", "attention", _infer_attention,
+       {"scale": "float", "softcap": "float", "kind": "str", "window": "int"}, root=True,
+       cost="heavy", dtypes=FLOAT_DTYPES)

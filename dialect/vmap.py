@@ -288,6 +288,15 @@ BATCH_RULES["rlx.gather"] = _gather
 BATCH_RULES["rlx.scatter_add"] = _scatter_add
 
 
+def _attention(bt, op, xs, bs):  # dialect/attention.py: the vmapped axis folds into B
+    from .attention import attention_vmap
+
+    return attention_vmap(bt, op, xs, bs)
+
+
+BATCH_RULES["rlx.attention"] = _attention
+
+
 # ---------------------------------------------------------------- the transform
 
 def vmap_module(module: ModuleOp, batched, batch_size: int) -> ModuleOp:

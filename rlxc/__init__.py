@@ -27,10 +27,12 @@ _LAZY = {
     "topk": "rlxc.indexops", "one_hot": "rlxc.indexops",
     **{n: "rlxc.conv" for n in ("conv2d", "conv1d", "conv_transpose2d", "max_pool2d",
                                 "avg_pool2d", "upsample_nearest2d")},
+    "attention": "rlxc.attention_op",
+    "einsum": "rlxc.einsum_op",
 }
 
 
-_SUBMODULES = ("distributed", "random")   # imported on first use: rlxc.distributed.init(...)
+_SUBMODULES = ("distributed", "random", "nn")   # imported on first use: rlxc.distributed.init(...)
 
 
 def __getattr__(name):
@@ -52,4 +54,4 @@ def __getattr__(name):
 
 __all__ = ["Func", "default_device", "LrSchedule", "optim", "lowp", "GraphScope", "Tensor",
            "concat", "where", "ShapeError", "NameLookupError", "RlxError", "ArtifactError",
-           "__version__"]
+           "__version__", "attention", "einsum"]

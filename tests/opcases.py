@@ -306,3 +306,36 @@ def make_func(name):
         return build(s, **ts)
 
     return rlxc.Func("case_" + name.replace("-", "_"), b), oracle, inputs, names
+
+
+# ---- attention and einsum (issue 15); own generator so the inputs above do not move
+_rng3 = np.random.default_rng(15)
+
+
+def _a(*shape):
+    return _rng3.normal(size=shape).astype(np.float32)
+
+
+def _attn_oracle(q, k, v, allowed=None, scale=None, softcap=None):
+    """Naive NumPy attention: softmax over the allowed keys, zeros for an empty row."""
+    s = q @ np.swapaxes(k, -1, -2) * (1 / np.sqrt(q.shape[-1]) if scale is None else scale)
+    if softcap:
+        s = softcap * np.tanh(s / softcap)
+    allowed = np.ones(s.shape, bool) if allowed is None else np.broadcast_to(allowed, s.shape)
+    e = np.where(allowed, np.exp(s - np.where(allowed, s, -np.inf).max(-1, keepdims=True)), 0)
+    return (e / np.maximum(e.sum(-1, keepdims=True), 1e-300)) @ v
+
+
+_ATTN_MASK = _rng3.uniform(size=(1, 2, 5, 6)) < 0.6
+_ATTN_MASK[0, 1, 2] = False       # one fully masked row: zeros
+case("attention_causal_softcap", {"q": _a(2, 2, 5, 4), "k": _a(2, 2, 6, 4), "v": _a(2, 2, 6, 4)},
+     lambda s, q, k, v: rlxc.attention(q, k, v, mask="causal", softcap=1.5),
+     lambda q, k, v: _attn_oracle(q, k, v, np.tril(np.ones((5, 6), bool)), softcap=1.5))
+case("attention_tensor_mask", {"q": _a(2, 2, 5, 4), "k": _a(2, 2, 6, 4), "v": _a(2, 2, 6, 4)},
+     lambda s, q, k, v: rlxc.attention(q, k, v, mask=_ATTN_MASK, scale=0.3),
+     lambda q, k, v: _attn_oracle(q, k, v, _ATTN_MASK, scale=0.3))
+case("einsum_bmm", {"x": _a(2, 3, 4), "y": _a(2, 4, 5)},
+     lambda s, x, y: rlxc.einsum("bij,bjk->bik", x, y), lambda x, y: np.einsum("bij,bjk->bik", x, y))
+case("einsum_trace_diag", {"x": _a(3, 4, 4)},
+     lambda s, x: rlxc.einsum("bii->bi", x) + rlxc.einsum("bii->b", x)[:, None],
+     lambda x: np.einsum("bii->bi", x) + np.einsum("bii->b", x)[:, None])

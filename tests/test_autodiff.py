@@ -155,6 +155,18 @@ case("conv_transpose2d", {"x": _u(2, 4, 3, 3), "w": _u(4, 1, 3, 2)},
 case("conv2d_filter_grad", {"x": _u(2, 4, 6, 5), "y": _u(2, 4, 3, 6)},
      lambda s, x, y: s.emit("rlx.conv2d_filter_grad", [x, y], **_CONV, kernel=(3, 2)))
 
+# attention (dialect/attention.py): every mask kind, softcap, a fully masked row (zeros)
+_AM = np.random.default_rng(15).uniform(size=(1, 2, 3, 4)) < 0.6
+_AM[0, 0, 1] = False
+_QKV = {"q": _u(1, 2, 3, 4), "k": _u(1, 2, 4, 4), "v": _u(1, 2, 4, 4)}
+case("attention", _QKV, lambda s, q, k, v: rlxc.attention(q, k, v))
+case("attention", _QKV, lambda s, q, k, v: rlxc.attention(q, k, v, mask="causal", softcap=1.5),
+     label="attention_causal_softcap")
+case("attention", _QKV, lambda s, q, k, v: rlxc.attention(q, k, v, mask=("sliding", 2)),
+     label="attention_sliding")
+case("attention", _QKV, lambda s, q, k, v: rlxc.attention(q, k, v, mask=_AM, scale=0.7),
+     label="attention_tensor_mask")
+
 
 def weights(shape):
     """The fixed cotangent R of a case's loss sum(out * R)."""

@@ -169,6 +169,14 @@ CASES["rlx.conv_transpose2d"] = [(_op("rlx.conv_transpose2d", [("x", (2, 4, 3, 3
 CASES["rlx.conv2d_filter_grad"] = [(_op("rlx.conv2d_filter_grad", [("x", (2, 4, 6, 5), F),
                                                                    ("y", (2, 4, 3, 6), F)],
                                         **_CONV, kernel=(3, 2)), {})]
+_QKV = [("q", (2, 2, 3, 4), F), ("k", (2, 2, 5, 4), F), ("v", (2, 2, 5, 4), F)]
+CASES["rlx.attention"] = [
+    (_op("rlx.attention", _QKV, scale=0.5, softcap=0.0, kind="", window=0), {}),
+    (_op("rlx.attention", _QKV, scale=0.5, softcap=2.0, kind="causal", window=0), {}),
+    (_op("rlx.attention", _QKV, scale=0.5, softcap=0.0, kind="sliding", window=2), {}),
+    (_op("rlx.attention", _QKV + [("m", (1, 2, 3, 5), "i1")], scale=0.5, softcap=0.0,
+         kind="tensor", window=0), {}),
+]
 
 
 def _subsets(names):

@@ -368,12 +368,14 @@ class Builder:
 
 
 def build_program(module, name: str, sgemm_threads: int = 1, cpu: str = "native") -> Program:
+    from rlxc.dialect.attention import expand_module
     from rlxc.lowering.cpu.matvec import rewrite_small_matmuls
     from rlxc.lowering.shared.empty import rewrite_empty
 
     from rlxc.dialect.conv_decompose import decompose_conv
 
     module = decompose_conv(module)   # convolutions -> im2col + GEMM (dialect/conv_decompose.py)
+    module = expand_module(module)   # rlx.attention: query-blocked matmul-softmax-matmul
     return Builder(rewrite_small_matmuls(rewrite_empty(module)), name, sgemm_threads, cpu).build()
 
 

@@ -342,11 +342,13 @@ GENERATORS = {
 
 def build_kernels(module, target: str = "gpu"):
     """(llvmlite module, GpuPlan, launches) for an rlx module (or Func)."""
+    from rlxc.dialect.attention import expand_module
     from rlxc.lowering.shared.empty import rewrite_empty
 
     from rlxc.dialect.conv_decompose import decompose_conv
 
     module = decompose_conv(getattr(module, "module", module))   # convolutions -> GEMMs
+    module = expand_module(module)   # rlx.attention, unfused
     plan = plan_module(rewrite_empty(module, checked_indices=False))
     if target == "gpu":
         mod = nvptx.new_module(plan.func.sym_name.data)

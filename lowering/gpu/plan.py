@@ -37,6 +37,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from xdsl.dialects import func
 from xdsl.ir import OpResult
 
@@ -256,8 +258,11 @@ def plan_module(module) -> GpuPlan:
         buffer_of[v] = new(a.kind, nbytes(v))
     for op in ops:
         v = op.results[0]
-        if op.name == "rlx.constant" and v in mat and not _is_splat_const(op):
+        if op.name == "rlx.constant" and v in mat and not (_is_splat_const(op) and v in outset):
             arr = dense_value(op.value)
+            if _is_splat_const(op):   # a splat read in place (a matmul operand): every element
+                arr = np.ascontiguousarray(np.broadcast_to(arr.reshape(-1)[:1].reshape(()),
+                                                           shape_of(v.type)))
             if arr.dtype == bool:
                 arr = arr.astype("int8")
             buffer_of[v] = new("const", arr.nbytes, arr.tobytes())
