@@ -390,7 +390,9 @@ class CastOp(RlxOp):
         return {"dtype": dtype_of(self.results[0].type)}
 
 
-RLX = Dialect("rlx", list(OPS.values()), [])
+from .control import CONTROL_OPS  # noqa: E402  (rlx.scan/while/if/yield: regions)
+
+RLX = Dialect("rlx", list(OPS.values()) + list(CONTROL_OPS.values()), [])
 
 
 def op_class(name: str):

@@ -23,6 +23,10 @@ _LAZY = {
     "Tensor": "rlxc.tensor",
     "concat": "rlxc.tensor",
     "where": "rlxc.tensor",
+    "scan": "rlxc.control",
+    "while_loop": "rlxc.control",
+    "cond": "rlxc.control",
+    "fori_loop": "rlxc.control",
 }
 
 
@@ -47,5 +51,5 @@ def __getattr__(name):
 
 
 __all__ = ["Func", "default_device", "LrSchedule", "optim", "lowp", "GraphScope", "Tensor",
-           "concat", "where", "ShapeError", "NameLookupError", "RlxError", "ArtifactError",
+           "concat", "where", "scan", "while_loop", "cond", "fori_loop", "ShapeError", "NameLookupError", "RlxError", "ArtifactError",
            "__version__"]
