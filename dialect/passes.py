@@ -46,6 +46,7 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "cse": _lazy("cse", "CSEPass"),
     "dce": _lazy("dce", "DCEPass"),
     "cleanup": lambda: CleanupPass,
+    "regions": _lazy("control_cleanup", "RegionsPass"),
 }
 
 DESCRIPTIONS: dict[str, str] = {
@@ -59,6 +60,7 @@ DESCRIPTIONS: dict[str, str] = {
     "cse": "common subexpression elimination of pure ops; equal constants merged",
     "dce": "remove ops whose results are unused",
     "cleanup": "canonicalize, constant-fold, cse, dce to a fixed point",
+    "regions": "across region ops: fold if on a constant, sink constants, hoist invariants",
 }
 
 
@@ -102,12 +104,14 @@ def run_pipeline(module: ModuleOp, text: str, *, in_place: bool = False) -> Modu
 def cleanup(module: ModuleOp) -> ModuleOp:
     """canonicalize, constant-fold, cse, dce until nothing changes; mutates and returns `module`."""
     from .canonicalize import canonicalize
+    from .control_cleanup import simplify_regions
     from .cse import cse
     from .dce import dce
     from .fold import constant_fold
 
     for _ in range(CLEANUP_ROUNDS):
         changed = canonicalize(module) + constant_fold(module) + cse(module) + dce(module)
+        changed += simplify_regions(module)
         if not changed:
             break
     return module
