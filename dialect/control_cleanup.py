@@ -62,6 +62,11 @@ def _first_capture(op) -> int:
     return 1
 
 
+def _off(op) -> int:
+    """Operand i is block argument i - _off(op) (rlx.if: the predicate has none)."""
+    return 1 if op.name == "rlx.if" else 0
+
+
 def _fold_if(op) -> bool:
     pred = op.operands[0].owner
     if not isinstance(pred, ConstantOp) or not is_splat(pred.value):
@@ -86,7 +91,7 @@ def _sink_constants(op) -> int:
                 is_splat(c.value) or numel(shape_of(c.results[0].type)) <= SINK_LIMIT):
             continue
         for r in op.regions:
-            arg = r.block.args[i]
+            arg = r.block.args[i - _off(op)]
             if arg.first_use is None:
                 continue
             new = c.clone()
@@ -134,15 +139,16 @@ def _hoist(op) -> int:
 
 
 def _drop_captures(op) -> int:
+    o = _off(op)
     keep = [i for i in range(len(op.operands))
-            if i < _first_capture(op) or any(r.block.args[i].first_use is not None
+            if i < _first_capture(op) or any(r.block.args[i - o].first_use is not None
                                              for r in op.regions)]
     if len(keep) == len(op.operands):
         return 0
     for r in op.regions:
         for i in reversed(range(len(op.operands))):
             if i not in keep:
-                r.block.erase_arg(r.block.args[i])
+                r.block.erase_arg(r.block.args[i - o])
     dropped = len(op.operands) - len(keep)
     op.operands = [op.operands[i] for i in keep]
     return dropped
