@@ -163,8 +163,9 @@ class RegionLowering:
                                   f"rlx_{name}")
         if entry is None:
             fn.linkage = "internal"
-        b = ir.IRBuilder(fn.append_basic_block("entry"))
-        em = Emitter(self, fn, b)
+        allocas = fn.append_basic_block("entry")       # the Emitter's allocas only
+        b = ir.IRBuilder(fn.append_basic_block("start"))
+        em = Emitter(self, fn, b, allocas)
         arrays = {"input": fn.args[0], "param": fn.args[2]}
         counts = {"input": 0, "param": 0}
         ptrs = {}
@@ -186,6 +187,7 @@ class RegionLowering:
             dst = em.b.load(em.b.gep(fn.args[1], [ir.Constant(I32, k)], inbounds=True))
             em.memcpy(dst, ptrs[v], _nbytes(v))
         em.b.ret(ir.Constant(I32, 0))
+        ir.IRBuilder(allocas).branch(fn.blocks[1])
         return fn, total
 
     # ------------------------------------------------------------ region ops
@@ -245,13 +247,12 @@ def _segment_module(ops, ins, res):
 class Emitter:
     """Builds the body of a segmented function: calls, loops, copies."""
 
-    def __init__(self, low: RegionLowering, fn, b):
+    def __init__(self, low: RegionLowering, fn, b, allocas):
         self.low, self.fn, self.b = low, fn, b
+        self.ab = ir.IRBuilder(allocas)    # allocas in the entry block, out of every loop
 
     def _array(self, n):
-        eb = ir.IRBuilder(self.fn.entry_basic_block)
-        eb.position_at_start(self.fn.entry_basic_block)
-        return eb.alloca(ir.ArrayType(I8P, max(n, 1)))
+        return self.ab.alloca(ir.ArrayType(I8P, max(n, 1)))
 
     def _fill(self, arr, ptrs):
         for i, q in enumerate(ptrs):
@@ -325,9 +326,7 @@ class Emitter:
         for k in range(nc):
             self.memcpy(A[k], ops[k], _nbytes(op.results[k]))
         caps = list(ops[nc:])
-        eb = ir.IRBuilder(self.fn.entry_basic_block)
-        eb.position_at_start(self.fn.entry_basic_block)
-        ph = eb.alloca(I8)        # 1 when the current carries are in B
+        ph = self.ab.alloca(I8)   # 1 when the current carries are in B
         b.store(ir.Constant(I8, 0), ph)
         head = self.fn.append_basic_block("while")
         step = self.fn.append_basic_block("while_body")
