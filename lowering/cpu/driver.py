@@ -105,7 +105,10 @@ def lower(module, name: str | None = None, cpu: str = "native", max_threads: int
 def emit_loops(module, name: str | None = None, cpu: str = "native") -> str:
     """The loop IR as text (`rlxc compile --emit loops`)."""
     from rlxc.lowering.cpu.loops import format_program
+    from rlxc.lowering.cpu.regions import emit_region_loops, has_regions
 
+    if has_regions(module):
+        return emit_region_loops(module, _name(module, name), cpu)
     return format_program(lower(module, name, cpu))
 
 

@@ -67,6 +67,7 @@ class RegionLowering:
         self.m, self.name, self.cpu, self.threads = m, name, cpu, threads
         self.errors: dict = {}
         self.kernels: list = []
+        self.listing: list = []   # --emit loops: every sub-program and loop, in order
         self._n = 0
 
     def fresh(self, tag: str) -> str:
@@ -94,6 +95,8 @@ class RegionLowering:
         self.errors.update({c + off: v for c, v in prog.errors.items()})
         prog.errors, prog.error_args = {}, {}
         self.kernels += prog.kernels
+        from rlxc.lowering.cpu.loops import format_program
+        self.listing.append(format_program(prog))
         ModuleGen(prog, self.cpu, module=self.m).generate()
         sym = f"rlx_{name}"
         for s in (sym, f"{sym}_workspace_size", f"{sym}_signature"):
@@ -197,7 +200,11 @@ class RegionLowering:
         from rlxc.dialect.control_ad import body_module
 
         tag = op.name[4:]
-        regions = [self.function(body_module(r), self.fresh(tag)) for r in op.regions]
+        names = [self.fresh(tag) for _ in op.regions]
+        regions = [self.function(body_module(r), n) for r, n in zip(op.regions, names)]
+        self.listing.append(f"// {op.name} {op.params()}: a native loop calling "
+                            f"{', '.join('rlx_' + n for n in names)} (double-buffered "
+                            f"carries)")
         own = 0
         layout = {}
         for r in op.results:          # unused results: written to scratch
@@ -383,3 +390,14 @@ def generate_regions(module, name: str, cpu: str, threads: int):
     ir.IRBuilder(wsfn.append_basic_block("entry")).ret(c64(prog.workspace_size))
     gen.signature_symbol(prog)
     return m, prog
+
+
+def emit_region_loops(module, name: str, cpu: str = "native") -> str:
+    """`--emit loops` of a module with region ops: each sub-program's loop IR, and one line
+    per region op naming the sub-programs its native loop calls."""
+    from rlxc.lowering.cpu.driver import default_threads
+    from rlxc.lowering.cpu.target import ir_module
+
+    low = RegionLowering(ir_module(name, cpu), name, cpu, default_threads())
+    low.segmented(module, name)
+    return "\n".join(low.listing)
