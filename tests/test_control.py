@@ -364,3 +364,20 @@ def test_rk4_ode_with_fori_loop_parameter_gradients_match_fd():
     fn = Func("ode", build)
     check_grads(fn, ["k", "a", "y0"], {"y0": np.array([1.0, -0.5]), "k": np.array([0.7, 1.3]),
                                         "a": np.array([0.2, -0.4])})
+
+
+def test_rlxc_opt_round_trips_region_ops(tmp_path):
+    """`rlxc opt` reads the printed module (generic form of the region ops, custom form
+    of the ops inside), runs passes into the regions and prints text that parses again."""
+    import subprocess
+    import sys
+    src = tmp_path / "rnn.mlir"
+    src.write_text(Func("rnn", rnn_build()).mlir())
+    res = subprocess.run([sys.executable, "-m", "rlxc.cli.main", "opt", str(src), "-p",
+                          "rlx-grad{wrt=w},cleanup"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    g = M.parse(res.stdout)
+    assert res.stdout.count('"rlx.scan"') == 2
+    a = rnn_inputs()
+    want = run64(Func("rnn", rnn_build()).grad(["w"]), **a)[0]
+    np.testing.assert_allclose(interpret(g, [a["x"], a["h0"], a["w"]], np.float64)[0], want)
