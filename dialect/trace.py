@@ -108,6 +108,9 @@ class Trace:
         if self.inner:   # inside rlxc.scan/while_loop/cond: record in the innermost body
             return self.inner[-1].add(op, operands, params, result_types, data)
         for i, v in enumerate(operands):
+            if v.trace is not self and getattr(v.trace, "parent", None) is not None:
+                raise ValueError(f"{op}: operand #{i} was computed inside a scan/while_loop/"
+                                 f"cond body that has finished; return it from the body")
             if v.trace is not self:
                 raise ValueError(f"{op}: operand #{i} is a Tensor of another traced function "
                                  f"(another GraphScope); pass it in as an input instead")

@@ -381,3 +381,18 @@ def test_rlxc_opt_round_trips_region_ops(tmp_path):
     a = rnn_inputs()
     want = run64(Func("rnn", rnn_build()).grad(["w"]), **a)[0]
     np.testing.assert_allclose(interpret(g, [a["x"], a["h0"], a["w"]], np.float64)[0], want)
+
+
+def test_a_body_tensor_used_after_the_body_is_a_clear_error():
+    leak = []
+
+    def build(s):
+        x = s.input("x", (3,))
+
+        def body(c, _):
+            leak.append(c * 2.0)
+            return c, None
+        c, _ = rlxc.scan(body, x, None, length=2)
+        return c + leak[0]
+    with pytest.raises(ValueError, match="inside a scan/while_loop/cond body that has finished"):
+        Func("f", build)
