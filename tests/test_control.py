@@ -396,3 +396,17 @@ def test_a_body_tensor_used_after_the_body_is_a_clear_error():
         return c + leak[0]
     with pytest.raises(ValueError, match="inside a scan/while_loop/cond body that has finished"):
         Func("f", build)
+
+
+def test_trace_digest_sees_the_bodies():
+    """The trace hash keys the compile caches before any IR exists: bodies that differ
+    (an op, a capture, a length) give different hashes; the same program the same."""
+    def make(op="tanh", n=3, cap=True):
+        def build(s):
+            x = s.input("x", (n, 2))
+            w = s.input("w", (2,))
+            k = w if cap else x[0]
+            return rlxc.scan(lambda c, xt: (getattr(c * k + xt, op)(), None), w, x)[0]
+        return Func("f", build).trace_hash()
+    assert make() == make()
+    assert len({make(), make("sin"), make(n=4), make(cap=False)}) == 4
