@@ -410,3 +410,17 @@ def test_trace_digest_sees_the_bodies():
         return Func("f", build).trace_hash()
     assert make() == make()
     assert len({make(), make("sin"), make(n=4), make(cap=False)}) == 4
+
+
+def test_vmap_cond_with_a_shared_predicate_keeps_one_if():
+    def build(s):
+        x = s.input("x", (3,))
+        p = s.input("p", (), "i1")
+        return rlxc.cond(p, lambda a: a.exp(), lambda a: a * 2.0, x)
+    f = Func("f", build)
+    vf = f.vmap(["x"], 4)
+    assert vf.mlir().count('"rlx.if"') == 1 and "rlx.select" not in vf.mlir()
+    xb = RNG.standard_normal((4, 3))
+    for p in (True, False):
+        got = run64(vf, x=xb, p=np.bool_(p))[0]
+        np.testing.assert_allclose(got, np.exp(xb) if p else xb * 2)
