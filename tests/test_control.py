@@ -424,3 +424,14 @@ def test_vmap_cond_with_a_shared_predicate_keeps_one_if():
     for p in (True, False):
         got = run64(vf, x=xb, p=np.bool_(p))[0]
         np.testing.assert_allclose(got, np.exp(xb) if p else xb * 2)
+
+
+def test_tracing_control_flow_imports_no_xdsl():
+    import subprocess
+    import sys
+    code = ("import sys, rlxc\n"
+            "f = rlxc.Func('f', lambda s: rlxc.scan(lambda c, x: (c + x, c * x), "
+            "s.input('a', (2,)), s.input('x', (3, 2)))[1])\n"
+            "f.trace_hash()\n"
+            "assert 'xdsl' not in sys.modules and 'llvmlite' not in sys.modules\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
