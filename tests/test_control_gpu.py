@@ -75,3 +75,21 @@ def test_ptx_of_a_scan_assembles_for_sm90():
     art = gpu_driver.compile_cuda(g.module, ptxas=PTXAS)
     assert art.cubin is not None
     assert any(k.startswith("gru_scan") for k in art.kernels)
+
+
+def test_empty_scan_no_carries_int_rows_zero_trip_while_cpu_and_emulated():
+    def build(s):
+        x = s.input("x", (0, 3))
+        a = s.input("a", (3,))
+        ids = s.input("ids", (4,), "i32")
+        c, ys = rlxc.scan(lambda c, xt: (c + xt, c * xt), a, x)                 # length 0
+        _, zs = rlxc.scan(lambda c, i: (c, (i * 2).cast("f32") + a), (), ids)  # no carry
+        n = rlxc.while_loop(lambda v: v.sum() < -1e9, lambda v: v * 2.0, a)    # no trip
+        return c, ys, zs, n
+    f = Func("edge", build)
+    d = {"x": np.zeros((0, 3), np.float32), "a": np.arange(3, dtype=np.float32),
+         "ids": np.arange(4, dtype=np.int32)}
+    want = f.run_on("interp", **d)
+    assert [w.shape for w in want] == [(3,), (0, 3), (4, 3), (3,)]
+    _close(f.run_on("cpu", **d), want)
+    _close(emulate(f.module, _args(f, d)), want)
