@@ -20,7 +20,9 @@ A sub-program reads its own argument buffers: the parent copies values in
 (captures once before a loop, carries and rows every iteration) and results
 out (carries through the result buffer, so a body that swaps its carries is
 safe).  Values crossing between segments live in the "slots" region.  The
-index checks of all sub-programs share one error flag, zeroed once per run.
+index checks of all sub-programs share one error flag, zeroed once per run;
+their codes restart at 1 in every sub-program, so one code may name the checks
+of several (the message lists them all).
 """
 from __future__ import annotations
 
@@ -99,8 +101,11 @@ class GpuRegions:
                 self.const_list.append({"buffer": ids[b.id], "blob_offset": len(self.consts),
                                         "nbytes": len(b.data)})
                 self.consts += b.data
-        for code, v in plan.errors.items():
-            self.errors.setdefault(code, v)
+        for code, v in plan.errors.items():   # codes restart at 1 in every sub-program
+            old = self.errors.get(code)
+            if old is not None and old[1] != v[1] and v[1] not in old[1]:
+                v = (old[0], f"{old[1]} (or: {v[1]})")
+            self.errors[code] = v if old is None or old[1] != v[1] else old
         out = []
         for st in steps:
             if st["op"] == "memset":
