@@ -257,7 +257,7 @@ BATCH_RULES["rlx.scatter_add"] = _scatter_add
 def vmap_module(module: ModuleOp, batched, batch_size: int) -> ModuleOp:
     """A new module mapping the function over a leading axis of size `batch_size` added to
     each input named in `batched`; other inputs and all params are shared."""
-    from .control_ad import BATCH_CONTROL
+    from .control_vmap import BATCH_CONTROL
 
     f = get_func(module)
     sig = signature(f)
