@@ -67,7 +67,7 @@ def inline(block: Block, module, args) -> list:
     return [mapping.get(v, v) for v in outputs(f)]
 
 
-def _emit(block, name, operands, **params):
+def emit_value(block, name, operands, **params):
     op = make_op(OPS[name], operands, **params)
     block.add_op(op)
     return op.results[0]
@@ -78,7 +78,7 @@ def _const_before(b, typ, value=0):
     return b.full(value, shape_of(typ), dtype_of(typ)).v
 
 
-def _region(arg_types, fill) -> Region:
+def new_region(arg_types, fill) -> Region:
     block = Block(arg_types=list(arg_types))
     block.add_op(YieldOp.create(operands=list(fill(block))))
     return Region(block)
@@ -97,14 +97,14 @@ def _loss_module(region, gtypes, gidx):
     es = list(block.args)[-ne:] if ne else []
     terms = []
     for j, e in zip(gidx, es):
-        p = _emit(block, "rlx.mul", [outs[j], e])
-        terms.append(_emit(block, "rlx.sum", [p], axes=tuple(range(len(shape_of(p.type)))),
+        p = emit_value(block, "rlx.mul", [outs[j], e])
+        terms.append(emit_value(block, "rlx.sum", [p], axes=tuple(range(len(shape_of(p.type)))),
                            keepdims=False))
     if not terms:
         raise AssertionError("VJP of a body without cotangents")
     loss = terms[0]
     for t in terms[1:]:
-        loss = _emit(block, "rlx.add", [loss, t])
+        loss = emit_value(block, "rlx.add", [loss, t])
     finish_function(f, block, [loss])
     return mod
 
@@ -171,9 +171,9 @@ def _scan_vjp(b, op, gs, need):
         grads = inline(blk, vjp, cs + xs + ks + gcs + gys)
         g_c, g_x, g_k = grads[:len(fc)], grads[len(fc):len(fc) + len(dx)], \
             grads[len(fc) + len(dx):]
-        acc = [_emit(blk, "rlx.add", [s, t]) for s, t in zip(gks, g_k)]
+        acc = [emit_value(blk, "rlx.add", [s, t]) for s, t in zip(gks, g_k)]
         return g_c + acc + g_x
-    region = _region(arg_types, fill)
+    region = new_region(arg_types, fill)
     btypes = [v.type for v in gc0 + gk0] + scan_result_types(
         [], [tensor_type(shape_of(opnds[i].type)[1:], dtype_of(opnds[i].type)) for i in dx], n)
     bwd = make_control("rlx.scan", gc0 + gk0 + bx + caps, btypes, [region], length=n,
@@ -199,7 +199,7 @@ def _if_vjp(b, op, gs, need):
     gtypes = [op.results[j].type for j in gi]
     mods = [_vjp_module(r, gtypes, gi, [i - 1 for i in wrt]) for r in (op.then, op.orelse)]
     arg_types = [o.type for o in opnds[1:]] + gtypes
-    regions = [_region(arg_types, lambda blk, m=m: inline(blk, m, list(blk.args))) for m in mods]
+    regions = [new_region(arg_types, lambda blk, m=m: inline(blk, m, list(blk.args))) for m in mods]
     new = make_control("rlx.if", opnds + [gs[j].v for j in gi], [opnds[i].type for i in wrt],
                        regions)
     b.block.insert_op_before(new, b.anchor)
@@ -260,7 +260,7 @@ def _scan_jvp(b, op, ts):
         outs = inline(blk, jm, c + x + k + t_c + t_x + t_k)
         prim, tan = outs[:nouts], outs[nouts:]
         return prim[:nc] + [tan[i] for i in fc] + prim[nc:] + [tan[j] for j in fy]
-    region = _region(arg_types, fill)
+    region = new_region(arg_types, fill)
     ytypes = [r.type for r in yielded(op.body)[nc:]] + [yielded(op.body)[j].type for j in fy]
     types = [v.type for v in carries] + scan_result_types([], ytypes, n)
     new = make_control("rlx.scan", carries + xs + caps, types, [region], length=n,
@@ -310,7 +310,7 @@ def _while_jvp(b, op, ts):
         outs = inline(blk, jm, c + k + t_c + t_k)
         return outs[:nc] + [outs[nc + i] for i in fc]
     new = make_control("rlx.while", operands, [v.type for v in operands[:nc + ntc]],
-                       [_region(arg_types, fill_cond), _region(arg_types, fill_body)],
+                       [new_region(arg_types, fill_cond), new_region(arg_types, fill_body)],
                        num_carry=nc + ntc)
     return _replace(b, op, new, nc, fc, [], nc + ntc)
 
@@ -330,7 +330,7 @@ def _if_jvp(b, op, ts):
             return outs[:nouts] + [outs[nouts + j] for j in fo]
         return f
     types = [r.type for r in op.results] + [op.results[j].type for j in fo]
-    new = make_control("rlx.if", operands, types, [_region(arg_types, fill(m)) for m in mods])
+    new = make_control("rlx.if", operands, types, [new_region(arg_types, fill(m)) for m in mods])
     b.block.insert_op_before(new, b.anchor)
     r = list(new.results)
     tan = [None] * nouts

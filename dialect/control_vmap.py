@@ -13,7 +13,7 @@ Each body becomes a module (control_ad.body_module), vmap.vmap_module batches it
 from __future__ import annotations
 
 from .control import make_control, scan_result_types
-from .control_ad import _emit, _region, body_module, inline
+from .control_ad import body_module, emit_value, inline, new_region
 from .module import get_func, outputs
 from .ops import OPS, CastOp, ConstantOp
 from .types import dense_attr, dtype_of, shape_of, tensor_type
@@ -48,7 +48,7 @@ def _scan_batch(bt, op, xs, bs):
     vm = _vmap_body(op.body, bidx, B)
     f = get_func(vm)
     arg_types = [a.type for a in f.args]
-    region = _region(arg_types, lambda blk: inline(blk, vm, list(blk.args)))
+    region = new_region(arg_types, lambda blk: inline(blk, vm, list(blk.args)))
     outs = outputs(f)
     types = [o.type for o in outs[:nc]] + scan_result_types([], [o.type for o in outs[nc:]], n)
     new = make_control("rlx.scan", carries + seqs + caps, types, [region], **p)
@@ -62,10 +62,10 @@ def _scan_batch(bt, op, xs, bs):
 
 def _any_lane(blk, m):
     """rank-0 i1: some lane of the (B,) i1 mask `m` is set."""
-    f = _emit(blk, "rlx.max", [_cast(blk, m, "f32")], axes=(0,), keepdims=False)
+    f = emit_value(blk, "rlx.max", [_cast(blk, m, "f32")], axes=(0,), keepdims=False)
     zero = ConstantOp.create(result_types=[f.type], properties={"value": dense_attr(0, "f32")})
     blk.add_op(zero)
-    return _emit(blk, "rlx.gt", [f, zero.results[0]])
+    return emit_value(blk, "rlx.gt", [f, zero.results[0]])
 
 
 def _cast(blk, v, dtype):
@@ -81,9 +81,9 @@ def _select_lanes(blk, mask, a, b):
     shp = shape_of(a.type)
     m = mask
     if len(shp) > 1:
-        m = _emit(blk, "rlx.reshape", [m], shape=(shp[0],) + (1,) * (len(shp) - 1))
-        m = _emit(blk, "rlx.broadcast_to", [m], shape=shp)
-    return _emit(blk, "rlx.select", [m, a, b])
+        m = emit_value(blk, "rlx.reshape", [m], shape=(shp[0],) + (1,) * (len(shp) - 1))
+        m = emit_value(blk, "rlx.broadcast_to", [m], shape=shp)
+    return emit_value(blk, "rlx.select", [m, a, b])
 
 
 def _while_batch(bt, op, xs, bs):
@@ -105,7 +105,7 @@ def _while_batch(bt, op, xs, bs):
         new = inline(blk, bm, a)
         return [_select_lanes(blk, m, n_, o) for n_, o in zip(new, a[:nc])]
     new = make_control("rlx.while", carries + caps, [c.type for c in carries],
-                       [_region(arg_types, fill_cond), _region(arg_types, fill_body)],
+                       [new_region(arg_types, fill_cond), new_region(arg_types, fill_body)],
                        num_carry=nc)
     bt.block.add_op(new)
     return list(new.results)
@@ -119,7 +119,7 @@ def _if_batch(bt, op, xs, bs):
         if not bidx:
             raise AssertionError("batching rule called without a batched operand")
         arg_types = [a.type for a in get_func(mods[0]).args]
-        regions = [_region(arg_types, lambda blk, m=m: inline(blk, m, list(blk.args)))
+        regions = [new_region(arg_types, lambda blk, m=m: inline(blk, m, list(blk.args)))
                    for m in mods]
         types = [o.type for o in outputs(get_func(mods[0]))]
         new = make_control("rlx.if", list(xs), types, regions)
