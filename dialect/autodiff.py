@@ -620,6 +620,7 @@ def set_outputs(f, block, outs) -> None:
 
 def grad_module(module: ModuleOp, wrt: list[str], with_value: bool = False) -> ModuleOp:
     """A new module returning [grads...] (or [loss, grads...]) of output 0 w.r.t. `wrt`."""
+    from .control_ad import VJP_CONTROL
     what = "rlx-value-and-grad" if with_value else "rlx-grad"
     module = module.clone()
     f = get_func(module)
@@ -644,9 +645,9 @@ def grad_module(module: ModuleOp, wrt: list[str], with_value: bool = False) -> M
     for op in ops:
         if op.name in ZERO_DERIVATIVE or not op.results:
             continue
-        r = op.results[0]
-        if differentiable(r) and any(o in active for o in op.operands):
-            active.add(r)
+        for r in op.results:   # one result, or several for a region op (rlx.scan, ...)
+            if differentiable(r) and any(o in active for o in op.operands):
+                active.add(r)
 
     b = Builder(block, block.last_op)
     ct: dict = {}
@@ -654,6 +655,15 @@ def grad_module(module: ModuleOp, wrt: list[str], with_value: bool = False) -> M
         ct[loss] = b.full(1, shape_of(loss.type), dtype_of(loss.type))
     for op in reversed(ops):
         if not ct or not op.results:
+            continue
+        if op.name in VJP_CONTROL:   # region ops: several results (dialect/control_ad.py)
+            gs = [ct.pop(r, None) for r in op.results]
+            need = tuple(o in active for o in op.operands)
+            if all(x is None for x in gs) or not any(need):
+                continue
+            for o, n, c in zip(op.operands, need, VJP_CONTROL[op.name](b, op, gs, need)):
+                if n and c is not None:
+                    ct[o] = b.add_opt(ct.get(o), c)
             continue
         g = ct.pop(op.results[0], None)
         if g is None:

@@ -47,8 +47,13 @@ SMALL = 4096  # non-splat constants up to this many elements are inspected
 # ---------------------------------------------------------------- shared helpers
 
 def blocks(module: ModuleOp):
-    """The body blocks of every function in the module."""
-    return [op.body.block for op in module.ops if isinstance(op, func.FuncOp)]
+    """The body blocks of every function in the module, then the blocks of the regions
+    inside them (rlx.scan/while/if bodies), outer before inner."""
+    out = [op.body.block for op in module.ops if isinstance(op, func.FuncOp)]
+    for block in out:  # grows while walking: nested regions are visited too
+        for op in block.ops:
+            out.extend(b for r in op.regions for b in r.blocks)
+    return out
 
 
 def defining(v, name: str):

@@ -18,7 +18,7 @@ import numpy as np
 from xdsl.dialects import func
 
 from .attention import attention_ref
-from .module import get_func, outputs
+from .module import get_func, outputs  # noqa: F401
 from .ops import OPS, RlxOp
 from .philox import philox_uniform
 from .types import NP_DTYPES, dense_value, dtype_of
@@ -255,13 +255,29 @@ def _result_dtype(op, float_dtype):
 def interpret(module, args: list[np.ndarray], float_dtype=np.float32) -> list[np.ndarray]:
     """Run the module's function on `args` (in signature order); returns the outputs."""
     f = module if isinstance(module, func.FuncOp) else get_func(module)
+    return [np.array(v) for v in eval_block(f.body.block, args, float_dtype)]
+
+
+def eval_block(block, args, float_dtype=np.float32) -> list:
+    """Run one block (a function body or a region) on `args`; the values its terminator
+    (func.return or rlx.yield) passes on.  Region ops recurse (control.CONTROL_EVAL)."""
+    from .control import CONTROL_EVAL
+
     env = {}
-    for v, a in zip(f.args, args):
+    for v, a in zip(block.args, args):
         env[v] = np.asarray(a, dtype=_np_dtype(dtype_of(v.type), float_dtype))
+
+    def run(b, vals):
+        return eval_block(b, vals, float_dtype)
     with np.errstate(all="ignore"):
-        for op in f.body.block.ops:
-            if isinstance(op, func.ReturnOp):
+        for op in block.ops:
+            if op is block.last_op and not op.results:
                 break
+            if op.name in CONTROL_EVAL:
+                for r, val in zip(op.results, CONTROL_EVAL[op.name](
+                        op, [env[o] for o in op.operands], run)):
+                    env[r] = val
+                continue
             rdt = _result_dtype(op, float_dtype)
             if op.name == "rlx.constant":
                 val = dense_value(op.value).astype(rdt)
@@ -280,4 +296,4 @@ def interpret(module, args: list[np.ndarray], float_dtype=np.float32) -> list[np
                 if val.dtype != rdt:
                     val = val.astype(rdt)
             env[op.results[0]] = val
-    return [np.array(env[v]) for v in outputs(f)]
+    return [env[v] for v in block.last_op.operands]

@@ -197,6 +197,7 @@ def _attention_jvp(b, op, ts):  # dialect/attention.py
 
 def jvp_module(module: ModuleOp, tangent_for: list[str], what: str = "rlx-jvp") -> ModuleOp:
     """A new module with inputs `tangent_<name>` appended, returning [primals..., tangents...]."""
+    from .control_ad import JVP_CONTROL
     module = module.clone()
     f = get_func(module)
     block = f.body.block
@@ -229,6 +230,11 @@ def jvp_module(module: ModuleOp, tangent_for: list[str], what: str = "rlx-jvp") 
             continue
         ts = [tan.get(o) for o in op.operands]
         if all(t is None for t in ts) or op.name in ZERO_DERIVATIVE:
+            continue
+        if op.name in JVP_CONTROL:   # region ops: several results (dialect/control_ad.py)
+            for r, t in zip(op.results, JVP_CONTROL[op.name](b, op, ts)):
+                if t is not None:
+                    tan[r] = t
             continue
         r = op.results[0]
         if not differentiable(r):

@@ -101,10 +101,27 @@ def from_trace(tr: Trace) -> ModuleOp:
         if a.name.replace("_", "a").isalnum() and not a.name[0].isdigit():
             x.name_hint = a.name
         vals[v.index] = x
-    for e in tr.events:
+    replay(tr.events, block, vals)
+    mod, f, block = new_function(tr.name, tr.args, block)
+    finish_function(f, block, [vals[v.index] for v in tr.outputs])
+    mod.verify()
+    return mod
+
+
+def replay(events, block: Block, vals: dict) -> None:
+    """Append the ops of trace `events` to `block`; `vals` maps value numbers to SSA values
+    (the arguments on entry).  Region ops build their bodies the same way, recursively."""
+    for e in events:
         if isinstance(e, Arg):
             continue
         operands = [vals[v.index] for v in e.operands]
+        if e.op in ("rlx.scan", "rlx.while", "rlx.if"):
+            from .control import from_trace_node
+            op = from_trace_node(e, operands, replay)
+            block.add_op(op)
+            for r, x in zip(e.results, op.results):
+                vals[r.index] = x
+            continue
         if e.op == "call":
             f, outs, _ = e.data
             mapping = dict(zip(f.args, operands))
@@ -126,10 +143,6 @@ def from_trace(tr: Trace) -> ModuleOp:
             op = create_op(OPS[e.op], operands, typ, **e.params)
         block.add_op(op)
         vals[r.index] = op.results[0]
-    mod, f, block = new_function(tr.name, tr.args, block)
-    finish_function(f, block, [vals[v.index] for v in tr.outputs])
-    mod.verify()
-    return mod
 
 
 def parse(text: str) -> ModuleOp:

@@ -436,7 +436,9 @@ AttentionOp = _define(
     "attr-dict `:` `(` type($inputs) `)` `->` type($result)")
 
 
-RLX = Dialect("rlx", list(OPS.values()), [])
+from .control import CONTROL_OPS  # noqa: E402  (rlx.scan/while/if/yield: regions)
+
+RLX = Dialect("rlx", list(OPS.values()) + list(CONTROL_OPS.values()), [])
 
 
 def op_class(name: str):

@@ -47,6 +47,7 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "dce": _lazy("dce", "DCEPass"),
     "cleanup": lambda: CleanupPass,
     "rlx-decompose-conv": _lazy("conv_decompose", "DecomposeConvPass"),
+    "regions": _lazy("control_cleanup", "RegionsPass"),
 }
 
 DESCRIPTIONS: dict[str, str] = {
@@ -61,6 +62,7 @@ DESCRIPTIONS: dict[str, str] = {
     "dce": "remove ops whose results are unused",
     "cleanup": "canonicalize, constant-fold, cse, dce to a fixed point",
     "rlx-decompose-conv": "convolutions as pad/slice/concat/reshape/matmul (before lowering)",
+    "regions": "across region ops: fold if on a constant, sink constants, hoist invariants",
 }
 
 
@@ -104,12 +106,14 @@ def run_pipeline(module: ModuleOp, text: str, *, in_place: bool = False) -> Modu
 def cleanup(module: ModuleOp) -> ModuleOp:
     """canonicalize, constant-fold, cse, dce until nothing changes; mutates and returns `module`."""
     from .canonicalize import canonicalize
+    from .control_cleanup import simplify_regions
     from .cse import cse
     from .dce import dce
     from .fold import constant_fold
 
     for _ in range(CLEANUP_ROUNDS):
         changed = canonicalize(module) + constant_fold(module) + cse(module) + dce(module)
+        changed += simplify_regions(module)
         if not changed:
             break
     return module

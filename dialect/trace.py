@@ -81,6 +81,7 @@ class Trace:
         self.outputs: list[Value] = []
         self._count = 0
         self._digest = None
+        self.inner: list = []         # control-flow bodies being traced (dialect/control_trace.py)
 
     def _value(self, t: TType) -> Value:
         v = Value(t, self._count, self)
@@ -94,6 +95,8 @@ class Trace:
 
     def add_arg(self, a: Arg) -> Value:
         self._open(f"argument {a.name!r}")
+        if self.inner:
+            return self.inner[-1].add_arg(a)
         v = self._value(TType(tuple(a.shape), a.dtype))
         self.args.append(a)
         self.arg_values.append(v)
@@ -102,7 +105,12 @@ class Trace:
 
     def add(self, op: str, operands, params: dict, result_types, data=None) -> list[Value]:
         self._open(op)
+        if self.inner:   # inside rlxc.scan/while_loop/cond: record in the innermost body
+            return self.inner[-1].add(op, operands, params, result_types, data)
         for i, v in enumerate(operands):
+            if v.trace is not self and getattr(v.trace, "parent", None) is not None:
+                raise ValueError(f"{op}: operand #{i} was computed inside a scan/while_loop/"
+                                 f"cond body that has finished; return it from the body")
             if v.trace is not self:
                 raise ValueError(f"{op}: operand #{i} is a Tensor of another traced function "
                                  f"(another GraphScope); pass it in as an input instead")
@@ -133,6 +141,9 @@ class Trace:
                     h.update(repr((shape, dtype, len(raw))).encode() + b"\0" + raw)
                 elif e.op == "call":
                     h.update(b"\0callee\0" + e.data[2].encode())
+                elif e.op in ("rlx.scan", "rlx.while", "rlx.if"):
+                    from .control_trace import region_digest
+                    region_digest(h, e)
                 h.update(b"\n")
             h.update(repr(("out", [v.index for v in self.outputs])).encode())
             self._digest = h.hexdigest()

@@ -302,6 +302,8 @@ BATCH_RULES["rlx.attention"] = _attention
 def vmap_module(module: ModuleOp, batched, batch_size: int) -> ModuleOp:
     """A new module mapping the function over a leading axis of size `batch_size` added to
     each input named in `batched`; other inputs and all params are shared."""
+    from .control_vmap import BATCH_CONTROL
+
     f = get_func(module)
     sig = signature(f)
     batched = [batched] if isinstance(batched, str) else list(batched)
@@ -330,6 +332,12 @@ def vmap_module(module: ModuleOp, batched, batch_size: int) -> ModuleOp:
         flags = [env[o] in is_b for o in op.operands]
         if not any(flags):
             block.add_op(op.clone(value_mapper=env))  # shared: maps op's result into env
+            continue
+        if op.name in BATCH_CONTROL:   # region ops: several results (dialect/control_ad.py)
+            for r, new in zip(op.results, BATCH_CONTROL[op.name](
+                    bt, op, [env[o] for o in op.operands], flags)):
+                env[r] = new
+                is_b.add(new)
             continue
         rule = BATCH_RULES.get(op.name)
         if rule is None or not isinstance(op, RlxOp):

@@ -29,6 +29,10 @@ _LAZY = {
                                 "avg_pool2d", "upsample_nearest2d")},
     "attention": "rlxc.attention_op",
     "einsum": "rlxc.einsum_op",
+    "scan": "rlxc.control",
+    "while_loop": "rlxc.control",
+    "cond": "rlxc.control",
+    "fori_loop": "rlxc.control",
 }
 
 
@@ -53,5 +57,5 @@ def __getattr__(name):
 
 
 __all__ = ["Func", "default_device", "LrSchedule", "optim", "lowp", "GraphScope", "Tensor",
-           "concat", "where", "ShapeError", "NameLookupError", "RlxError", "ArtifactError",
-           "__version__", "attention", "einsum"]
+           "concat", "where", "scan", "while_loop", "cond", "fori_loop", "ShapeError",
+           "NameLookupError", "RlxError", "ArtifactError", "__version__", "attention", "einsum"]

@@ -30,6 +30,7 @@ import threading
 
 import numpy as np
 
+from . import cuda_steps
 from .errors import ArtifactError, RlxError
 from .signature import NP_DTYPES, coerce
 
@@ -268,6 +269,9 @@ class Driver:
 
     def memset(self, dst: int, value: int, nbytes: int, stream=None) -> None:
         self.call("cuMemsetD8Async", dst, value, nbytes, stream)
+
+    def memcpy_dtod(self, dst: int, src: int, nbytes: int, stream=None) -> None:
+        self.call("cuMemcpyDtoDAsync_v2", dst, src, nbytes, stream)
 
     # -- modules and launches
     def module_load(self, image: bytes) -> int:
@@ -535,6 +539,8 @@ class CudaProgram:
             elif st["op"] == "memset":
                 self._steps.append(("memset", self.ptr[st["buffer"]],
                                     self.nbytes[st["buffer"]]))
+            elif st["op"] in cuda_steps.CONTROL:   # loops and branches (rlx.scan/while/if)
+                self._steps.append(("control", [cuda_steps.prepare(self, st)]))
             else:
                 raise ArtifactError(f"{self.name}: unknown step {st['op']!r}")
         self._resident: dict = {}
@@ -607,6 +613,8 @@ class CudaProgram:
             if st[0] == "launch":
                 _, fn, grid, block, smem, params, _keep = st
                 drv.launch(fn, grid, block, smem, s, params)
+            elif st[0] == "control":
+                cuda_steps.run(self, st[1])
             else:
                 drv.memset(st[1], 0, st[2], s)
 
@@ -691,6 +699,8 @@ class CudaProgram:
                 for i, st in enumerate(self._steps):
                     if st[0] == "launch":
                         drv.launch(st[1], st[2], st[3], st[4], s, st[5])
+                    elif st[0] == "control":
+                        cuda_steps.run(self, st[1])
                     else:
                         drv.memset(st[1], 0, st[2], s)
                     drv.event_record(evs[i + 1], s)

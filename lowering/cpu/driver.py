@@ -105,14 +105,21 @@ def lower(module, name: str | None = None, cpu: str = "native", max_threads: int
 def emit_loops(module, name: str | None = None, cpu: str = "native") -> str:
     """The loop IR as text (`rlxc compile --emit loops`)."""
     from rlxc.lowering.cpu.loops import format_program
+    from rlxc.lowering.cpu.regions import emit_region_loops, has_regions
 
+    if has_regions(module):
+        return emit_region_loops(module, _name(module, name), cpu)
     return format_program(lower(module, name, cpu))
 
 
 def llvm_module(module, name: str | None = None, cpu: str = "native",
                 max_threads: int | None = None):
     from rlxc.lowering.cpu.codegen import generate
+    from rlxc.lowering.cpu.regions import generate_regions, has_regions
 
+    if has_regions(module):   # rlx.scan/while/if: native loops around sub-programs
+        return generate_regions(module, _name(module, name), cpu, max_threads or
+                                default_threads())
     prog = lower(module, name, cpu, max_threads)
     return generate(prog, cpu), prog
 

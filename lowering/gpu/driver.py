@@ -61,6 +61,12 @@ class CudaArtifact:
         return CudaProgram(self.meta, self.blobs, device=device, **kw)
 
 
+def M_name(module) -> str:
+    from rlxc.dialect.module import get_func
+
+    return get_func(getattr(module, "module", module)).sym_name.data
+
+
 def plan_meta(plan: GpuPlan, steps: list, name: str, arch: str) -> tuple[dict, bytes]:
     """The JSON side of the artifact and the packed constant bytes."""
     consts = bytearray()
@@ -95,17 +101,24 @@ def compile_cuda(module, name: str | None = None, arch: str = nvptx.DEFAULT_ARCH
 
     ptxas=True assembles a cubin with the ptxas find_ptxas() finds (PTX only when
     none); False skips it; a path names the ptxas to use."""
-    mod, plan, steps = build_kernels(module, "gpu")
-    name = name or plan.func.sym_name.data
+    from rlxc.lowering.gpu import regions as R
+
+    if R.has_regions(module):   # rlx.scan/while/if: a host-side loop of launches
+        ir_text, meta, consts = R.build_regions(module, "gpu")
+        mod, steps = ir_text, meta["steps"]
+        name = name or M_name(module)
+        meta = {"format": "rlxc-cuda-1", "name": name, "arch": arch, **meta}
+    else:
+        mod, plan, steps = build_kernels(module, "gpu")
+        name = name or plan.func.sym_name.data
+        meta, consts = plan_meta(plan, steps, name, arch)
     ptx = nvptx.emit_ptx(mod, arch, ptx_version=ptx_version)
     cubin, info = None, {}
     if ptxas:
         cubin, info = nvptx.assemble(ptx, arch, ptxas if isinstance(ptxas, str) else None)
-    meta, consts = plan_meta(plan, steps, name, arch)
     kernels = {}
-    for st in steps:
-        if st["op"] == "launch":
-            kernels[st["kernel"]] = info.get(st["kernel"], {})
+    for st in R.launches(steps):
+        kernels[st["kernel"]] = info.get(st["kernel"], {})
     meta["kernels"] = kernels
     meta["ptx_version"] = next((ln.split()[1] for ln in ptx.splitlines()
                                 if ln.startswith(".version")), "")
@@ -117,5 +130,9 @@ def compile_cuda(module, name: str | None = None, arch: str = nvptx.DEFAULT_ARCH
 
 def emit_ptx(module, arch: str = nvptx.DEFAULT_ARCH) -> str:
     """All kernels' PTX for an rlx module (`rlxc compile --emit ptx --target cuda`)."""
+    from rlxc.lowering.gpu import regions as R
+
+    if R.has_regions(module):
+        return nvptx.emit_ptx(R.build_regions(module, "gpu")[0], arch)
     mod, plan, steps = build_kernels(module, "gpu")
     return nvptx.emit_ptx(mod, arch)

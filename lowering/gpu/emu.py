@@ -98,6 +98,9 @@ class EmuDriver:
     def memset(self, dst, value, nbytes, stream=None):
         ctypes.memset(dst, value, nbytes)
 
+    def memcpy_dtod(self, dst, src, nbytes, stream=None):
+        ctypes.memmove(dst, src, nbytes)
+
     # modules
     def module_load(self, image: bytes):
         _ensure_init()
@@ -161,6 +164,16 @@ class EmuDriver:
 
 def emulation_artifact(module, name=None) -> gpu_driver.CudaArtifact:
     """An artifact whose "ptx" blob is host LLVM IR of the emulated kernels."""
+    from rlxc.lowering.gpu import regions as R
+
+    if R.has_regions(module):   # control flow: sub-programs linked, host-side loop steps
+        _ensure_init()
+        text, meta, consts = R.build_regions(module, "host")
+        mod = llvm.parse_assembly(text)
+        mod.triple = llvm.get_process_triple()
+        meta = {"format": "rlxc-cuda-1", "name": name or gpu_driver.M_name(module),
+                "arch": "sm_90", **meta, "kernels": {}}
+        return gpu_driver.CudaArtifact(meta, {"ptx": str(mod).encode(), "consts": consts})
     mod, plan, steps = gpu_kernels.build_kernels(module, "host")
     _ensure_init()
     mod.triple = llvm.get_process_triple()
