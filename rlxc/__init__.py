@@ -23,6 +23,8 @@ _LAZY = {
     "Tensor": "rlxc.tensor",
     "concat": "rlxc.tensor",
     "where": "rlxc.tensor",
+    "from_onnx": "rlxc.onnx_import",
+    "UnsupportedOnnxOp": "rlxc.onnx_import",
 }
 
 
@@ -49,3 +51,4 @@ def __getattr__(name):
 __all__ = ["Func", "default_device", "LrSchedule", "optim", "lowp", "GraphScope", "Tensor",
            "concat", "where", "ShapeError", "NameLookupError", "RlxError", "ArtifactError",
            "__version__"]
+__all__ += ["from_onnx", "UnsupportedOnnxOp"]
