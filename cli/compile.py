@@ -468,8 +468,7 @@ def _artifact_targets():
 def _emit_stages():
     from rlxc.registry import emit_stages
 
-    stages = emit_stages()
-    return stages[:1] + ["rlx-generic"] + stages[1:]   # rlx in MLIR's generic op form
+    return emit_stages() + ["rlx-generic"]   # rlx in MLIR's generic op form
 
 
 def check_target(target: str, emit: str | None, train: bool) -> None:

@@ -56,6 +56,8 @@ def load_model(model):
         except FileNotFoundError as e:
             raise OnnxImportError(f"{path}: external data file missing: {e}") from None
         except Exception as e:
+            if "should be stored in" in str(e):   # onnx's check of an external data file
+                raise OnnxImportError(f"{path}: external data file missing: {e}") from None
             raise OnnxImportError(f"{path}: not an ONNX model: {type(e).__name__}: {e}") from None
     if isinstance(model, onnx.ModelProto):
         return model
@@ -151,7 +153,8 @@ def _input_shape(vi, overrides: dict) -> tuple[tuple, str]:
 
 def from_onnx(model, name: str | None = None, input_shapes: dict | None = None):
     """An rlxc Func computing the ONNX model: its graph inputs are the Func's inputs, its
-    float initializers bound params under their ONNX names, its outputs in graph order.
+    float initializers bound params under their ONNX names (except those read as shapes,
+    scales or BatchNormalization statistics: constants), its outputs in graph order.
 
     `model`: a path (external data is read from beside it) or an onnx.ModelProto.
     `input_shapes`: sizes for inputs with dynamic (dim_param) dims, {"x": (4, 784)}.
@@ -173,9 +176,11 @@ def from_onnx(model, name: str | None = None, input_shapes: dict | None = None):
     graph_inputs = [(vi.name, *_input_shape(vi, overrides)) for vi in g.input
                     if vi.name not in inits]
     consts, params = {}, {}
+    read_static = {x for node in g.node if node.op_type in RULES
+                   for i, x in enumerate(node.input) if i in RULES[node.op_type].static_inputs}
     for t in g.initializer:
         a = tensor_array(t)
-        if a.dtype.kind == "f":
+        if a.dtype.kind == "f" and t.name not in read_static:
             params[t.name] = a.astype(np.float64 if a.dtype == np.float64 else np.float32)
         else:
             consts[t.name] = a

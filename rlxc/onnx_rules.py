@@ -15,74 +15,15 @@ while a build lacks them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
+from .onnx_base import Ctx, Rule, _ints, _is_static, _s, _tensors, static  # noqa: F401
 from .onnx_import import ONNX_DTYPES, OnnxImportError, tensor_array
-
-_NP_TO_DTYPE = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64",
-                np.dtype(np.int32): "i32", np.dtype(np.int64): "i64", np.dtype(np.bool_): "i1"}
-
-
-@dataclass(frozen=True)
-class Rule:
-    fn: Callable
-    unsupported: Callable = lambda node, at, opset: None
-
-
-class Ctx:
-    """What a rule needs: the scope it traces into, the model's opset, conversions."""
-
-    def __init__(self, scope, opset: int):
-        self.s, self.opset = scope, opset
-
-    @staticmethod
-    def dtype_of(a: np.ndarray) -> str:
-        dt = _NP_TO_DTYPE.get(np.asarray(a).dtype)
-        if dt is None:
-            raise OnnxImportError(f"array of dtype {np.asarray(a).dtype} is not supported")
-        return dt
-
-    def T(self, v, like=None):
-        """`v` as a Tensor (an array becomes a constant, of `like`'s dtype if given)."""
-        from rlxc.tensor import Tensor
-
-        if isinstance(v, Tensor):
-            return v
-        a = np.asarray(v)
-        return self.s.constant(a, like.dtype if like is not None else self.dtype_of(a))
-
-
-def static(v, what: str) -> np.ndarray:
-    """`v` as an array known at trace time, or a clear error naming `what`."""
-    if isinstance(v, np.ndarray):
-        return v
-    if isinstance(v, (int, float, np.number)):
-        return np.asarray(v)
-    raise OnnxImportError(f"{what} must be known when the model is imported (a constant, an "
-                          f"initializer or computed from static shapes), not a runtime tensor")
-
-
-def _is_static(*vs) -> bool:
-    return all(v is None or isinstance(v, np.ndarray) for v in vs)
-
-
-def _tensors(cx, *vs):
-    """All operands as Tensors of one dtype (the first Tensor's), arrays made constants."""
-    from rlxc.tensor import Tensor
-
-    like = next((v for v in vs if isinstance(v, Tensor)), None)
-    return [cx.T(v, like) for v in vs]
-
-
-def _s(v) -> str:
-    return v.decode() if isinstance(v, bytes) else v
-
-
-def _ints(v) -> list[int]:
-    return [int(x) for x in np.asarray(v).reshape(-1)]
+from .onnx_rules_nn import (_batch_norm, _batch_norm_unsupported, _both, _conv,
+                            _conv_transpose, _conv_transpose_unsupported, _global_pool,
+                            _layer_norm, _needs, _pool, _pool_unsupported, _resize,
+                            _resize_unsupported)
 
 
 # -- elementwise ---------------------------------------------------------------------------
@@ -334,7 +275,7 @@ def reduction(kind: str, axes_input_from: int):
         if kind == "log_sum_exp":
             return x.logsumexp(ax, keepdims=keep)
         raise AssertionError(kind)
-    return Rule(fn)
+    return Rule(fn, static_inputs=(1,))
 
 
 def arg_reduce(kind: str):
@@ -618,195 +559,6 @@ def _dropout(cx, node, ins, at):
     return [x, np.ones(_shape_of(x), np.bool_)]
 
 
-# -- normalization ---------------------------------------------------------------------------
-def _batch_norm(cx, node, ins, at):
-    x = cx.T(ins[0])
-    scale, b, mean, var = (cx.T(v, x) for v in ins[1:5])
-    eps = float(at.get("epsilon", 1e-5))
-    shp = (x.shape[1],) + (1,) * (x.ndim - 2)
-    k = scale * (var + eps).rsqrt()
-    return (x - mean.reshape(shp)) * k.reshape(shp) + b.reshape(shp)
-
-
-def _batch_norm_unsupported(node, at, opset):
-    if at.get("training_mode", 0):
-        return "training_mode=1 (rlxc imports inference BatchNormalization)"
-    if sum(1 for o in node.output if o) > 1:
-        return "running mean/var outputs (training form)"
-    return None
-
-
-def _layer_norm(cx, node, ins, at):
-    x = cx.T(ins[0])
-    axis = int(at.get("axis", -1)) % x.ndim
-    w = cx.T(ins[1], x) if len(ins) > 1 and ins[1] is not None else None
-    b = cx.T(ins[2], x) if len(ins) > 2 and ins[2] is not None else None
-    return x.layer_norm(tuple(range(axis, x.ndim)), float(at.get("epsilon", 1e-5)), w, b)
-
-
-# -- conv / pool (Tensor methods another part of rlxc provides) --------------------------------
-def _needs(method: str):
-    def check(node, at, opset):
-        from rlxc.tensor import Tensor
-
-        return None if hasattr(Tensor, method) else \
-            f"needs Tensor.{method}, which this build of rlxc lacks"
-    return check
-
-
-def _both(*checks):
-    def check(node, at, opset):
-        for c in checks:
-            why = c(node, at, opset)
-            if why:
-                return why
-        return None
-    return check
-
-
-def _one(v):
-    v = tuple(int(x) for x in v)
-    return v[0] if len(set(v)) == 1 else v
-
-
-def _conv_pads(x_sp, k, strides, dil, at):
-    """(begin, end) pads per spatial dim, from `pads` or `auto_pad`."""
-    n = len(x_sp)
-    auto = _s(at.get("auto_pad", "NOTSET"))
-    if auto in ("SAME_UPPER", "SAME_LOWER"):
-        lo, hi = [], []
-        for d, kk, s, dl in zip(x_sp, k, strides, dil):
-            total = max((-(-d // s) - 1) * s + (kk - 1) * dl + 1 - d, 0)
-            small = total // 2
-            lo.append(small if auto == "SAME_UPPER" else total - small)
-            hi.append(total - lo[-1])
-        return lo, hi
-    if auto == "VALID":
-        return [0] * n, [0] * n
-    p = list(at.get("pads", [0] * 2 * n))
-    return p[:n], p[n:]
-
-
-def _conv(cx, node, ins, at):
-    x = cx.T(ins[0])
-    w = cx.T(ins[1], x)
-    b = cx.T(ins[2], x) if len(ins) > 2 and ins[2] is not None else None
-    n = x.ndim - 2
-    k = w.shape[2:]
-    strides = list(at.get("strides", [1] * n))
-    dil = list(at.get("dilations", [1] * n))
-    lo, hi = _conv_pads(x.shape[2:], k, strides, dil, at)
-    if lo != hi:
-        x = x.scope.emit("rlx.pad", [x], low=(0, 0, *lo), high=(0, 0, *hi))
-        lo = [0] * n
-    method = {1: "conv1d", 2: "conv2d"}.get(n)
-    if method is None or not hasattr(x, method):
-        raise OnnxImportError(f"{n}-d Conv needs Tensor.{method or f'conv{n}d'}")
-    return getattr(x, method)(w, b, stride=_one(strides), padding=_one(lo),
-                              dilation=_one(dil), groups=int(at.get("group", 1)))
-
-
-def _conv_transpose(cx, node, ins, at):
-    x = cx.T(ins[0])
-    w = cx.T(ins[1], x)
-    b = cx.T(ins[2], x) if len(ins) > 2 and ins[2] is not None else None
-    n = x.ndim - 2
-    if n != 2:
-        raise OnnxImportError(f"{n}-d ConvTranspose: only 2-d is supported")
-    strides = list(at.get("strides", [1] * n))
-    p = list(at.get("pads", [0] * 2 * n))
-    if p[:n] != p[n:]:
-        raise OnnxImportError(f"asymmetric pads {p}")
-    return x.conv_transpose2d(w, b, stride=_one(strides), padding=_one(p[:n]),
-                              output_padding=_one(at.get("output_padding", [0] * n)))
-
-
-def _conv_transpose_unsupported(node, at, opset):
-    if int(at.get("group", 1)) != 1:
-        return "group != 1"
-    if any(d != 1 for d in at.get("dilations", [])):
-        return "dilations != 1"
-    if "output_shape" in at:
-        return "output_shape attribute"
-    if _s(at.get("auto_pad", "NOTSET")) != "NOTSET":
-        return "auto_pad"
-    return None
-
-
-def _pool(kind: str):
-    def fn(cx, node, ins, at):
-        x = cx.T(ins[0])
-        k = list(at["kernel_shape"])
-        if x.ndim != 4:
-            raise OnnxImportError(f"{x.ndim - 2}-d {node.op_type}: only 2-d is supported")
-        strides = list(at.get("strides", [1, 1]))
-        lo, hi = _conv_pads(x.shape[2:], k, strides, [1, 1], at)
-        if lo != hi:
-            raise OnnxImportError(f"asymmetric pads {lo + hi}")
-        if kind == "max":
-            return x.max_pool2d(_one(k), stride=_one(strides), padding=_one(lo))
-        y = x.avg_pool2d(_one(k), stride=_one(strides), padding=_one(lo))
-        if any(lo) and not at.get("count_include_pad", 0):
-            ones = cx.s.constant(np.ones((1, 1) + x.shape[2:], np.float32), x.dtype)
-            y = y / ones.avg_pool2d(_one(k), stride=_one(strides), padding=_one(lo))
-        return y
-    return fn
-
-
-def _pool_unsupported(node, at, opset):
-    if at.get("ceil_mode", 0):
-        return "ceil_mode=1"
-    if any(d != 1 for d in at.get("dilations", [])):
-        return "dilations != 1"
-    if node.op_type == "MaxPool" and len([o for o in node.output if o]) > 1:
-        return "the Indices output"
-    return None
-
-
-def _global_pool(kind):
-    def fn(cx, node, ins, at):
-        x = cx.T(ins[0])
-        return getattr(x, kind)(tuple(range(2, x.ndim)), keepdims=True)
-    return Rule(fn)
-
-
-def _resize_scales(x_shape, ins):
-    scales = ins[2] if len(ins) > 2 and ins[2] is not None else None
-    sizes = ins[3] if len(ins) > 3 and ins[3] is not None else None
-    if sizes is not None and static(sizes, "Resize's sizes").size:
-        out = _ints(sizes)
-        fs = [o / d for o, d in zip(out, x_shape)]
-    else:
-        fs = [float(v) for v in static(scales, "Resize's scales").reshape(-1)]
-    if any(not f.is_integer() or f < 1 for f in fs):
-        raise OnnxImportError(f"nearest Resize with scales {fs}: only integer upsampling "
-                              "factors are supported")
-    return [int(f) for f in fs]
-
-
-def _resize(cx, node, ins, at):
-    x = cx.T(ins[0])
-    fs = _resize_scales(x.shape, ins)
-    if all(f == 1 for f in fs):
-        return x
-    inter = tuple(v for d in x.shape for v in (d, 1))
-    full = tuple(v for d, f in zip(x.shape, fs) for v in (d, f))
-    return x.reshape(inter).broadcast_to(full).reshape(tuple(d * f for d, f in
-                                                            zip(x.shape, fs)))
-
-
-def _resize_unsupported(node, at, opset):
-    mode = _s(at.get("mode", "nearest"))
-    if mode != "nearest":
-        return f"mode {mode!r} (only nearest)"
-    ct = _s(at.get("coordinate_transformation_mode", "half_pixel"))
-    nm = _s(at.get("nearest_mode", "round_prefer_floor"))
-    ok = (ct == "asymmetric" and nm == "floor") or \
-        (ct in ("half_pixel", "pytorch_half_pixel") and nm in ("round_prefer_floor",
-                                                               "round_prefer_ceil"))
-    return None if ok else f"coordinate_transformation_mode {ct!r} with nearest_mode {nm!r}"
-
-
 RULES: dict[str, Rule] = {
     # elementwise
     "Neg": unary("neg", np.negative), "Abs": unary("abs", np.abs), "Exp": unary("exp"),
@@ -821,11 +573,11 @@ RULES: dict[str, Rule] = {
     "LeakyRelu": Rule(_leaky_relu), "Elu": Rule(_elu), "Selu": Rule(_selu),
     "HardSigmoid": Rule(_hard_sigmoid), "HardSwish": Rule(_hard_swish), "Gelu": Rule(_gelu),
     "Add": binary("Add"), "Sub": binary("Sub"), "Mul": binary("Mul"), "Div": binary("Div"),
-    "Pow": Rule(_pow), "Mod": Rule(_mod),
+    "Pow": Rule(_pow, static_inputs=(1,)), "Mod": Rule(_mod),
     "Equal": binary("Equal"), "Less": binary("Less"), "Greater": binary("Greater"),
     "LessOrEqual": binary("LessOrEqual"), "GreaterOrEqual": binary("GreaterOrEqual"),
     "And": binary("And"), "Or": binary("Or"), "Xor": binary("Xor"),
-    "Where": Rule(_where), "Cast": Rule(_cast, _cast_unsupported), "Clip": Rule(_clip),
+    "Where": Rule(_where), "Cast": Rule(_cast, _cast_unsupported), "Clip": Rule(_clip, static_inputs=(1, 2)),
     "Min": variadic(np.minimum, "minimum"), "Max": variadic(np.maximum, "maximum"),
     "Sum": variadic(np.add, lambda a, b: a + b), "Mean": Rule(_mean),
     # linear algebra
@@ -839,16 +591,17 @@ RULES: dict[str, Rule] = {
     "ArgMax": arg_reduce("max"), "ArgMin": arg_reduce("min"),
     "Softmax": _softmax_like("softmax"), "LogSoftmax": _softmax_like("log_softmax"),
     # shapes
-    "Reshape": Rule(_reshape), "Flatten": Rule(_flatten), "Transpose": Rule(_transpose),
-    "Squeeze": Rule(_squeeze), "Unsqueeze": Rule(_unsqueeze), "Concat": Rule(_concat),
-    "Split": Rule(_split), "Slice": Rule(_slice), "Gather": Rule(_gather),
-    "Expand": Rule(_expand), "Tile": Rule(_tile), "Pad": Rule(_pad, _pad_unsupported),
+    "Reshape": Rule(_reshape, static_inputs=(1,)), "Flatten": Rule(_flatten), "Transpose": Rule(_transpose),
+    "Squeeze": Rule(_squeeze, static_inputs=(1,)), "Unsqueeze": Rule(_unsqueeze, static_inputs=(1,)), "Concat": Rule(_concat),
+    "Split": Rule(_split, static_inputs=(1,)), "Slice": Rule(_slice, static_inputs=(1, 2, 3, 4)), "Gather": Rule(_gather),
+    "Expand": Rule(_expand, static_inputs=(1,)), "Tile": Rule(_tile, static_inputs=(1,)), "Pad": Rule(_pad, _pad_unsupported, (1, 2, 3)),
     "Identity": Rule(_identity), "Constant": Rule(_constant, _constant_unsupported),
-    "ConstantOfShape": Rule(_constant_of_shape), "Shape": Rule(_shape), "Size": Rule(_size),
-    "Range": Rule(_range),
+    "ConstantOfShape": Rule(_constant_of_shape, static_inputs=(0,)),
+    "Shape": Rule(_shape), "Size": Rule(_size),
+    "Range": Rule(_range, static_inputs=(0, 1, 2)),
     # normalization, dropout
-    "BatchNormalization": Rule(_batch_norm, _batch_norm_unsupported),
-    "LayerNormalization": Rule(_layer_norm), "Dropout": Rule(_dropout),
+    "BatchNormalization": Rule(_batch_norm, _batch_norm_unsupported, (3, 4)),
+    "LayerNormalization": Rule(_layer_norm), "Dropout": Rule(_dropout, static_inputs=(1, 2)),
     # conv / pool / resize
     "Conv": Rule(_conv, _needs("conv2d")),
     "ConvTranspose": Rule(_conv_transpose, _both(_needs("conv_transpose2d"),
@@ -856,5 +609,5 @@ RULES: dict[str, Rule] = {
     "MaxPool": Rule(_pool("max"), _both(_needs("max_pool2d"), _pool_unsupported)),
     "AveragePool": Rule(_pool("avg"), _both(_needs("avg_pool2d"), _pool_unsupported)),
     "GlobalAveragePool": _global_pool("mean"), "GlobalMaxPool": _global_pool("max"),
-    "Resize": Rule(_resize, _resize_unsupported),
+    "Resize": Rule(_resize, _resize_unsupported, (1, 2, 3)),
 }
