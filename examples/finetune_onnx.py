@@ -1,6 +1,6 @@
 """Fine-tune a model exported from PyTorch to ONNX, then ship it as a native library.
 
-    python examples/finetune_onnx.py [--epochs 15] [--out DIR]
+    python examples/finetune_onnx.py [--epochs N] [--lr X] [--out DIR]
 
 1. the model: exported by torch.onnx.export when torch is installed, else the copy
    committed in tests/fixtures/onnx/ (scripts/export_onnx_fixtures.py made it);
@@ -26,6 +26,7 @@ from rlxc.optim import AdamW
 
 MODEL = "mlp"   # "cnn" once rlxc.Tensor has conv2d/max_pool2d: the one line to change
 SHAPE = {"mlp": (64,), "cnn": (1, 8, 8)}[MODEL]
+EPOCHS, LR = {"mlp": (15, 3e-3), "cnn": (30, 1e-2)}[MODEL]
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(HERE, "..", "tests", "fixtures", "onnx")
 
@@ -59,9 +60,9 @@ def accuracy(f, x, y, device: str) -> float:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--epochs", type=int, default=15)
+    ap.add_argument("--epochs", type=int, default=EPOCHS)
     ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--lr", type=float, default=LR)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", default=None, help="output directory (default: a temp dir)")
     args = ap.parse_args(argv)

@@ -171,8 +171,9 @@ def from_onnx(model, name: str | None = None, input_shapes: dict | None = None):
     inits = {t.name: t for t in g.initializer}
     unknown = [k for k in overrides if k not in {vi.name for vi in g.input}]
     if unknown:
+        names = ", ".join(vi.name for vi in g.input if vi.name not in inits)
         raise OnnxImportError(f"input_shapes: {unknown[0]!r} is not an input of the model; "
-                              f"inputs: {', '.join(vi.name for vi in g.input if vi.name not in inits)}")
+                              f"inputs: {names}")
     graph_inputs = [(vi.name, *_input_shape(vi, overrides)) for vi in g.input
                     if vi.name not in inits]
     consts, params = {}, {}

@@ -22,8 +22,8 @@ from .onnx_base import Ctx, Rule, _ints, _is_static, _s, _tensors, static  # noq
 from .onnx_import import ONNX_DTYPES, OnnxImportError, tensor_array
 from .onnx_rules_nn import (_batch_norm, _batch_norm_unsupported, _both, _conv,
                             _conv_transpose, _conv_transpose_unsupported, _global_pool,
-                            _layer_norm, _needs, _pool, _pool_unsupported, _resize,
-                            _resize_unsupported)
+                            _layer_norm, _layer_norm_unsupported, _needs, _pool,
+                            _pool_unsupported, _resize, _resize_unsupported)
 
 
 # -- elementwise ---------------------------------------------------------------------------
@@ -577,7 +577,8 @@ RULES: dict[str, Rule] = {
     "Equal": binary("Equal"), "Less": binary("Less"), "Greater": binary("Greater"),
     "LessOrEqual": binary("LessOrEqual"), "GreaterOrEqual": binary("GreaterOrEqual"),
     "And": binary("And"), "Or": binary("Or"), "Xor": binary("Xor"),
-    "Where": Rule(_where), "Cast": Rule(_cast, _cast_unsupported), "Clip": Rule(_clip, static_inputs=(1, 2)),
+    "Where": Rule(_where), "Cast": Rule(_cast, _cast_unsupported),
+    "Clip": Rule(_clip, static_inputs=(1, 2)),
     "Min": variadic(np.minimum, "minimum"), "Max": variadic(np.maximum, "maximum"),
     "Sum": variadic(np.add, lambda a, b: a + b), "Mean": Rule(_mean),
     # linear algebra
@@ -591,17 +592,22 @@ RULES: dict[str, Rule] = {
     "ArgMax": arg_reduce("max"), "ArgMin": arg_reduce("min"),
     "Softmax": _softmax_like("softmax"), "LogSoftmax": _softmax_like("log_softmax"),
     # shapes
-    "Reshape": Rule(_reshape, static_inputs=(1,)), "Flatten": Rule(_flatten), "Transpose": Rule(_transpose),
-    "Squeeze": Rule(_squeeze, static_inputs=(1,)), "Unsqueeze": Rule(_unsqueeze, static_inputs=(1,)), "Concat": Rule(_concat),
-    "Split": Rule(_split, static_inputs=(1,)), "Slice": Rule(_slice, static_inputs=(1, 2, 3, 4)), "Gather": Rule(_gather),
-    "Expand": Rule(_expand, static_inputs=(1,)), "Tile": Rule(_tile, static_inputs=(1,)), "Pad": Rule(_pad, _pad_unsupported, (1, 2, 3)),
+    "Reshape": Rule(_reshape, static_inputs=(1,)), "Flatten": Rule(_flatten),
+    "Transpose": Rule(_transpose), "Concat": Rule(_concat), "Gather": Rule(_gather),
+    "Squeeze": Rule(_squeeze, static_inputs=(1,)),
+    "Unsqueeze": Rule(_unsqueeze, static_inputs=(1,)),
+    "Split": Rule(_split, static_inputs=(1,)),
+    "Slice": Rule(_slice, static_inputs=(1, 2, 3, 4)),
+    "Expand": Rule(_expand, static_inputs=(1,)), "Tile": Rule(_tile, static_inputs=(1,)),
+    "Pad": Rule(_pad, _pad_unsupported, (1, 2, 3)),
     "Identity": Rule(_identity), "Constant": Rule(_constant, _constant_unsupported),
     "ConstantOfShape": Rule(_constant_of_shape, static_inputs=(0,)),
     "Shape": Rule(_shape), "Size": Rule(_size),
     "Range": Rule(_range, static_inputs=(0, 1, 2)),
     # normalization, dropout
     "BatchNormalization": Rule(_batch_norm, _batch_norm_unsupported, (3, 4)),
-    "LayerNormalization": Rule(_layer_norm), "Dropout": Rule(_dropout, static_inputs=(1, 2)),
+    "LayerNormalization": Rule(_layer_norm, _layer_norm_unsupported),
+    "Dropout": Rule(_dropout, static_inputs=(1, 2)),
     # conv / pool / resize
     "Conv": Rule(_conv, _needs("conv2d")),
     "ConvTranspose": Rule(_conv_transpose, _both(_needs("conv_transpose2d"),

@@ -33,6 +33,11 @@ def _batch_norm_unsupported(node, at, opset):
     return None
 
 
+def _layer_norm_unsupported(node, at, opset):
+    extra = [o for o in node.output[1:] if o]
+    return "the Mean/InvStdDev outputs" if extra else None
+
+
 def _layer_norm(cx, node, ins, at):
     x = cx.T(ins[0])
     axis = int(at.get("axis", -1)) % x.ndim
@@ -167,14 +172,18 @@ def _global_pool(kind):
     return Rule(fn)
 
 
-def _resize_scales(x_shape, ins):
+def _resize_scales(x_shape, ins, axes=None):
     scales = ins[2] if len(ins) > 2 and ins[2] is not None else None
     sizes = ins[3] if len(ins) > 3 and ins[3] is not None else None
+    r = len(x_shape)
+    axes = [a % r for a in axes] if axes is not None else list(range(r))
     if sizes is not None and static(sizes, "Resize's sizes").size:
-        out = _ints(sizes)
-        fs = [o / d for o, d in zip(out, x_shape)]
+        given = [float(o) / x_shape[a] for o, a in zip(_ints(sizes), axes)]
     else:
-        fs = [float(v) for v in static(scales, "Resize's scales").reshape(-1)]
+        given = [float(v) for v in static(scales, "Resize's scales").reshape(-1)]
+    fs = [1.0] * r
+    for a, f in zip(axes, given):   # opset 18 `axes`: scales/sizes for these axes only
+        fs[a] = f
     if any(not f.is_integer() or f < 1 for f in fs):
         raise OnnxImportError(f"nearest Resize with scales {fs}: only integer upsampling "
                               "factors are supported")
@@ -183,7 +192,7 @@ def _resize_scales(x_shape, ins):
 
 def _resize(cx, node, ins, at):
     x = cx.T(ins[0])
-    fs = _resize_scales(x.shape, ins)
+    fs = _resize_scales(x.shape, ins, at.get("axes"))
     if all(f == 1 for f in fs):
         return x
     inter = tuple(v for d in x.shape for v in (d, 1))

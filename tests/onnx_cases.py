@@ -165,8 +165,8 @@ CASES = [
         N("Dropout", ["x"], ["do", "mask"]), N("Dropout", ["x", "ratio"], "do2"),
         N("GlobalAveragePool", ["img"], "gap"), N("GlobalMaxPool", ["img"], "gmp")],
      {"img": IMG, "x": X},
-     {"sc": r(3), "bi": r(3), "mu": r(3), "var": r(3, lo=0.5), "lw": r(3, 4), "lb": r(3, 4), "lw2": r(4),
-      "ratio": np.float32(0.3).reshape(())},
+     {"sc": r(3), "bi": r(3), "mu": r(3), "var": r(3, lo=0.5), "lw": r(3, 4), "lb": r(3, 4),
+      "lw2": r(4), "ratio": np.float32(0.3).reshape(())},
      [("bn", F), ("ln", F), ("ln0", F), ("do", F), ("mask", B), ("do2", F), ("gap", F),
       ("gmp", F)]),
     ("resize_nearest", 13, [
@@ -175,6 +175,10 @@ CASES = [
         N("Resize", ["img", "", "", "sizes"], "up2", mode="nearest")],
      {"img": IMG}, {"scales": np.array([1, 1, 2, 3], np.float32), "sizes": i64(2, 3, 12, 6)},
      [("up", F), ("up2", F)]),
+    ("resize_axes18", 18, [
+        N("Resize", ["img", "", "s2"], "up", mode="nearest", axes=[-1, 2],
+          coordinate_transformation_mode="asymmetric", nearest_mode="floor")],
+     {"img": IMG}, {"s2": np.array([2, 3], np.float32)}, [("up", F)]),
 ]
 
 # Conv and pools, which need the Tensor methods conv2d/max_pool2d/... (skipped without them)

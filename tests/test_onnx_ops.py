@@ -105,13 +105,16 @@ def test_unsupported_lists_every_node_with_op_type_and_opset():
                 h.make_node("Relu", ["x"], ["r"]),
                 h.make_node("LSTM", ["x", "x", "x"], ["l"], name="rnn"),
                 h.make_node("Pad", ["x", "p"], ["pd"], mode="banana"),
-                h.make_node("MaxPool", ["x"], ["mp"], kernel_shape=[2], ceil_mode=1)],
+                h.make_node("MaxPool", ["x"], ["mp"], kernel_shape=[2], ceil_mode=1),
+                h.make_node("LayerNormalization", ["x", "s"], ["ln", "mean"], name="ln")],
                [x], [h.make_tensor_value_info("r", TP.FLOAT, None)],
-               [nh.from_array(np.zeros(4, np.int64), "p")], opset=19)
+               [nh.from_array(np.zeros(4, np.int64), "p"),
+                nh.from_array(np.ones(4, np.float32), "s")], opset=19)
     with pytest.raises(UnsupportedOnnxOp) as e:
         rlxc.from_onnx(m)
     msg = str(e.value)
-    assert "4 unsupported" in msg or "5 unsupported" in msg
+    assert msg.startswith("5 unsupported ONNX node(s)") or msg.startswith("6 unsupported")
+    assert "'ln': LayerNormalization (opset 19): the Mean/InvStdDev outputs" in msg
     assert "'find': NonZero (opset 19)" in msg and "'rnn': LSTM (opset 19)" in msg
     assert "Pad (opset 19): mode 'banana'" in msg and "MaxPool" in msg
     assert "Relu" not in msg
