@@ -208,6 +208,9 @@ def _matmul(cx, node, ins, at):
     if _is_static(a, b):
         return np.matmul(a, b)
     a, b = _tensors(cx, a, b)
+    if a.ndim > 2 and b.ndim == 2:
+        # (..., M, K) @ (K, N): one (prod(...) * M, K) GEMM, not prod(...) small ones
+        return (a.reshape(-1, a.shape[-1]) @ b).reshape(a.shape[:-1] + (b.shape[-1],))
     return a @ b
 
 
