@@ -195,6 +195,12 @@ def from_onnx(model, name: str | None = None, input_shapes: dict | None = None):
             env[n] = s.param(n, a.shape, "f64" if a.dtype == np.float64 else "f32")
         cx = Ctx(s, opset)
         for i, node in enumerate(g.node):
+            missing = [x for x in node.input if x and x not in env]
+            if missing:
+                raise OnnxImportError(f"node {node_label(node, i)!r} ({node.op_type}): input "
+                                      f"{missing[0]!r} is not a graph input, initializer or "
+                                      "output of an earlier node (nodes must be in "
+                                      "topological order)")
             ins = [env[x] if x else None for x in node.input]
             rule = RULES[node.op_type]
             try:
@@ -215,6 +221,8 @@ def from_onnx(model, name: str | None = None, input_shapes: dict | None = None):
                 env[o] = outs[j]
         res = []
         for vo in g.output:
+            if vo.name not in env:
+                raise OnnxImportError(f"graph output {vo.name!r} is computed by no node")
             v = env[vo.name]
             res.append(v if not isinstance(v, np.ndarray) else s.constant(v, cx.dtype_of(v)))
         return tuple(res) if len(res) != 1 else res[0]

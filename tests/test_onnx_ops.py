@@ -191,3 +191,14 @@ def test_batched_matmul_by_a_matrix_is_one_gemm():
     assert "tensor<24x8xf32>, tensor<8x5xf32> -> tensor<24x5xf32>" in text
     xv = np.random.default_rng(1).normal(size=(4, 6, 8)).astype(np.float32)
     np.testing.assert_allclose(f.run_on("interp", x=xv)[0], xv @ w, rtol=1e-5, atol=1e-6)
+
+
+def test_dangling_names_are_named():
+    x = h.make_tensor_value_info("x", TP.FLOAT, (3,))
+    y = h.make_tensor_value_info("y", TP.FLOAT, None)
+    m = _model([h.make_node("Add", ["x", "ghost"], ["y"], name="add")], [x], [y])
+    with pytest.raises(OnnxImportError, match="node 'add' \\(Add\\): input 'ghost' is not"):
+        rlxc.from_onnx(m)
+    m = _model([h.make_node("Relu", ["x"], ["r"])], [x], [y])
+    with pytest.raises(OnnxImportError, match="graph output 'y' is computed by no node"):
+        rlxc.from_onnx(m)
