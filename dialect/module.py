@@ -17,7 +17,8 @@ from xdsl.printer import Printer
 
 from .ops import OPS, RLX, CastOp, ConstantOp, create_op
 from .trace import KINDS, Arg, Trace  # noqa: F401  (Arg, KINDS re-exported)
-from .types import BytesAttr, DenseIntOrFPElementsAttr, dense_value, dtype_of, shape_of, tensor_type
+from .types import BytesAttr, DenseIntOrFPElementsAttr, dtype_of, shape_of, tensor_type
+from .types import dense_value
 
 
 def context() -> Context:
