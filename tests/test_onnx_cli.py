@@ -34,7 +34,7 @@ def mlp_onnx(tmp_path_factory):
          nh.from_array(rng.normal(size=16).astype(np.float32) * .1, "fc1.bias"),
          nh.from_array(rng.normal(size=(3, 16)).astype(np.float32) * .5, "fc2.weight"),
          nh.from_array(np.zeros(3, np.float32), "fc2.bias")])
-    p = tmp_path_factory.mktemp("onnx") / "mlp.onnx"
+    p = tmp_path_factory.mktemp("onnx") / "digits-mlp.onnx"   # graph "mlp"
     onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), str(p))
     return p
 
@@ -50,6 +50,7 @@ def test_compile_onnx_with_train_and_loss(mlp_onnx, tmp_path):
     r = cli(mlp_onnx, "--input-shape", "x=8,4", "--loss", "cross_entropy", "--train",
             "--optimizer", "sgd", "--lr", "0.5", "-o", out)
     assert r.exit_code == 0, r.output
+    assert "libdigits_mlp.so" in r.output   # named after the file, not the graph
     m = load(out)
     rng = np.random.default_rng(1)
     x = rng.normal(size=(8, 4)).astype(np.float32)
