@@ -181,6 +181,16 @@ CASES = [
      {"img": IMG}, {"s2": np.array([2, 3], np.float32)}, [("up", F)]),
 ]
 
+CASES.append(
+    ("opset21", 21, [
+        N("Reshape", ["x", "shp"], "r"), N("Cast", ["r"], "rd", to=TP.DOUBLE),
+        N("Cast", ["rd"], "rf", to=F), N("Softmax", ["rf"], "sm", axis=0),
+        N("ReduceMean", ["x", "ax"], "mean", keepdims=0), N("Gemm", ["rf", "w"], "g"),
+        N("Squeeze", ["x1", "ax0"], "sq"), N("Transpose", ["sq"], "t", perm=[1, 0])],
+     {"x": X, "x1": r(1, 3, 2)},
+     {"shp": i64(6, 4), "ax": i64(1), "w": r(4, 2), "ax0": i64(0)},
+     [("sm", F), ("mean", F), ("g", F), ("t", F)]))
+
 # Conv and pools, which need the Tensor methods conv2d/max_pool2d/... (skipped without them)
 CONV_CASES = [
     ("conv", 17, [
