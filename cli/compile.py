@@ -336,13 +336,13 @@ def _func_from_mlir(text: str):
 def _load_onnx(path: str, opts: dict, verbose: bool):
     """A .onnx model as a Func (rlxc.from_onnx); `opts["loss"]` adds a loss on output 0."""
     try:
-        from rlxc.onnx_import import OnnxImportError, _func_name, from_onnx, with_loss
+        from rlxc.onnx_import import OnnxImportError, func_name, from_onnx, with_loss
     except ModuleNotFoundError as e:
         raise click.ClickException(f"{path}: reading ONNX needs the `onnx` package "
                                    f"(pip install onnx): {e}") from None
     try:
         stem = os.path.splitext(os.path.basename(path))[0]   # the artifact's default name
-        f = from_onnx(path, name=_func_name(stem), input_shapes=opts.get("input_shapes") or None)
+        f = from_onnx(path, name=func_name(stem), input_shapes=opts.get("input_shapes") or None)
         if opts.get("loss"):
             f = with_loss(f, opts["loss"])
     except OnnxImportError as e:

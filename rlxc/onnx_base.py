@@ -58,11 +58,11 @@ def static(v, what: str) -> np.ndarray:
                           f"initializer or computed from static shapes), not a runtime tensor")
 
 
-def _is_static(*vs) -> bool:
+def is_static(*vs) -> bool:
     return all(v is None or isinstance(v, np.ndarray) for v in vs)
 
 
-def _tensors(cx, *vs):
+def tensors(cx, *vs):
     """All operands as Tensors of one dtype (the first Tensor's), arrays made constants."""
     from rlxc.tensor import Tensor
 
@@ -70,9 +70,9 @@ def _tensors(cx, *vs):
     return [cx.T(v, like) for v in vs]
 
 
-def _s(v) -> str:
+def attr_text(v) -> str:
     return v.decode() if isinstance(v, bytes) else v
 
 
-def _ints(v) -> list[int]:
+def ints_of(v) -> list[int]:
     return [int(x) for x in np.asarray(v).reshape(-1)]

@@ -185,7 +185,7 @@ def from_onnx(model, name: str | None = None, input_shapes: dict | None = None):
             params[t.name] = a.astype(np.float64 if a.dtype == np.float64 else np.float32)
         else:
             consts[t.name] = a
-    fname = name or _func_name(g.name)
+    fname = name or func_name(g.name)
 
     def build(s):
         env = dict(consts)
@@ -230,7 +230,7 @@ def from_onnx(model, name: str | None = None, input_shapes: dict | None = None):
     return Func(fname, build).with_params(params)
 
 
-def _func_name(graph_name: str) -> str:
+def func_name(graph_name: str) -> str:
     n = re.sub(r"\W", "_", graph_name or "")
     return n if n and not n[0].isdigit() else "onnx_model" if not n else "m_" + n
 

@@ -18,12 +18,12 @@ import math
 
 import numpy as np
 
-from .onnx_base import Ctx, Rule, _ints, _is_static, _s, _tensors, static  # noqa: F401
+from .onnx_base import Ctx, Rule, ints_of, is_static, attr_text, tensors, static  # noqa: F401
 from .onnx_import import ONNX_DTYPES, OnnxImportError, tensor_array
-from .onnx_rules_nn import (_batch_norm, _batch_norm_unsupported, _both, _conv,
-                            _conv_transpose, _conv_transpose_unsupported, _global_pool,
-                            _layer_norm, _layer_norm_unsupported, _needs, _pool,
-                            _pool_unsupported, _resize, _resize_unsupported)
+from .onnx_rules_nn import (batch_norm, batch_norm_unsupported, both, conv,
+                            conv_transpose, conv_transpose_unsupported, global_pool,
+                            layer_norm, layer_norm_unsupported, needs, pool,
+                            pool_unsupported, resize, resize_unsupported)
 
 
 # -- elementwise ---------------------------------------------------------------------------
@@ -63,34 +63,34 @@ def binary(name):
 
     def fn(cx, node, ins, at):
         a, b = ins[:2]
-        if _is_static(a, b):
+        if is_static(a, b):
             r = op(a, b)
             return np.asarray(r, dtype=np.result_type(a, b)) if name in ("Add", "Sub", "Mul",
                                                                          "Div") else r
-        return op(*_tensors(cx, a, b))
+        return op(*tensors(cx, a, b))
     return Rule(fn)
 
 
 def _pow(cx, node, ins, at):
     x, y = ins
-    if _is_static(x, y):
+    if is_static(x, y):
         return np.power(x, y).astype(x.dtype)
     if isinstance(y, np.ndarray) and y.size == 1:
         e = float(y.reshape(()))
         return cx.T(x) ** (int(e) if e.is_integer() else e)
-    x, y = _tensors(cx, x, y)
+    x, y = tensors(cx, x, y)
     return x.pow(y.cast(x.dtype) if y.dtype != x.dtype else y)
 
 
 def variadic(np_fn, method):
     def fn(cx, node, ins, at):
         vals = [v for v in ins if v is not None]
-        if _is_static(*vals):
+        if is_static(*vals):
             r = vals[0]
             for v in vals[1:]:
                 r = np_fn(r, v)
             return r
-        ts = _tensors(cx, *vals)
+        ts = tensors(cx, *vals)
         r = ts[0]
         for t in ts[1:]:
             r = getattr(r, method)(t) if isinstance(method, str) else method(r, t)
@@ -99,7 +99,7 @@ def variadic(np_fn, method):
 
 
 def _mean(cx, node, ins, at):
-    ts = _tensors(cx, *ins)
+    ts = tensors(cx, *ins)
     r = ts[0]
     for t in ts[1:]:
         r = r + t
@@ -135,12 +135,12 @@ def _hard_swish(cx, node, ins, at):
 
 
 def _gelu(cx, node, ins, at):
-    return cx.T(ins[0]).gelu(_s(at.get("approximate", "none")))
+    return cx.T(ins[0]).gelu(attr_text(at.get("approximate", "none")))
 
 
 def _where(cx, node, ins, at):
     c, a, b = ins
-    if _is_static(c, a, b):
+    if is_static(c, a, b):
         return np.where(c, a, b)
     from rlxc.tensor import Tensor, where
 
@@ -177,7 +177,7 @@ def _clip(cx, node, ins, at):
     x = ins[0]
     lo = ins[1] if len(ins) > 1 else at.get("min")
     hi = ins[2] if len(ins) > 2 else at.get("max")
-    if isinstance(x, np.ndarray) and _is_static(lo, hi):
+    if isinstance(x, np.ndarray) and is_static(lo, hi):
         return np.clip(x, lo, hi).astype(x.dtype)
     x = cx.T(x)
     for bound, m in ((lo, "maximum"), (hi, "minimum")):
@@ -191,9 +191,9 @@ def _clip(cx, node, ins, at):
 
 def _mod(cx, node, ins, at):
     a, b = ins
-    if _is_static(a, b):
+    if is_static(a, b):
         return np.fmod(a, b) if at.get("fmod", 0) else np.mod(a, b)
-    a, b = _tensors(cx, a, b)
+    a, b = tensors(cx, a, b)
     return a.fmod(b) if at.get("fmod", 0) else a % b
 
 
@@ -205,9 +205,9 @@ def _not(cx, node, ins, at):
 # -- linear algebra ------------------------------------------------------------------------
 def _matmul(cx, node, ins, at):
     a, b = ins
-    if _is_static(a, b):
+    if is_static(a, b):
         return np.matmul(a, b)
-    a, b = _tensors(cx, a, b)
+    a, b = tensors(cx, a, b)
     if a.ndim > 2 and b.ndim == 2:
         # (..., M, K) @ (K, N): one (prod(...) * M, K) GEMM, not prod(...) small ones
         return (a.reshape(-1, a.shape[-1]) @ b).reshape(a.shape[:-1] + (b.shape[-1],))
@@ -215,7 +215,7 @@ def _matmul(cx, node, ins, at):
 
 
 def _gemm(cx, node, ins, at):
-    a, b = _tensors(cx, ins[0], ins[1])
+    a, b = tensors(cx, ins[0], ins[1])
     c = ins[2] if len(ins) > 2 else None
     if at.get("transA", 0):
         a = a.T
@@ -234,14 +234,14 @@ def _gemm(cx, node, ins, at):
 def _einsum(cx, node, ins, at):
     from .onnx_einsum import einsum
 
-    return einsum(_s(at["equation"]), _tensors(cx, *ins))
+    return einsum(attr_text(at["equation"]), tensors(cx, *ins))
 
 
 # -- reductions ----------------------------------------------------------------------------
 def _reduce_axes(cx, node, ins, at, axes_input: bool):
     if axes_input:
         axes = ins[1] if len(ins) > 1 and ins[1] is not None else None
-        axes = None if axes is None else _ints(static(axes, "the axes input"))
+        axes = None if axes is None else ints_of(static(axes, "the axes input"))
     else:
         axes = at.get("axes")
         axes = None if axes is None else list(axes)
@@ -319,7 +319,7 @@ def _shape_of(v) -> tuple:
 
 def _reshape(cx, node, ins, at):
     x = ins[0]
-    shp = _ints(static(ins[1], "Reshape's shape input")) if len(ins) > 1 else \
+    shp = ints_of(static(ins[1], "Reshape's shape input")) if len(ins) > 1 else \
         list(at["shape"])
     if not at.get("allowzero", 0):
         shp = [x.shape[i] if d == 0 else d for i, d in enumerate(shp)]
@@ -344,7 +344,7 @@ def _transpose(cx, node, ins, at):
 
 def _axes_arg(cx, ins, at, first_input_opset=13):
     if cx.opset >= first_input_opset:
-        return None if len(ins) < 2 or ins[1] is None else _ints(static(ins[1], "axes"))
+        return None if len(ins) < 2 or ins[1] is None else ints_of(static(ins[1], "axes"))
     a = at.get("axes")
     return None if a is None else list(a)
 
@@ -374,11 +374,11 @@ def _unsqueeze(cx, node, ins, at):
 def _concat(cx, node, ins, at):
     vals = [v for v in ins if v is not None]
     axis = int(at["axis"])
-    if _is_static(*vals):
+    if is_static(*vals):
         return np.concatenate(vals, axis=axis)
     from rlxc.tensor import concat
 
-    ts = _tensors(cx, *vals)
+    ts = tensors(cx, *vals)
     return concat(ts, axis % ts[0].ndim)
 
 
@@ -388,7 +388,7 @@ def _split(cx, node, ins, at):
     axis = int(at.get("axis", 0)) % r
     n = x.shape[axis]
     if len(ins) > 1 and ins[1] is not None:
-        sizes = _ints(static(ins[1], "Split's split input"))
+        sizes = ints_of(static(ins[1], "Split's split input"))
     elif "split" in at:
         sizes = list(at["split"])
     else:
@@ -421,11 +421,11 @@ def _slice_key(shape, starts, ends, axes, steps):
 def _slice(cx, node, ins, at):
     x = ins[0]
     if cx.opset >= 10:
-        starts = _ints(static(ins[1], "Slice's starts"))
-        ends = _ints(static(ins[2], "Slice's ends"))
-        axes = _ints(static(ins[3], "Slice's axes")) if len(ins) > 3 and ins[3] is not None \
+        starts = ints_of(static(ins[1], "Slice's starts"))
+        ends = ints_of(static(ins[2], "Slice's ends"))
+        axes = ints_of(static(ins[3], "Slice's axes")) if len(ins) > 3 and ins[3] is not None \
             else list(range(len(starts)))
-        steps = _ints(static(ins[4], "Slice's steps")) if len(ins) > 4 and ins[4] is not None \
+        steps = ints_of(static(ins[4], "Slice's steps")) if len(ins) > 4 and ins[4] is not None \
             else [1] * len(starts)
     else:
         starts, ends = list(at["starts"]), list(at["ends"])
@@ -437,7 +437,7 @@ def _slice(cx, node, ins, at):
 def _gather(cx, node, ins, at):
     data, idx = ins
     axis = int(at.get("axis", 0))
-    if _is_static(data, idx):
+    if is_static(data, idx):
         return np.take(data, idx, axis=axis)
     data = cx.T(data)
     if isinstance(idx, np.ndarray) and idx.ndim == 0:
@@ -448,7 +448,7 @@ def _gather(cx, node, ins, at):
 
 def _expand(cx, node, ins, at):
     x = ins[0]
-    shp = _ints(static(ins[1], "Expand's shape input"))
+    shp = ints_of(static(ins[1], "Expand's shape input"))
     from rlxc.dialect.shapes import broadcast_shapes
 
     out = broadcast_shapes(tuple(x.shape), tuple(shp), "Expand")
@@ -460,7 +460,7 @@ def _expand(cx, node, ins, at):
 
 def _tile(cx, node, ins, at):
     x = ins[0]
-    reps = _ints(static(ins[1], "Tile's repeats"))
+    reps = ints_of(static(ins[1], "Tile's repeats"))
     if isinstance(x, np.ndarray):
         return np.tile(x, reps)
     inter = tuple(v for d in x.shape for v in (1, d))
@@ -472,11 +472,11 @@ def _tile(cx, node, ins, at):
 def _pad(cx, node, ins, at):
     x = cx.T(ins[0])
     r = x.ndim
-    mode = _s(at.get("mode", "constant"))
+    mode = attr_text(at.get("mode", "constant"))
     if cx.opset >= 11:
-        pads = _ints(static(ins[1], "Pad's pads"))
+        pads = ints_of(static(ins[1], "Pad's pads"))
         value = ins[2] if len(ins) > 2 and ins[2] is not None else None
-        axes = _ints(static(ins[3], "Pad's axes")) if len(ins) > 3 and ins[3] is not None \
+        axes = ints_of(static(ins[3], "Pad's axes")) if len(ins) > 3 and ins[3] is not None \
             else list(range(r))
     else:
         pads, value, axes = list(at["pads"]), at.get("value", 0.0), list(range(r))
@@ -509,7 +509,7 @@ def _pad(cx, node, ins, at):
 
 
 def _pad_unsupported(node, at, opset):
-    mode = _s(at.get("mode", "constant"))
+    mode = attr_text(at.get("mode", "constant"))
     return None if mode in ("constant", "reflect", "edge", "wrap") else f"mode {mode!r}"
 
 
@@ -537,7 +537,7 @@ def _constant_unsupported(node, at, opset):
 
 
 def _constant_of_shape(cx, node, ins, at):
-    shp = _ints(static(ins[0], "ConstantOfShape's shape"))
+    shp = ints_of(static(ins[0], "ConstantOfShape's shape"))
     v = tensor_array(at["value"]) if "value" in at else np.zeros(1, np.float32)
     return np.full(shp, v.reshape(-1)[0], dtype=v.dtype)
 
@@ -608,15 +608,15 @@ RULES: dict[str, Rule] = {
     "Shape": Rule(_shape), "Size": Rule(_size),
     "Range": Rule(_range, static_inputs=(0, 1, 2)),
     # normalization, dropout
-    "BatchNormalization": Rule(_batch_norm, _batch_norm_unsupported, (3, 4)),
-    "LayerNormalization": Rule(_layer_norm, _layer_norm_unsupported),
+    "BatchNormalization": Rule(batch_norm, batch_norm_unsupported, (3, 4)),
+    "LayerNormalization": Rule(layer_norm, layer_norm_unsupported),
     "Dropout": Rule(_dropout, static_inputs=(1, 2)),
     # conv / pool / resize
-    "Conv": Rule(_conv, _needs("conv2d")),
-    "ConvTranspose": Rule(_conv_transpose, _both(_needs("conv_transpose2d"),
-                                                 _conv_transpose_unsupported)),
-    "MaxPool": Rule(_pool("max"), _both(_needs("max_pool2d"), _pool_unsupported)),
-    "AveragePool": Rule(_pool("avg"), _both(_needs("avg_pool2d"), _pool_unsupported)),
-    "GlobalAveragePool": _global_pool("mean"), "GlobalMaxPool": _global_pool("max"),
-    "Resize": Rule(_resize, _resize_unsupported, (1, 2, 3)),
+    "Conv": Rule(conv, needs("conv2d")),
+    "ConvTranspose": Rule(conv_transpose, both(needs("conv_transpose2d"),
+                                                 conv_transpose_unsupported)),
+    "MaxPool": Rule(pool("max"), both(needs("max_pool2d"), pool_unsupported)),
+    "AveragePool": Rule(pool("avg"), both(needs("avg_pool2d"), pool_unsupported)),
+    "GlobalAveragePool": global_pool("mean"), "GlobalMaxPool": global_pool("max"),
+    "Resize": Rule(resize, resize_unsupported, (1, 2, 3)),
 }

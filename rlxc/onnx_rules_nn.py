@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .onnx_base import Rule, _ints, _s, static
+from .onnx_base import Rule, ints_of, attr_text, static
 from .onnx_import import OnnxImportError
 
 # -- normalization ---------------------------------------------------------------------------
-def _batch_norm(cx, node, ins, at):
+def batch_norm(cx, node, ins, at):
     x = cx.T(ins[0])
     scale, b, mean, var = (cx.T(v, x) for v in ins[1:5])
     eps = float(at.get("epsilon", 1e-5))
@@ -25,7 +25,7 @@ def _batch_norm(cx, node, ins, at):
     return (x - mean.reshape(shp)) * k.reshape(shp) + b.reshape(shp)
 
 
-def _batch_norm_unsupported(node, at, opset):
+def batch_norm_unsupported(node, at, opset):
     if at.get("training_mode", 0):
         return "training_mode=1 (rlxc imports inference BatchNormalization)"
     if sum(1 for o in node.output if o) > 1:
@@ -33,12 +33,12 @@ def _batch_norm_unsupported(node, at, opset):
     return None
 
 
-def _layer_norm_unsupported(node, at, opset):
+def layer_norm_unsupported(node, at, opset):
     extra = [o for o in node.output[1:] if o]
     return "the Mean/InvStdDev outputs" if extra else None
 
 
-def _layer_norm(cx, node, ins, at):
+def layer_norm(cx, node, ins, at):
     x = cx.T(ins[0])
     axis = int(at.get("axis", -1)) % x.ndim
     w = cx.T(ins[1], x) if len(ins) > 1 and ins[1] is not None else None
@@ -47,7 +47,7 @@ def _layer_norm(cx, node, ins, at):
 
 
 # -- conv / pool (Tensor methods another part of rlxc provides) --------------------------------
-def _needs(method: str):
+def needs(method: str):
     def check(node, at, opset):
         from rlxc.tensor import Tensor
 
@@ -56,7 +56,7 @@ def _needs(method: str):
     return check
 
 
-def _both(*checks):
+def both(*checks):
     def check(node, at, opset):
         for c in checks:
             why = c(node, at, opset)
@@ -74,7 +74,7 @@ def _one(v):
 def _conv_pads(x_sp, k, strides, dil, at):
     """(begin, end) pads per spatial dim, from `pads` or `auto_pad`."""
     n = len(x_sp)
-    auto = _s(at.get("auto_pad", "NOTSET"))
+    auto = attr_text(at.get("auto_pad", "NOTSET"))
     if auto in ("SAME_UPPER", "SAME_LOWER"):
         lo, hi = [], []
         for d, kk, s, dl in zip(x_sp, k, strides, dil):
@@ -89,7 +89,7 @@ def _conv_pads(x_sp, k, strides, dil, at):
     return p[:n], p[n:]
 
 
-def _conv(cx, node, ins, at):
+def conv(cx, node, ins, at):
     x = cx.T(ins[0])
     w = cx.T(ins[1], x)
     b = cx.T(ins[2], x) if len(ins) > 2 and ins[2] is not None else None
@@ -108,7 +108,7 @@ def _conv(cx, node, ins, at):
                               dilation=_one(dil), groups=int(at.get("group", 1)))
 
 
-def _conv_transpose(cx, node, ins, at):
+def conv_transpose(cx, node, ins, at):
     x = cx.T(ins[0])
     w = cx.T(ins[1], x)
     b = cx.T(ins[2], x) if len(ins) > 2 and ins[2] is not None else None
@@ -123,19 +123,19 @@ def _conv_transpose(cx, node, ins, at):
                               output_padding=_one(at.get("output_padding", [0] * n)))
 
 
-def _conv_transpose_unsupported(node, at, opset):
+def conv_transpose_unsupported(node, at, opset):
     if int(at.get("group", 1)) != 1:
         return "group != 1"
     if any(d != 1 for d in at.get("dilations", [])):
         return "dilations != 1"
     if "output_shape" in at:
         return "output_shape attribute"
-    if _s(at.get("auto_pad", "NOTSET")) != "NOTSET":
+    if attr_text(at.get("auto_pad", "NOTSET")) != "NOTSET":
         return "auto_pad"
     return None
 
 
-def _pool(kind: str):
+def pool(kind: str):
     def fn(cx, node, ins, at):
         x = cx.T(ins[0])
         k = list(at["kernel_shape"])
@@ -155,7 +155,7 @@ def _pool(kind: str):
     return fn
 
 
-def _pool_unsupported(node, at, opset):
+def pool_unsupported(node, at, opset):
     if at.get("ceil_mode", 0):
         return "ceil_mode=1"
     if any(d != 1 for d in at.get("dilations", [])):
@@ -165,7 +165,7 @@ def _pool_unsupported(node, at, opset):
     return None
 
 
-def _global_pool(kind):
+def global_pool(kind):
     def fn(cx, node, ins, at):
         x = cx.T(ins[0])
         return getattr(x, kind)(tuple(range(2, x.ndim)), keepdims=True)
@@ -178,7 +178,7 @@ def _resize_scales(x_shape, ins, axes=None):
     r = len(x_shape)
     axes = [a % r for a in axes] if axes is not None else list(range(r))
     if sizes is not None and static(sizes, "Resize's sizes").size:
-        given = [float(o) / x_shape[a] for o, a in zip(_ints(sizes), axes)]
+        given = [float(o) / x_shape[a] for o, a in zip(ints_of(sizes), axes)]
     else:
         given = [float(v) for v in static(scales, "Resize's scales").reshape(-1)]
     fs = [1.0] * r
@@ -190,7 +190,7 @@ def _resize_scales(x_shape, ins, axes=None):
     return [int(f) for f in fs]
 
 
-def _resize(cx, node, ins, at):
+def resize(cx, node, ins, at):
     x = cx.T(ins[0])
     fs = _resize_scales(x.shape, ins, at.get("axes"))
     if all(f == 1 for f in fs):
@@ -201,12 +201,12 @@ def _resize(cx, node, ins, at):
                                                             zip(x.shape, fs)))
 
 
-def _resize_unsupported(node, at, opset):
-    mode = _s(at.get("mode", "nearest"))
+def resize_unsupported(node, at, opset):
+    mode = attr_text(at.get("mode", "nearest"))
     if mode != "nearest":
         return f"mode {mode!r} (only nearest)"
-    ct = _s(at.get("coordinate_transformation_mode", "half_pixel"))
-    nm = _s(at.get("nearest_mode", "round_prefer_floor"))
+    ct = attr_text(at.get("coordinate_transformation_mode", "half_pixel"))
+    nm = attr_text(at.get("nearest_mode", "round_prefer_floor"))
     ok = (ct == "asymmetric" and nm == "floor") or \
         (ct in ("half_pixel", "pytorch_half_pixel") and nm in ("round_prefer_floor",
                                                                "round_prefer_ceil"))
