@@ -84,6 +84,7 @@ def test_compile_onnx_emit_rlx_and_errors(mlp_onnx, tmp_path):
     assert r.exit_code == 2 and "apply to a .onnx SRC only" in r.output
 
 
+@pytest.mark.slow
 def test_finetune_onnx_example(tmp_path):
     """examples/finetune_onnx.py end to end: fine-tunes the exported MLP on digits (test
     accuracy from chance to > 0.9) and its .so gives the fine-tuned accuracy."""
