@@ -246,7 +246,8 @@ def apply_transform(func, text: str):
 # -- loading SRC -------------------------------------------------------------------------
 def _candidates(directory: str) -> list[str]:
     try:
-        return sorted(f for f in os.listdir(directory or ".") if f.endswith((".py", ".mlir")))
+        return sorted(f for f in os.listdir(directory or ".")
+                      if f.endswith((".py", ".mlir", ".onnx")))
     except OSError:
         return []
 
@@ -257,26 +258,33 @@ def _factories(mod) -> list[str]:
                   and not n.startswith("_"))
 
 
-def load_source(src: str, verbose: bool = False):
-    """The Func named by SRC (`path/model.py:factory` or `file.mlir`)."""
+def load_source(src: str, verbose: bool = False, onnx_options: dict | None = None):
+    """The Func named by SRC: `path/model.py:factory`, a .onnx model (rlxc/onnx_import.py,
+    `onnx_options` passed on), or MLIR text (recognised by content, any suffix)."""
     from rlxc.func import Func
 
     path, sep, factory = src.rpartition(":")
     if not sep or not path.endswith(".py"):
         path, factory = src, None
-    if not path.endswith((".py", ".mlir")):
-        raise click.BadParameter(f"{src!r} is neither path/model.py:factory nor a .mlir file",
-                                 param_hint="SRC")
     if not os.path.isfile(path):
         d = os.path.dirname(path) or "."
         c = _candidates(d)
-        raise click.BadParameter(f"file {path!r} not found; .py/.mlir files in {d!r}: "
+        raise click.BadParameter(f"file {path!r} not found; .py/.mlir/.onnx files in {d!r}: "
                                  f"{', '.join(c) if c else '(none)'}", param_hint="SRC")
-    if path.endswith(".mlir"):
-        with open(path) as f:
-            text = f.read()
+    if not path.endswith(".py"):
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+        if path.endswith(".onnx"):
+            return _load_onnx(path, onnx_options or {}, verbose)
+        from rlxc.dialect import module as M
+
+        if not (path.endswith(".mlir") or M.looks_like_mlir(head.decode("utf-8", "replace"))):
+            raise click.BadParameter(f"{src!r} is neither path/model.py:factory, a .onnx model "
+                                     "nor MLIR text", param_hint="SRC")
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
         try:
-            return Func.from_mlir(text)
+            return _func_from_mlir(text)
         except Exception as e:
             raise click.ClickException(f"{path}: not a valid rlx module: "
                                        f"{str(e).strip().splitlines()[-1] if str(e) else e!r}")
@@ -312,6 +320,35 @@ def load_source(src: str, verbose: bool = False):
     if not isinstance(f, Func):
         raise click.ClickException(f"{path}:{factory}() returned {type(f).__name__}, not an "
                                    "rlxc.Func")
+    return f
+
+
+def _func_from_mlir(text: str):
+    """The model Func of an rlx module: its one function, or the first of several (as
+    `--emit rlx --train` prints: the model, then its train step, which --train rebuilds)."""
+    from rlxc.dialect import module as M
+    from rlxc.func import Func
+
+    mods = M.split(M.parse_any(text))
+    return Func.from_module(mods[0])
+
+
+def _load_onnx(path: str, opts: dict, verbose: bool):
+    """A .onnx model as a Func (rlxc.from_onnx); `opts["loss"]` adds a loss on output 0."""
+    try:
+        from rlxc.onnx_import import OnnxImportError, func_name, from_onnx, with_loss
+    except ModuleNotFoundError as e:
+        raise click.ClickException(f"{path}: reading ONNX needs the `onnx` package "
+                                   f"(pip install onnx): {e}") from None
+    try:
+        stem = os.path.splitext(os.path.basename(path))[0]   # the artifact's default name
+        f = from_onnx(path, name=func_name(stem), input_shapes=opts.get("input_shapes") or None)
+        if opts.get("loss"):
+            f = with_loss(f, opts["loss"])
+    except OnnxImportError as e:
+        if verbose:
+            traceback.print_exc()
+        raise click.ClickException(f"{path}: {e}") from None
     return f
 
 
@@ -432,7 +469,7 @@ def _artifact_targets():
 def _emit_stages():
     from rlxc.registry import emit_stages
 
-    return emit_stages()
+    return emit_stages() + ["rlx-generic"]   # rlx in MLIR's generic op form
 
 
 def check_target(target: str, emit: str | None, train: bool) -> None:
@@ -440,7 +477,7 @@ def check_target(target: str, emit: str | None, train: bool) -> None:
     from rlxc.registry import artifact_targets, backend
 
     b = backend(target)
-    if emit is not None and emit != "rlx" and emit not in b.stages:
+    if emit is not None and emit not in ("rlx", "rlx-generic") and emit not in b.stages:
         have = [t for t in artifact_targets() if emit in backend(t).stages]
         raise click.UsageError(
             f"--emit {emit} is not a stage of --target {target} (its stages: "
@@ -457,9 +494,42 @@ def emit_stage(stage: str, func, name: str, target: str, cpu: str) -> str:
     """The text of one pipeline stage of `func` (compiled under the symbol `name`)."""
     if stage == "rlx":
         return func.mlir()
+    if stage == "rlx-generic":
+        from rlxc.dialect import module as M
+
+        return M.to_generic_text(func.module)
     from rlxc.registry import backend
 
     return backend(target).emit(stage, func.module, name, cpu)
+
+
+def _onnx_options(src: str, loss, input_shapes, train: bool) -> dict:
+    """--loss / --input-shape, which only a .onnx SRC takes, checked and parsed."""
+    is_onnx = src.endswith(".onnx")
+    if not is_onnx and (loss or input_shapes):
+        raise click.UsageError("--loss and --input-shape apply to a .onnx SRC only")
+    if is_onnx and train and not loss:
+        raise click.UsageError("--train on a .onnx model needs --loss mse|cross_entropy "
+                               "(the loss of output 0 against a `labels` input)")
+    shapes = {}
+    for item in input_shapes:
+        name, eq, dims = item.partition("=")
+        try:
+            shapes[name] = tuple(int(d) for d in dims.split(","))
+        except ValueError:
+            shapes[name] = None
+        if not eq or not name or shapes[name] is None:
+            raise click.BadParameter(f"{item!r} is not NAME=D0,D1,... (e.g. x=4,784)",
+                                     param_hint="'--input-shape'")
+    return {"loss": loss, "input_shapes": shapes}
+
+
+def emit_rlx_with_train(stage: str, func, step) -> str:
+    """The model and its train step as ONE rlx module (model first), in `stage`'s form."""
+    from rlxc.dialect import module as M
+
+    mod = M.join([func.module, step.module])
+    return M.to_generic_text(mod) if stage == "rlx-generic" else M.to_text(mod)
 
 
 class _Command(click.Command):
@@ -504,9 +574,14 @@ class _Command(click.Command):
 @click.option("--momentum", type=float, default=None, help="SGD momentum.")
 @click.option("--max-grad-norm", type=float, default=0.0, show_default=True,
               help="Clip gradients to this global norm in the train step (0: off).")
+@click.option("--loss", type=click.Choice(["mse", "cross_entropy"]), default=None,
+              help="A .onnx SRC: add this loss of output 0 against a `labels` input (the "
+                   "loss becomes output 0, the model's outputs follow); needed with --train.")
+@click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME=D0,D1,...",
+              help="A .onnx SRC: the size of an input's dynamic (dim_param) dims; repeatable.")
 @click.option("-v", "--verbose", is_flag=True, help="Print per-stage timings (stderr).")
 def compile_cmd(src, outdir, name, target, cpu, transforms, params_file, emit, train, optimizer,
-                lr, weight_decay, momentum, max_grad_norm, verbose):
+                lr, weight_decay, momentum, max_grad_norm, loss, input_shapes, verbose):
     """Compile SRC (path/model.py:factory or model.mlir) into OUTDIR.
 
     Writes libNAME.so, NAME.h (C ABI), NAME.json (metadata, sha256) and the
@@ -531,7 +606,7 @@ def compile_cmd(src, outdir, name, target, cpu, transforms, params_file, emit, t
     ok = False
     try:
         with progress.stage("load source"):
-            f = load_source(src, verbose)
+            f = load_source(src, verbose, _onnx_options(src, loss, input_shapes, train))
         if name is None:
             name = f.symbol
             try:
@@ -559,8 +634,13 @@ def compile_cmd(src, outdir, name, target, cpu, transforms, params_file, emit, t
                 spec.train = aot.train_spec(f, opt, max_grad_norm)
         if emit:
             with progress.stage(f"emit {emit}"):
-                text = emit_stage(emit, f, name, target, spec.cpu)
-                if spec.train is not None:
+                if spec.train is not None and emit in ("rlx", "rlx-generic"):
+                    # one module holding the model and its train step, which
+                    # `rlxc opt` and `rlxc compile` read back (the model is the first)
+                    text = emit_rlx_with_train(emit, f, spec.train.program.func)
+                else:
+                    text = emit_stage(emit, f, name, target, spec.cpu)
+                if spec.train is not None and emit not in ("rlx", "rlx-generic"):
                     step = spec.train.program.func
                     text += ("\n" if not text.endswith("\n") else "") + \
                         emit_stage(emit, step, f"{name}_train_step_kernel", target, spec.cpu)

@@ -66,7 +66,10 @@ def _list_passes() -> str:
 @click.option("--list-passes", is_flag=True, help="List the available passes and exit.")
 @click.option("--verify/--no-verify", default=True, show_default=True,
               help="Verify the module after the pipeline.")
-def opt(file, pipeline, output, list_passes, verify):
+@click.option("--print-generic", is_flag=True,
+              help="Print MLIR's generic op form (what upstream MLIR parses with "
+                   "unregistered dialects allowed).")
+def opt(file, pipeline, output, list_passes, verify, print_generic):
     """Run rlx passes over FILE (MLIR text, '-' for stdin) and print the result.
 
     Passes: run `rlxc opt --list-passes`."""
@@ -92,28 +95,35 @@ def opt(file, pipeline, output, list_passes, verify):
 
     text = click.open_file(file, "r").read()
     try:
-        mod = M.parse(text)
+        whole = M.parse_any(text)
+        mods = M.split(whole)  # several functions (e.g. model + train step): each on its own
+        for m in mods:
+            M.signature(M.get_func(m))
     except ParseError as e:
         raise click.ClickException(f"{file}: cannot parse:\n{e}") from None
     except Exception as e:  # verifier errors and malformed signatures
         raise click.ClickException(f"{file}: {e}") from None
     ctx = M.context()
     for p in passes:
-        try:
-            p.apply(ctx, mod)
-        except (ValueError, KeyError, TypeError, NotImplementedError) as e:
-            msg = str(e.args[0] if isinstance(e, KeyError) and e.args else e)
-            short = p.name.removeprefix("rlx-")
-            if not (msg.startswith(p.name) or msg.startswith(short)):
-                msg = f"{p.name}: {msg}"
-            raise click.ClickException(msg) from None
+        for m in mods:
+            try:
+                p.apply(ctx, m)
+            except (ValueError, KeyError, TypeError, NotImplementedError) as e:
+                msg = str(e.args[0] if isinstance(e, KeyError) and e.args else e)
+                short = p.name.removeprefix("rlx-")
+                if not (msg.startswith(p.name) or msg.startswith(short)):
+                    msg = f"{p.name}: {msg}"
+                if len(mods) > 1:
+                    msg = f"@{M.get_func(m).sym_name.data}: {msg}"
+                raise click.ClickException(msg) from None
+    mod = mods[0] if len(mods) == 1 else M.join(mods)
     if verify:
         try:
             mod.verify()
         except Exception as e:
             raise click.ClickException(f"the module does not verify after the pipeline: {e}")
     with click.open_file(output, "w") as out:
-        out.write(M.to_text(mod) + "\n")
+        out.write((M.to_generic_text(mod) if print_generic else M.to_text(mod)) + "\n")
 
 
 if __name__ == "__main__":

@@ -6,15 +6,19 @@ the inputs and params in declaration order, each carrying
 """
 from __future__ import annotations
 
+import numpy as np
+
 from xdsl.context import Context
 from xdsl.dialects import builtin, func
 from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, ModuleOp, StringAttr
 from xdsl.ir import Block, Region
 from xdsl.parser import Parser
+from xdsl.printer import Printer
 
 from .ops import OPS, RLX, CastOp, ConstantOp, create_op
 from .trace import KINDS, Arg, Trace  # noqa: F401  (Arg, KINDS re-exported)
 from .types import BytesAttr, DenseIntOrFPElementsAttr, dtype_of, shape_of, tensor_type
+from .types import dense_value
 
 
 def context() -> Context:
@@ -152,8 +156,72 @@ def parse(text: str) -> ModuleOp:
     return m
 
 
+def parse_any(text: str) -> ModuleOp:
+    """Parse a module of one or more func.funcs (e.g. `--emit rlx --train`'s model and
+    train step), verified; generic (`"rlx.add"(...)`) and custom op forms both parse."""
+    m = Parser(context(), text).parse_module()
+    m.verify()
+    if not functions(m):
+        raise ValueError("the module holds no func.func")
+    return m
+
+
+def functions(module: ModuleOp) -> list[func.FuncOp]:
+    return [op for op in module.ops if isinstance(op, func.FuncOp)]
+
+
+def split(module: ModuleOp) -> list[ModuleOp]:
+    """One single-function module per func.func of `module` (clones), in order."""
+    return [ModuleOp([f.clone()]) for f in functions(module)]
+
+
+def join(modules: list[ModuleOp]) -> ModuleOp:
+    """One module holding the functions of `modules` in order (clones); names must differ."""
+    fs = [f.clone() for m in modules for f in functions(m)]
+    names = [f.sym_name.data for f in fs]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"cannot join modules: function @{dup[0]} is defined twice")
+    return ModuleOp(fs)
+
+
+def looks_like_mlir(text: str) -> bool:
+    """Whether `text` (a file's start) is MLIR module text rather than something else
+    (used to accept MLIR by content whatever the file's suffix)."""
+    import re
+
+    t = re.sub(r"^(\s*//[^\n]*\n|\s+)*", "", text[:4096])
+    return t.startswith(("builtin.module", "module", '"builtin.module"', "func.func",
+                         '"func.func"'))
+
+
 def to_text(module: ModuleOp) -> str:
     return str(module)
+
+
+def to_generic_text(module: ModuleOp) -> str:
+    """MLIR's generic op form (`"rlx.add"(%0, %1) : (...) -> ...`, properties as
+    `<{...}>`): the text upstream MLIR parses with unregistered dialects allowed, and that
+    `parse` reads back."""
+    import io
+
+    out = io.StringIO()
+    _GenericPrinter(stream=out, print_generic_format=True).print_op(module)
+    return out.getvalue()
+
+
+class _GenericPrinter(Printer):
+    """xDSL's generic printer, with float constants that are non-finite or large in MLIR's
+    hex form `dense<"0x...">` (xDSL prints inf as its bit pattern read as an integer; hex is
+    exact, and it is what rlx.constant's custom form prints too)."""
+
+    def print_attribute(self, attribute) -> None:
+        if isinstance(attribute, DenseIntOrFPElementsAttr):
+            vals = dense_value(attribute)
+            if vals.dtype.kind == "f" and (vals.size > 256 or not np.all(np.isfinite(vals))):
+                self.print_string(f'dense<"0x{attribute.data.data.hex().upper()}"> : ')
+                return super().print_attribute(attribute.type)
+        return super().print_attribute(attribute)
 
 
 def clone(module: ModuleOp) -> ModuleOp:

@@ -33,6 +33,8 @@ _LAZY = {
     "while_loop": "rlxc.control",
     "cond": "rlxc.control",
     "fori_loop": "rlxc.control",
+    "from_onnx": "rlxc.onnx_import",
+    "UnsupportedOnnxOp": "rlxc.onnx_import",
 }
 
 
@@ -58,4 +60,5 @@ def __getattr__(name):
 
 __all__ = ["Func", "default_device", "LrSchedule", "optim", "lowp", "GraphScope", "Tensor",
            "concat", "where", "scan", "while_loop", "cond", "fori_loop", "ShapeError",
-           "NameLookupError", "RlxError", "ArtifactError", "__version__", "attention", "einsum"]
+           "NameLookupError", "RlxError", "ArtifactError", "__version__", "attention", "einsum",
+           "from_onnx", "UnsupportedOnnxOp"]

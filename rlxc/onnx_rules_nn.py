@@ -1,0 +1,213 @@
+"""ONNX rules for normalization, conv, pooling and resize (rows of RULES in
+rlxc/onnx_rules.py).
+
+BatchNormalization (inference form) and LayerNormalization are plain ops. Conv,
+ConvTranspose, MaxPool and AveragePool call Tensor methods (conv2d, conv1d,
+conv_transpose2d, max_pool2d, avg_pool2d) and are unsupported while a build lacks
+them; asymmetric conv pads become an explicit rlx.pad; AveragePool without
+count_include_pad divides by the pooled ones. Resize (nearest, integer factors) is
+reshape + broadcast + reshape.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .onnx_base import Rule, ints_of, attr_text, static
+from .onnx_import import OnnxImportError
+
+# -- normalization ---------------------------------------------------------------------------
+def batch_norm(cx, node, ins, at):
+    x = cx.T(ins[0])
+    scale, b, mean, var = (cx.T(v, x) for v in ins[1:5])
+    eps = float(at.get("epsilon", 1e-5))
+    shp = (x.shape[1],) + (1,) * (x.ndim - 2)
+    k = scale * (var + eps).rsqrt()
+    return (x - mean.reshape(shp)) * k.reshape(shp) + b.reshape(shp)
+
+
+def batch_norm_unsupported(node, at, opset):
+    if at.get("training_mode", 0):
+        return "training_mode=1 (rlxc imports inference BatchNormalization)"
+    if sum(1 for o in node.output if o) > 1:
+        return "running mean/var outputs (training form)"
+    return None
+
+
+def layer_norm_unsupported(node, at, opset):
+    extra = [o for o in node.output[1:] if o]
+    return "the Mean/InvStdDev outputs" if extra else None
+
+
+def layer_norm(cx, node, ins, at):
+    x = cx.T(ins[0])
+    axis = int(at.get("axis", -1)) % x.ndim
+    w = cx.T(ins[1], x) if len(ins) > 1 and ins[1] is not None else None
+    b = cx.T(ins[2], x) if len(ins) > 2 and ins[2] is not None else None
+    return x.layer_norm(tuple(range(axis, x.ndim)), float(at.get("epsilon", 1e-5)), w, b)
+
+
+# -- conv / pool (Tensor methods another part of rlxc provides) --------------------------------
+def needs(method: str):
+    def check(node, at, opset):
+        from rlxc.tensor import Tensor
+
+        return None if hasattr(Tensor, method) else \
+            f"needs Tensor.{method}, which this build of rlxc lacks"
+    return check
+
+
+def both(*checks):
+    def check(node, at, opset):
+        for c in checks:
+            why = c(node, at, opset)
+            if why:
+                return why
+        return None
+    return check
+
+
+def _one(v):
+    v = tuple(int(x) for x in v)
+    return v[0] if len(set(v)) == 1 else v
+
+
+def _conv_pads(x_sp, k, strides, dil, at):
+    """(begin, end) pads per spatial dim, from `pads` or `auto_pad`."""
+    n = len(x_sp)
+    auto = attr_text(at.get("auto_pad", "NOTSET"))
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        lo, hi = [], []
+        for d, kk, s, dl in zip(x_sp, k, strides, dil):
+            total = max((-(-d // s) - 1) * s + (kk - 1) * dl + 1 - d, 0)
+            small = total // 2
+            lo.append(small if auto == "SAME_UPPER" else total - small)
+            hi.append(total - lo[-1])
+        return lo, hi
+    if auto == "VALID":
+        return [0] * n, [0] * n
+    p = list(at.get("pads", [0] * 2 * n))
+    return p[:n], p[n:]
+
+
+def conv(cx, node, ins, at):
+    x = cx.T(ins[0])
+    w = cx.T(ins[1], x)
+    b = cx.T(ins[2], x) if len(ins) > 2 and ins[2] is not None else None
+    n = x.ndim - 2
+    k = w.shape[2:]
+    strides = list(at.get("strides", [1] * n))
+    dil = list(at.get("dilations", [1] * n))
+    lo, hi = _conv_pads(x.shape[2:], k, strides, dil, at)
+    if lo != hi:
+        x = x.scope.emit("rlx.pad", [x], low=(0, 0, *lo), high=(0, 0, *hi))
+        lo = [0] * n
+    method = {1: "conv1d", 2: "conv2d"}.get(n)
+    if method is None or not hasattr(x, method):
+        raise OnnxImportError(f"{n}-d Conv needs Tensor.{method or f'conv{n}d'}")
+    return getattr(x, method)(w, b, stride=_one(strides), padding=_one(lo),
+                              dilation=_one(dil), groups=int(at.get("group", 1)))
+
+
+def conv_transpose(cx, node, ins, at):
+    x = cx.T(ins[0])
+    w = cx.T(ins[1], x)
+    b = cx.T(ins[2], x) if len(ins) > 2 and ins[2] is not None else None
+    n = x.ndim - 2
+    if n != 2:
+        raise OnnxImportError(f"{n}-d ConvTranspose: only 2-d is supported")
+    strides = list(at.get("strides", [1] * n))
+    p = list(at.get("pads", [0] * 2 * n))
+    if p[:n] != p[n:]:
+        raise OnnxImportError(f"asymmetric pads {p}")
+    return x.conv_transpose2d(w, b, stride=_one(strides), padding=_one(p[:n]),
+                              output_padding=_one(at.get("output_padding", [0] * n)))
+
+
+def conv_transpose_unsupported(node, at, opset):
+    if int(at.get("group", 1)) != 1:
+        return "group != 1"
+    if any(d != 1 for d in at.get("dilations", [])):
+        return "dilations != 1"
+    if "output_shape" in at:
+        return "output_shape attribute"
+    if attr_text(at.get("auto_pad", "NOTSET")) != "NOTSET":
+        return "auto_pad"
+    return None
+
+
+def pool(kind: str):
+    def fn(cx, node, ins, at):
+        x = cx.T(ins[0])
+        k = list(at["kernel_shape"])
+        if x.ndim != 4:
+            raise OnnxImportError(f"{x.ndim - 2}-d {node.op_type}: only 2-d is supported")
+        strides = list(at.get("strides", [1, 1]))
+        lo, hi = _conv_pads(x.shape[2:], k, strides, [1, 1], at)
+        if lo != hi:
+            raise OnnxImportError(f"asymmetric pads {lo + hi}")
+        if kind == "max":
+            return x.max_pool2d(_one(k), stride=_one(strides), padding=_one(lo))
+        y = x.avg_pool2d(_one(k), stride=_one(strides), padding=_one(lo))
+        if any(lo) and not at.get("count_include_pad", 0):
+            ones = cx.s.constant(np.ones((1, 1) + x.shape[2:], np.float32), x.dtype)
+            y = y / ones.avg_pool2d(_one(k), stride=_one(strides), padding=_one(lo))
+        return y
+    return fn
+
+
+def pool_unsupported(node, at, opset):
+    if at.get("ceil_mode", 0):
+        return "ceil_mode=1"
+    if any(d != 1 for d in at.get("dilations", [])):
+        return "dilations != 1"
+    if node.op_type == "MaxPool" and len([o for o in node.output if o]) > 1:
+        return "the Indices output"
+    return None
+
+
+def global_pool(kind):
+    def fn(cx, node, ins, at):
+        x = cx.T(ins[0])
+        return getattr(x, kind)(tuple(range(2, x.ndim)), keepdims=True)
+    return Rule(fn)
+
+
+def _resize_scales(x_shape, ins, axes=None):
+    scales = ins[2] if len(ins) > 2 and ins[2] is not None else None
+    sizes = ins[3] if len(ins) > 3 and ins[3] is not None else None
+    r = len(x_shape)
+    axes = [a % r for a in axes] if axes is not None else list(range(r))
+    if sizes is not None and static(sizes, "Resize's sizes").size:
+        given = [float(o) / x_shape[a] for o, a in zip(ints_of(sizes), axes)]
+    else:
+        given = [float(v) for v in static(scales, "Resize's scales").reshape(-1)]
+    fs = [1.0] * r
+    for a, f in zip(axes, given):   # opset 18 `axes`: scales/sizes for these axes only
+        fs[a] = f
+    if any(not f.is_integer() or f < 1 for f in fs):
+        raise OnnxImportError(f"nearest Resize with scales {fs}: only integer upsampling "
+                              "factors are supported")
+    return [int(f) for f in fs]
+
+
+def resize(cx, node, ins, at):
+    x = cx.T(ins[0])
+    fs = _resize_scales(x.shape, ins, at.get("axes"))
+    if all(f == 1 for f in fs):
+        return x
+    inter = tuple(v for d in x.shape for v in (d, 1))
+    full = tuple(v for d, f in zip(x.shape, fs) for v in (d, f))
+    return x.reshape(inter).broadcast_to(full).reshape(tuple(d * f for d, f in
+                                                            zip(x.shape, fs)))
+
+
+def resize_unsupported(node, at, opset):
+    mode = attr_text(at.get("mode", "nearest"))
+    if mode != "nearest":
+        return f"mode {mode!r} (only nearest)"
+    ct = attr_text(at.get("coordinate_transformation_mode", "half_pixel"))
+    nm = attr_text(at.get("nearest_mode", "round_prefer_floor"))
+    ok = (ct == "asymmetric" and nm == "floor") or \
+        (ct in ("half_pixel", "pytorch_half_pixel") and nm in ("round_prefer_floor",
+                                                               "round_prefer_ceil"))
+    return None if ok else f"coordinate_transformation_mode {ct!r} with nearest_mode {nm!r}"
