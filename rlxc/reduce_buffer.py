@@ -120,8 +120,11 @@ class SharedBuffer:
         return self.result
 
 
-def shm_room(nbytes: int, path: str = "/dev/shm") -> bool:
-    """Whether `path` (where Open MPI backs shared windows) has room for nbytes."""
+def shm_room(nbytes: int, path: str | None = None) -> bool:
+    """Whether `path` (default: where Open MPI backs shared windows, /dev/shm unless
+    $OMPI_MCA_osc_sm_backing_directory says otherwise) has room for nbytes."""
+    if path is None:
+        path = os.environ.get("OMPI_MCA_osc_sm_backing_directory", "/dev/shm")
     try:
         st = os.statvfs(path)
     except OSError:

@@ -254,3 +254,13 @@ def test_reduce_mode_is_checked():
     with pytest.raises(ValueError, match=r"reduced must be a C-contiguous float32 array of shape \(84,\)"):
         SplitEngine("interp", e.gprog, e.aprog, tr.func.params(), {}, [], 1.0,
                     reduced=np.zeros(83, np.float32))
+
+
+def test_shm_room_checks_the_backing_directory(tmp_path, monkeypatch):
+    """reduce="auto" falls back to the Allreduce when the shared window would not fit."""
+    from rlxc.reduce_buffer import shm_room
+
+    assert shm_room(1, str(tmp_path)) and not shm_room(1 << 62, str(tmp_path))
+    assert not shm_room(1, str(tmp_path / "missing"))
+    monkeypatch.setenv("OMPI_MCA_osc_sm_backing_directory", str(tmp_path / "missing"))
+    assert not shm_room(1)
