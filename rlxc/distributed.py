@@ -15,13 +15,22 @@ Comm interface (what another transport, e.g. NCCL for GPUs, implements)
     bcast_(buf, root=0)             in place
     allgather(obj) -> list          small Python objects
     abort(code)                     stop every rank now
+    grad_buffer(n)                  the step's flat float32 buffer: .local (this rank
+                                    writes), .reduce(), .result (the sum over ranks);
+                                    rlxc/reduce_buffer.py.  Optional: a comm without
+                                    it gets one in-place allreduce_sum_ of .local
 
 Algorithm of a distributed step (rlxc/trainer.py, rlxc/train_split.py)
     1. each rank: loss and grads on its shard, in compiled code, scaled by
        n_local / n_total and written into ONE flat float32 buffer
        [g_1 | g_2 | ... | loss];
-    2. one in-place Allreduce(SUM) of that buffer, zero-copy: mpi4py reads and
+    2. the buffer is summed over ranks (`reduce_mode`, chosen by init()):
+       "allreduce": one in-place Allreduce(SUM), zero-copy: mpi4py reads and
        writes the NumPy array the compiled code wrote (buffer protocol);
+       "shm" (default when every rank is on one node): the buffer is this
+       rank's segment of an MPI-3 shared-memory window, each rank sums its
+       slice of all segments into a shared result (no copies; about half the
+       time of the Allreduce on one node, see rlxc/reduce_buffer.py);
     3. each rank: clipping (global norm of the averaged grads) and the optimizer
        update, in compiled code; the params stay bitwise equal across ranks.
 
@@ -43,14 +52,17 @@ import numpy as np
 
 __all__ = ["Comm", "init", "shard", "shard_bounds"]
 
+REDUCE_MODES = ("auto", "shm", "allreduce")
+
 
 class Comm:
     """An mpi4py communicator behind the interface of the module docstring.
 
     `allreduce_seconds` accumulates the wall time spent in allreduce_sum_ (the
-    benchmark reports it as a fraction of the step)."""
+    benchmark reports it as a fraction of the step), also for the shared-window
+    reduction of grad_buffer; `reduce_mode` is "allreduce" or "shm" (see init)."""
 
-    def __init__(self, mpi_comm):
+    def __init__(self, mpi_comm, reduce: str = "allreduce"):
         from mpi4py import MPI
 
         self._MPI = MPI
@@ -59,6 +71,43 @@ class Comm:
         self.size = int(mpi_comm.Get_size())
         self.allreduce_seconds = 0.0
         self.allreduce_calls = 0
+        self.reduce_mode = "allreduce"
+        self._node = None
+        self._shared: dict = {}
+        self._choose_reduce(reduce)
+
+    def _choose_reduce(self, mode: str) -> None:
+        """Collective: every rank takes the same decision (see init)."""
+        if mode not in REDUCE_MODES:
+            raise ValueError(f"rlxc.distributed.init: reduce must be one of "
+                             f"{', '.join(REDUCE_MODES)}, got {mode!r}")
+        if mode == "allreduce" or self.size == 1:
+            return
+        node = self.mpi.Split_type(self._MPI.COMM_TYPE_SHARED, key=self.rank)
+        if node.Get_size() != self.size:
+            node.Free()
+            if mode == "shm":
+                raise ValueError("rlxc.distributed.init(reduce='shm'): the ranks are not "
+                                 "all on one node; use reduce='auto' or 'allreduce'")
+            return
+        self._node = node
+        self.reduce_mode = "shm"
+
+    def grad_buffer(self, n: int):
+        """The flat float32[n] buffer of a distributed step (rlxc/reduce_buffer.py).
+        Collective.  Shared-window buffers are kept per size and reused (windows are
+        freed by MPI_Finalize, never by the garbage collector: freeing is collective)."""
+        from .reduce_buffer import AllreduceBuffer, SharedBuffer, shm_room
+
+        if self.reduce_mode != "shm":
+            return AllreduceBuffer(self, n)
+        buf = self._shared.get(n)
+        if buf is None:
+            need = 4 * (n + 16) * (self.size + 1)
+            if not all(self.allgather(shm_room(need))):
+                return AllreduceBuffer(self, n)  # /dev/shm too small on some rank
+            buf = self._shared[n] = SharedBuffer(self, self._node, n)
+        return buf
 
     def barrier(self) -> None:
         self.mpi.Barrier()
@@ -124,10 +173,27 @@ def _install_abort_hook(comm: Comm) -> None:
     _HOOKED.append(comm)
 
 
-def init(comm=None) -> Comm:
+def init(comm=None, reduce: str | None = None) -> Comm:
     """A Comm over `comm` (an mpi4py communicator; default MPI.COMM_WORLD, which
     initializes MPI).  Also installs the abort-on-uncaught-exception hook (see the
-    module docstring).  Without mpiexec this is a communicator of size 1."""
+    module docstring).  Without mpiexec this is a communicator of size 1.
+
+    `reduce` (default: $RLXC_DDP_REDUCE, else "auto") says how a step sums the
+    gradient buffer: "allreduce" (one in-place MPI_Allreduce), "shm" (an MPI-3
+    shared-memory window; every rank must be on one node), "auto" (shm when every
+    rank is on one node, else allreduce).  Collective."""
+    import os
+
+    if reduce is None:
+        reduce = os.environ.get("RLXC_DDP_REDUCE", "auto")
+    if reduce not in REDUCE_MODES:
+        raise ValueError(f"rlxc.distributed.init: reduce must be one of "
+                         f"{', '.join(REDUCE_MODES)}, got {reduce!r}")
+    if "mpi4py.MPI" not in sys.modules and "OMPI_MCA_osc" not in os.environ:
+        # Open MPI's osc/ucx prints a spurious "Error: OSC UCX component priority"
+        # line when a shared window is made without UCX hardware; the shared
+        # window (osc/sm) and the portable osc/rdma are unaffected
+        os.environ["OMPI_MCA_osc"] = "^ucx"
     try:
         from mpi4py import MPI
     except ImportError as e:
@@ -141,7 +207,7 @@ def init(comm=None) -> Comm:
         if not isinstance(comm, MPI.Comm):
             raise TypeError(f"rlxc.distributed.init: comm must be an mpi4py communicator "
                             f"(mpi4py.MPI.Comm) or None, got {type(comm).__name__}")
-        c = Comm(comm)
+        c = Comm(comm, reduce)
     _install_abort_hook(c)
     return c
 

@@ -2,7 +2,9 @@
 
     state (trained params, slots): two buffer sets, apply reads set k, writes 1-k
     flat = [grads (N) | loss (1)]: one 64-byte aligned float32 buffer
-      grads call  --writes-->  flat  --(caller: one in-place allreduce)-->  apply call
+      grads call  --writes-->  flat  --(caller: sum over ranks)-->  reduced  -->  apply call
+    (reduced is flat itself for an in-place allreduce, or the shared result of a
+    shared-memory window, rlxc/reduce_buffer.py)
     native ("cpu" backends): CallFrames (runtime/call.py) whose pointer tables are
     built once; other devices: the programs' executors, copying into the same buffers.
 
@@ -24,21 +26,33 @@ class SplitEngine:
     runtime.call.ResidentCall: apply reads set k and writes set 1-k, then k flips;
     grads reads the params of set k.  `flat` = [grads (N) | loss (1)] is one
     64-byte aligned float32 buffer: the grads call writes it (outputs 1 and 0 point
-    into it), the caller reduces it in place, the apply call reads it.  Natively
+    into it), the caller sums it over ranks into `reduced` (by default `flat`
+    itself: an in-place allreduce), the apply call reads that.  Natively
     ("cpu" backends) both are CallFrames whose pointer tables are built once; other
     devices run the programs' executors and copy into the same buffers."""
 
     def __init__(self, device, gprog, aprog, params: dict, frozen: dict, slots: list,
-                 scale: float):
+                 scale: float, flat=None, reduced=None):
         from rlxc.runtime.call import aligned_empty
 
         from .registry import CpuBackend
 
         self.gprog, self.aprog = gprog, aprog
         n = gprog.grad_numel
-        self.flat = aligned_empty((n + 1,), np.float32)
-        self.flat[:] = 0
-        self.grads, self.loss = self.flat[:n], self.flat[n:]
+        if flat is None:
+            flat = aligned_empty((n + 1,), np.float32)
+            flat[:] = 0
+        for name, a in (("flat", flat), ("reduced", reduced)):
+            if a is not None and not (isinstance(a, np.ndarray) and a.dtype == np.float32
+                                      and a.shape == (n + 1,) and a.flags.c_contiguous):
+                raise ValueError(f"SplitEngine: {name} must be a C-contiguous float32 "
+                                 f"array of shape ({n + 1},)")
+        # grads call writes flat; the caller sums it over ranks into reduced (flat
+        # itself unless given), which the apply call and `loss` read
+        self.flat = flat
+        self.reduced = flat if reduced is None else reduced
+        self.grads, self._loss_out = self.flat[:n], self.flat[n:]
+        self.rgrads, self.loss = self.reduced[:n], self.reduced[n:]
         self.scale = np.array([scale], np.float32)
         init = [params[p] for p in aprog.wrt] + list(slots)
         self.bufs = []
@@ -83,14 +97,14 @@ class SplitEngine:
             for i, name in enumerate(self.gprog.params):
                 arr = self.bufs[k][widx[name]] if name in widx else self.frozen[name]
                 fr.pars[i] = data_address(arr)
-            fr.outs[0] = data_address(self.loss)
+            fr.outs[0] = data_address(self._loss_out)
             fr.outs[1] = data_address(self.grads)
             fa = self._af[k]
             ns = len(self.aprog.slot_args)
             for j in range(ns):
                 fa.ins[j] = data_address(self.bufs[k][self.nw + j])
                 fa.outs[self.nw + j] = data_address(self.bufs[1 - k][self.nw + j])
-            fa.ins[ns + 1] = data_address(self.grads)
+            fa.ins[ns + 1] = data_address(self.rgrads)
             for j in range(self.nw):
                 fa.pars[j] = data_address(self.bufs[k][j])
                 fa.outs[j] = data_address(self.bufs[1 - k][j])
@@ -135,18 +149,18 @@ class SplitEngine:
             widx = {p: j for j, p in enumerate(self.gprog.wrt)}
             pars = [cur[widx[n]] if n in widx else self.frozen[n] for n in self.gprog.params]
             loss, g = self._gex.run([*self._data, self.scale, *self._fwd, *pars])
-            self.loss[...] = np.asarray(loss, np.float32).reshape(1)
+            self._loss_out[...] = np.asarray(loss, np.float32).reshape(1)
             self.grads[...] = np.asarray(g, np.float32).reshape(-1)
         return self.flat
 
     def run_apply(self) -> None:
-        """The update from `grads` (already reduced) into the other buffer set."""
+        """The update from `reduced` (the summed grads) into the other buffer set."""
         k = self.k
         if self.native:
             self._af[k].invoke()
         else:
             cur = self.bufs[k]
-            outs = self._aex.run([*cur[self.nw:], self.scal, self.grads, *cur[:self.nw]])
+            outs = self._aex.run([*cur[self.nw:], self.scal, self.rgrads, *cur[:self.nw]])
             for dst, o in zip(self.bufs[1 - k], outs):
                 dst[...] = np.asarray(o).reshape(dst.shape)
         self.k = 1 - k

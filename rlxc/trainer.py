@@ -31,8 +31,9 @@ slots live in the engine; `opt.state` is refreshed by `state_dict()` and
 
 Distributed (`comm=`, rlxc/distributed.py): the step is the two programs of
 rlxc/train_split.py run by rlxc/split_engine.py: grads on this rank's shard
-(scaled by n_local / n_total) into one flat float32 buffer, one in-place
-`comm.allreduce_sum_` of it, then the same update on every rank.  At creation
+(scaled by n_local / n_total) into one flat float32 buffer, summed over ranks
+once (`comm.grad_buffer`: an in-place Allreduce, or a shared-memory window on
+one node; rlxc/reduce_buffer.py), then the same update on every rank.  At creation
 every param and slot (and opt.t) is broadcast from rank 0; `step` returns the
 global mean loss; `save` / `save_params` write on rank 0 only (atomically),
 then all ranks pass a barrier.  Without `comm` nothing of this runs.

@@ -6,7 +6,9 @@
             load_state_dict / a rebuild, which every rank calls alike), then
             split_programs (rlxc/train_split.py) -> SplitEngine (rlxc/split_engine.py)
     step:   scalars, data (and the QAT forward weights) -> engine.run_grads()
-            -> comm.allreduce_sum_(engine.flat)  (ONE call, in place)
+            -> buf.reduce(): the flat buffer summed over ranks, ONE call
+               (comm.grad_buffer, rlxc/reduce_buffer.py: an in-place Allreduce,
+               or a shared-memory window when every rank is on one node)
             -> engine.run_apply()  -> the global mean loss (the flat buffer's last
             element, reduced with the grads)
 
@@ -82,7 +84,16 @@ def build(tr, params: dict, slots: dict) -> None:
         buf = np.array(buf, np.float32, copy=True)
         state.append(comm.bcast_(buf))  # rank 0's slots, like its params
     tr._scal = np.zeros(len(aprog.scalar_names), np.float32)
-    eng = SplitEngine(tr.device, gprog, aprog, params, tr._frozen, state, tr._grad_scale)
+    make = getattr(comm, "grad_buffer", None)
+    if make is None:  # a comm with allreduce_sum_ only
+        from .reduce_buffer import AllreduceBuffer
+
+        buf = AllreduceBuffer(comm, gprog.grad_numel + 1)
+    else:
+        buf = make(gprog.grad_numel + 1)
+    tr._gbuf = buf
+    eng = SplitEngine(tr.device, gprog, aprog, params, tr._frozen, state, tr._grad_scale,
+                      flat=buf.local, reduced=buf.result)
     eng.set_scalars(tr._scal)
     tr._engine = eng
     tr._param_pos = {n: aprog.wrt.index(n) if n in aprog.wrt else -1 for n in f.param_names()}
@@ -111,8 +122,8 @@ def step(tr, inputs) -> float:
         for j, n in enumerate(tr._prog.wrt):
             cur = eng.param_view(j)
             eng.set_fwd(j, coerce("input", f"quant({n})", qf(n, cur.copy()), cur.shape, "f32"))
-    flat = eng.run_grads()
-    tr.comm.allreduce_sum_(flat)
+    eng.run_grads()
+    tr._gbuf.reduce()
     eng.run_apply()
     opt._t = t
     return float(eng.loss[0])

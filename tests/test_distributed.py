@@ -174,3 +174,93 @@ def test_distributed_is_reachable_from_the_package():
     code = "import rlxc; print(callable(rlxc.distributed.init), callable(rlxc.distributed.shard))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.split() == ["True", "True"], out.stderr
+
+
+class _TwoBufferComm(Comm):
+    """Size-1 comm whose grad_buffer has separate local and result arrays (like the
+    shared-memory window): reduce() copies local into result, counting calls."""
+
+    def grad_buffer(self, n):
+        from rlxc.runtime.call import aligned_empty
+
+        comm = self
+
+        class Buf:
+            kind = "test"
+            local = aligned_empty((n,), np.float32)
+            result = aligned_empty((n,), np.float32)
+
+            def reduce(self):
+                comm.allreduce_calls += 1
+                self.result[...] = self.local
+                return self.result
+
+        b = Buf()
+        b.local[:] = 0
+        b.result[:] = np.nan  # apply must never read it before a reduce
+        return b
+
+
+@pytest.mark.parametrize("device", ["cpu", "interp"])
+def test_engine_applies_the_reduced_buffer_not_the_local_one(device):
+    """With separate local/result buffers (reduce="shm"), the grads call writes local,
+    reduce() is called once per step, and the apply call and the returned loss read
+    result: training equals the fused Trainer."""
+    from mpi4py import MPI
+
+    from rlxc.runtime.call import data_address
+
+    comm = _TwoBufferComm(MPI.COMM_WORLD)
+    a = mlp(16).trainer(optim.Adam(0.01), max_grad_norm=0.3, device=device)
+    b = mlp(16).trainer(optim.Adam(0.01), max_grad_norm=0.3, device=device, comm=comm)
+    for inp in batches(16):
+        la, lb = a.step(inp), b.step(inp)
+        assert abs(la - lb) <= 1e-6 * max(1.0, abs(la))
+    assert comm.allreduce_calls == 4
+    pa, pb = a.func.params(), b.func.params()
+    for k in pa:
+        np.testing.assert_allclose(pb[k], pa[k], rtol=0, atol=1e-6, err_msg=k)
+    eng, buf = b._engine, b._gbuf
+    assert eng.flat is buf.local and eng.reduced is buf.result
+    if device == "cpu":
+        assert eng._gf[0].outs[1] == data_address(buf.local)
+        assert all(fa.ins[len(eng.aprog.slot_args) + 1] == data_address(buf.result)
+                   for fa in eng._af)
+
+
+def test_reduce_mode_is_checked():
+    """init(reduce=...) and $RLXC_DDP_REDUCE accept auto|shm|allreduce; a size-1 comm
+    reduces with the (trivial) Allreduce; SplitEngine checks the buffers it is given."""
+    from rlxc.reduce_buffer import AllreduceBuffer
+    from rlxc.split_engine import SplitEngine
+
+    with pytest.raises(ValueError, match="reduce must be one of auto, shm, allreduce, got 'nccl'"):
+        init(reduce="nccl")
+    import os
+
+    os.environ["RLXC_DDP_REDUCE"] = "bogus"
+    try:
+        with pytest.raises(ValueError, match="got 'bogus'"):
+            init()
+    finally:
+        del os.environ["RLXC_DDP_REDUCE"]
+    from mpi4py import MPI
+
+    for mode in ("auto", "shm", "allreduce"):
+        c = Comm(MPI.COMM_WORLD, mode)
+        assert c.reduce_mode == "allreduce" and isinstance(c.grad_buffer(7), AllreduceBuffer)
+    tr = mlp(4).trainer(optim.SGD(0.1), device="interp", comm=init())
+    e = tr._engine
+    with pytest.raises(ValueError, match=r"reduced must be a C-contiguous float32 array of shape \(84,\)"):
+        SplitEngine("interp", e.gprog, e.aprog, tr.func.params(), {}, [], 1.0,
+                    reduced=np.zeros(83, np.float32))
+
+
+def test_shm_room_checks_the_backing_directory(tmp_path, monkeypatch):
+    """reduce="auto" falls back to the Allreduce when the shared window would not fit."""
+    from rlxc.reduce_buffer import shm_room
+
+    assert shm_room(1, str(tmp_path)) and not shm_room(1 << 62, str(tmp_path))
+    assert not shm_room(1, str(tmp_path / "missing"))
+    monkeypatch.setenv("OMPI_MCA_osc_sm_backing_directory", str(tmp_path / "missing"))
+    assert not shm_room(1)

@@ -98,3 +98,24 @@ def test_train_ddp_example_two_ranks(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     assert "digits on 2 rank(s)" in p.stdout and "test accuracy" in p.stdout
     assert os.listdir(tmp_path) == ["digits_ddp.safetensors"]
+
+
+REDUCE_WORKER = os.path.join(HERE, "mpi", "reduce_worker.py")
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_shared_window_reduce_equals_allreduce(n):
+    """reduce="shm" (rlxc/reduce_buffer.py SharedBuffer) sums like MPI_Allreduce for
+    buffers smaller and larger than the number of ranks (some ranks own an empty
+    slice), every rank reads the same result, and a buffer is reused per size."""
+    p, _ = run_mpi([REDUCE_WORKER, "buffer"], n=n, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert all(f"rank {r}: ok" in p.stdout for r in range(n)), p.stdout + p.stderr
+
+
+def test_shared_window_trainer_equals_allreduce_trainer():
+    """10 SGD and clipped-Adam steps on 2 ranks: reduce="shm" gives bitwise the params
+    of reduce="allreduce", and bitwise equal params on both ranks after every step."""
+    p, _ = run_mpi([REDUCE_WORKER, "trainers"], n=2, timeout=240)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "rank 0: ok" in p.stdout and "rank 1: ok" in p.stdout, p.stdout + p.stderr
