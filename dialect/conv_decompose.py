@@ -7,7 +7,8 @@
       y    = w(g, O/g, C/g*kH*kW) @ cols(N, g, C/g*kH*kW, OH*OW)  -> (N, O, OH, OW)
     rlx.conv_transpose2d(y, w)             GEMM, then col2im:
       cols = w^T(g, Co/g*kH*kW, Ci/g) @ y(N, g, Ci/g, H*W)
-      z    = crop(sum_ij pad_ij(dilate_s(cols[:, :, ij])))   (zeros interleaved by reshape+pad)
+      z    = crop(scatter_add(IDX, cols))    entry (co, i, j, p, q) adds into canvas pixel
+                                             (p*sh + i*dh, q*sw + j*dw): one scatter kernel
     rlx.conv2d_filter_grad(x, dy)          dw^T = sum_n cols(N, g, K, L) @ dy^T(N, g, L, O/g)
 
 A 1x1, stride-1, unpadded conv2d skips im2col (cols is x reshaped).  Depthwise conv2d
@@ -120,22 +121,6 @@ def _conv2d(b: Builder, op):
     return b.reshape(y, (n, o, oh, ow))
 
 
-def _dilate(b: Builder, x, axis: int, s: int):
-    """Insert s-1 zeros between the elements of dim `axis` (length (d-1)*s + 1)."""
-    if s == 1:
-        return x
-    shp = x.shape
-    d = shp[axis]
-    x = b.reshape(x, shp[:axis + 1] + (1,) + shp[axis + 1:])
-    high = [0] * (len(shp) + 1)
-    high[axis + 1] = s - 1
-    x = b.op("pad", x, low=(0,) * (len(shp) + 1), high=tuple(high))
-    x = b.reshape(x, shp[:axis] + (d * s,) + shp[axis + 1:])
-    lim = list(x.shape)
-    lim[axis] = (d - 1) * s + 1
-    return b.op("slice", x, starts=(0,) * len(shp), limits=tuple(lim), strides=(1,) * len(shp))
-
-
 def _conv_transpose2d(b: Builder, op):
     y, w = (b.wrap(o) for o in op.operands)
     p = op.params()
@@ -152,21 +137,14 @@ def _conv_transpose2d(b: Builder, op):
     else:
         wt = b.transpose(b.reshape(w, (g, ci // g, kk)), (0, 2, 1))
         cols = b.op("matmul", wt, b.reshape(y, (n, g, ci // g, h * wd)))
-    cols = b.reshape(cols, (n, co, kh * kw, h, wd))
-    cols = _dilate(b, _dilate(b, cols, 3, sh), 4, sw)
-    hd, wdd = cols.shape[3:]
-    hc = max(hd + dh * (kh - 1), pad[0] + oh)
-    wc = max(wdd + dw * (kw - 1), pad[2] + ow)
-    terms = []
-    for i in range(kh):
-        for j in range(kw):
-            k = i * kw + j
-            t = b.op("slice", cols, starts=(0, 0, k, 0, 0), limits=(n, co, k + 1, hd, wdd),
-                     strides=(1,) * 5)
-            t = b.reshape(t, (n, co, hd, wdd))
-            terms.append(b.op("pad", t, low=(0, 0, i * dh, j * dw),
-                              high=(0, 0, hc - i * dh - hd, wc - j * dw - wdd)))
-    z = _tree_sum(terms)
+    # col2im: ONE scatter-add of every (i, j, p, q) column entry to its canvas pixel
+    hc = max((h - 1) * sh + dh * (kh - 1) + 1, pad[0] + oh)
+    wc = max((wd - 1) * sw + dw * (kw - 1) + 1, pad[2] + ow)
+    i, j, p_, q = np.ix_(range(kh), range(kw), range(h), range(wd))
+    idx = ((p_ * sh + i * dh) * wc + (q * sw + j * dw)).reshape(-1).astype(np.int32)
+    z = b.op("scatter_add", _const(b, idx, "i32"), b.reshape(cols, (n, co, kh * kw * h * wd)),
+             axis=2, dim=hc * wc, label="")
+    z = b.reshape(z, (n, co, hc, wc))
     if (hc, wc) == (oh, ow):
         return z
     return b.op("slice", z, starts=(0, 0, pad[0], pad[2]), limits=(n, co, pad[0] + oh, pad[2] + ow),

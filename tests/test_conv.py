@@ -17,7 +17,6 @@ import pytest
 import rlxc
 from opcases import _np_conv2d
 from rlxc.dialect import conv_ref
-from rlxc.dialect import module as M
 from rlxc.dialect.conv_decompose import decompose_conv
 from rlxc.dialect.passes import run_pipeline
 
