@@ -139,7 +139,8 @@ def main(argv=None) -> int:
     with open(os.path.join(out, "vocab.txt"), "w", encoding="utf-8", newline="") as fh:
         fh.write(vocab)
     prompt = text[:CONTEXT]
-    sample = generate(nxt.jit() if device == "cpu" else _Interp(nxt), vocab, prompt, args.sample)
+    sample = generate(_Interp(nxt) if device == "interp" else nxt.jit_on(device), vocab, prompt,
+                      args.sample)
     print(f"sample (greedy, after {prompt!r}):\n{prompt}{sample}")
     print(f"params and vocabulary in {out}")
     return 0 if last < first else 1
