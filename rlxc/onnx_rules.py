@@ -9,8 +9,7 @@ A value is an rlxc Tensor or, when known at trace time, a NumPy array (integer
 initializers, Constant, Shape, ...). Rules compute on arrays with NumPy when every
 operand is one, so shape arithmetic (Shape -> Gather -> Concat -> Reshape) folds
 away and never reaches the graph; otherwise arrays become constants.
-Conv/pool rows call Tensor methods (conv2d, max_pool2d, ...) and are unsupported
-while a build lacks them.
+Conv/pool rows call the Tensor methods of rlxc/conv.py (conv2d, max_pool2d, ...).
 """
 from __future__ import annotations
 
@@ -20,9 +19,9 @@ import numpy as np
 
 from .onnx_base import Ctx, Rule, ints_of, is_static, attr_text, tensors, static  # noqa: F401
 from .onnx_import import ONNX_DTYPES, OnnxImportError, tensor_array
-from .onnx_rules_nn import (batch_norm, batch_norm_unsupported, both, conv,
+from .onnx_rules_nn import (batch_norm, batch_norm_unsupported, conv,
                             conv_transpose, conv_transpose_unsupported, global_pool,
-                            layer_norm, layer_norm_unsupported, needs, pool,
+                            layer_norm, layer_norm_unsupported, pool,
                             pool_unsupported, resize, resize_unsupported)
 
 
@@ -612,11 +611,10 @@ RULES: dict[str, Rule] = {
     "LayerNormalization": Rule(layer_norm, layer_norm_unsupported),
     "Dropout": Rule(_dropout, static_inputs=(1, 2)),
     # conv / pool / resize
-    "Conv": Rule(conv, needs("conv2d")),
-    "ConvTranspose": Rule(conv_transpose, both(needs("conv_transpose2d"),
-                                                 conv_transpose_unsupported)),
-    "MaxPool": Rule(pool("max"), both(needs("max_pool2d"), pool_unsupported)),
-    "AveragePool": Rule(pool("avg"), both(needs("avg_pool2d"), pool_unsupported)),
+    "Conv": Rule(conv),
+    "ConvTranspose": Rule(conv_transpose, conv_transpose_unsupported),
+    "MaxPool": Rule(pool("max"), pool_unsupported),
+    "AveragePool": Rule(pool("avg"), pool_unsupported),
     "GlobalAveragePool": global_pool("mean"), "GlobalMaxPool": global_pool("max"),
     "Resize": Rule(resize, resize_unsupported, (1, 2, 3)),
 }

@@ -3,10 +3,14 @@ rlxc/onnx_rules.py).
 
 BatchNormalization (inference form) and LayerNormalization are plain ops. Conv,
 ConvTranspose, MaxPool and AveragePool call Tensor methods (conv2d, conv1d,
-conv_transpose2d, max_pool2d, avg_pool2d) and are unsupported while a build lacks
-them; asymmetric conv pads become an explicit rlx.pad; AveragePool without
-count_include_pad divides by the pooled ones. Resize (nearest, integer factors) is
-reshape + broadcast + reshape.
+conv_transpose2d, max_pool2d, avg_pool2d); asymmetric conv pads become an explicit
+rlx.pad. A pool with symmetric pads and floor sizes maps straight onto the method. Any
+other pool (asymmetric pads, ceil_mode=1) pads explicitly to the full extent of its last
+window (-inf for MaxPool: never the max) and pools unpadded; AveragePool then rescales
+each output by kH*kW / (the number of cells its window counts): the real pixels without
+count_include_pad, plus the explicit pads with it, never the ceil_mode overhang
+(onnxruntime's and PyTorch's divisors), a constant computed with NumPy. Resize
+(nearest, integer factors) is reshape + broadcast + reshape.
 """
 from __future__ import annotations
 
@@ -46,26 +50,7 @@ def layer_norm(cx, node, ins, at):
     return x.layer_norm(tuple(range(axis, x.ndim)), float(at.get("epsilon", 1e-5)), w, b)
 
 
-# -- conv / pool (Tensor methods another part of rlxc provides) --------------------------------
-def needs(method: str):
-    def check(node, at, opset):
-        from rlxc.tensor import Tensor
-
-        return None if hasattr(Tensor, method) else \
-            f"needs Tensor.{method}, which this build of rlxc lacks"
-    return check
-
-
-def both(*checks):
-    def check(node, at, opset):
-        for c in checks:
-            why = c(node, at, opset)
-            if why:
-                return why
-        return None
-    return check
-
-
+# -- conv / pool (Tensor methods of rlxc/conv.py) ---------------------------------------------
 def _one(v):
     v = tuple(int(x) for x in v)
     return v[0] if len(set(v)) == 1 else v
@@ -102,8 +87,8 @@ def conv(cx, node, ins, at):
         x = x.scope.emit("rlx.pad", [x], low=(0, 0, *lo), high=(0, 0, *hi))
         lo = [0] * n
     method = {1: "conv1d", 2: "conv2d"}.get(n)
-    if method is None or not hasattr(x, method):
-        raise OnnxImportError(f"{n}-d Conv needs Tensor.{method or f'conv{n}d'}")
+    if method is None:
+        raise OnnxImportError(f"{n}-d Conv: only 1-d and 2-d are supported")
     return getattr(x, method)(w, b, stride=_one(strides), padding=_one(lo),
                               dilation=_one(dil), groups=int(at.get("group", 1)))
 
@@ -135,6 +120,32 @@ def conv_transpose_unsupported(node, at, opset):
     return None
 
 
+def _pool_extent(d, k, s, lo, hi, ceil):
+    """(output size, extra end padding) of one spatial dim: with ceil_mode the last window
+    may hang past the padded input, but must start inside the input or its begin pad."""
+    span = d + lo + hi - k
+    if span < 0:
+        raise OnnxImportError(f"kernel {k} does not fit the padded size {d + lo + hi}")
+    out = (-(-span // s) if ceil else span // s) + 1
+    if ceil and (out - 1) * s >= d + lo:
+        out -= 1
+    return out, max((out - 1) * s + k - (d + lo + hi), 0)
+
+
+def _pool_counts(x_sp, k, strides, lo, hi, extra, with_pads):
+    """(1, 1, OH, OW) float32: how many cells of each window the average divides by."""
+    full = [d + a + b + e for d, a, b, e in zip(x_sp, lo, hi, extra)]
+    mask = np.zeros(full, np.float32)
+    if with_pads:
+        mask[:full[0] - extra[0], :full[1] - extra[1]] = 1
+    else:
+        mask[lo[0]:lo[0] + x_sp[0], lo[1]:lo[1] + x_sp[1]] = 1
+    oh = (full[0] - k[0]) // strides[0] + 1
+    ow = (full[1] - k[1]) // strides[1] + 1
+    win = np.lib.stride_tricks.sliding_window_view(mask, k)[::strides[0], ::strides[1]]
+    return win[:oh, :ow].sum(axis=(2, 3)).reshape(1, 1, oh, ow)
+
+
 def pool(kind: str):
     def fn(cx, node, ins, at):
         x = cx.T(ins[0])
@@ -143,21 +154,35 @@ def pool(kind: str):
             raise OnnxImportError(f"{x.ndim - 2}-d {node.op_type}: only 2-d is supported")
         strides = list(at.get("strides", [1, 1]))
         lo, hi = _conv_pads(x.shape[2:], k, strides, [1, 1], at)
-        if lo != hi:
-            raise OnnxImportError(f"asymmetric pads {lo + hi}")
-        if kind == "max":
+        ceil = bool(at.get("ceil_mode", 0))
+        extra = [_pool_extent(d, kk, s, a, b, ceil)[1]
+                 for d, kk, s, a, b in zip(x.shape[2:], k, strides, lo, hi)]
+        simple = lo == hi and not any(extra) and all(p <= kk // 2 for p, kk in zip(lo, k))
+        if simple and kind == "max":
             return x.max_pool2d(_one(k), stride=_one(strides), padding=_one(lo))
-        y = x.avg_pool2d(_one(k), stride=_one(strides), padding=_one(lo))
-        if any(lo) and not at.get("count_include_pad", 0):
-            ones = cx.s.constant(np.ones((1, 1) + x.shape[2:], np.float32), x.dtype)
-            y = y / ones.avg_pool2d(_one(k), stride=_one(strides), padding=_one(lo))
-        return y
+        if simple and (not any(lo) or at.get("count_include_pad", 0)):
+            return x.avg_pool2d(_one(k), stride=_one(strides), padding=_one(lo))
+        # explicit padding to the last window's end, then an unpadded pool
+        end = [b + e for b, e in zip(hi, extra)]
+        xp = x
+        if any(lo) or any(end):
+            xp = x.scope.emit("rlx.pad", [x], low=(0, 0, *lo), high=(0, 0, *end))
+        if kind == "max":
+            if any(lo) or any(end):
+                from rlxc.tensor import where
+
+                inside = np.zeros(xp.shape[2:], bool)
+                inside[lo[0]:lo[0] + x.shape[2], lo[1]:lo[1] + x.shape[3]] = True
+                xp = where(cx.s.constant(inside, "i1"), xp, -np.inf)
+            return xp.max_pool2d(_one(k), stride=_one(strides))
+        y = xp.avg_pool2d(_one(k), stride=_one(strides))
+        counts = _pool_counts(x.shape[2:], k, strides, lo, hi, extra,
+                              bool(at.get("count_include_pad", 0)))
+        return y * cx.s.constant((k[0] * k[1] / counts).astype(np.float32), x.dtype)
     return fn
 
 
 def pool_unsupported(node, at, opset):
-    if at.get("ceil_mode", 0):
-        return "ceil_mode=1"
     if any(d != 1 for d in at.get("dilations", [])):
         return "dilations != 1"
     if node.op_type == "MaxPool" and len([o for o in node.output if o]) > 1:

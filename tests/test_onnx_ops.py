@@ -22,9 +22,6 @@ from rlxc.onnx_import import OnnxImportError, UnsupportedOnnxOp  # noqa: E402
 
 from onnx_cases import CASES, CONV_CASES, make_model  # noqa: E402
 
-HAS_CONV = hasattr(rlxc.Tensor, "conv2d")
-NO_CONV = "needs Tensor.conv2d/max_pool2d/... (the conv/pool work), absent in this build"
-
 
 def reference(case):
     sess = ort.InferenceSession(make_model(case).SerializeToString(),
@@ -77,20 +74,12 @@ def test_every_op_compiled_for_cpu_against_onnxruntime():
         k += n
 
 
-@pytest.mark.skipif(not HAS_CONV, reason=NO_CONV)
 @pytest.mark.parametrize("case", CONV_CASES, ids=[c[0] for c in CONV_CASES])
 def test_conv_pool_against_onnxruntime(case):
     f = rlxc.from_onnx(make_model(case))
     ref = reference(case)
     assert_close(f.run_on("interp", **case[3]), ref, case[5])
     assert_close(f.run_on("cpu", **case[3]), ref, case[5])
-
-
-def test_conv_is_unsupported_without_the_tensor_method():
-    if HAS_CONV:
-        pytest.skip("this build has Tensor.conv2d")
-    with pytest.raises(UnsupportedOnnxOp, match="Tensor.conv2d"):
-        rlxc.from_onnx(make_model(CONV_CASES[0]))
 
 
 # -- errors ------------------------------------------------------------------------------
@@ -105,7 +94,7 @@ def test_unsupported_lists_every_node_with_op_type_and_opset():
                 h.make_node("Relu", ["x"], ["r"]),
                 h.make_node("LSTM", ["x", "x", "x"], ["l"], name="rnn"),
                 h.make_node("Pad", ["x", "p"], ["pd"], mode="banana"),
-                h.make_node("MaxPool", ["x"], ["mp"], kernel_shape=[2], ceil_mode=1),
+                h.make_node("MaxPool", ["x"], ["mp"], kernel_shape=[2], dilations=[2]),
                 h.make_node("LayerNormalization", ["x", "s"], ["ln", "mean"], name="ln")],
                [x], [h.make_tensor_value_info("r", TP.FLOAT, None)],
                [nh.from_array(np.zeros(4, np.int64), "p"),
@@ -116,7 +105,7 @@ def test_unsupported_lists_every_node_with_op_type_and_opset():
     assert msg.startswith("5 unsupported ONNX node(s)") or msg.startswith("6 unsupported")
     assert "'ln': LayerNormalization (opset 19): the Mean/InvStdDev outputs" in msg
     assert "'find': NonZero (opset 19)" in msg and "'rnn': LSTM (opset 19)" in msg
-    assert "Pad (opset 19): mode 'banana'" in msg and "MaxPool" in msg
+    assert "Pad (opset 19): mode 'banana'" in msg and "MaxPool (opset 19): dilations" in msg
     assert "Relu" not in msg
     assert [n[1] for n in e.value.nodes][:3] == ["NonZero", "LSTM", "Pad"]
 
