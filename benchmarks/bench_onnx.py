@@ -3,8 +3,7 @@
 Run:  .venv/bin/python benchmarks/bench_onnx.py [--threads 1] [--runs 50] [--models encoder,mlp,cnn]
 
 Models: the torch.onnx.export outputs committed in tests/fixtures/onnx/ (a post-norm
-transformer encoder layer d=32 seq=6, the digits MLP, the digits CNN when rlxc has
-Tensor.conv2d), each at batch 1 and 64 (their batch axis is dynamic). onnxruntime
+transformer encoder layer d=32 seq=6, the digits MLP, the digits CNN: conv-bn-relu-maxpool x2, global average pool, linear), each at batch 1 and 64 (their batch axis is dynamic). onnxruntime
 runs the same file with the CPUExecutionProvider, intra_op_num_threads = --threads,
 graph optimizations on (ORT_ENABLE_ALL); rlxc runs `from_onnx(...).jit()` with
 set_num_threads(--threads). Both sides alternate in blocks; each prints the median
@@ -84,9 +83,6 @@ def main(argv=None) -> int:
           f"median of {args.runs} calls")
     print(f"{'model':<10}{'batch':>6}{'rlxc us':>12}{'ort us':>12}{'ratio':>8}{'compile s':>11}")
     for name in args.models.split(","):
-        if name == "cnn" and not hasattr(rlxc.Tensor, "conv2d"):
-            print(f"{name:<10}  skipped: rlxc.Tensor has no conv2d in this build")
-            continue
         for b in (int(v) for v in args.batches.split(",")):
             r, o, tc = bench(name, b, args.threads, args.runs)
             print(f"{name:<10}{b:>6}{r * 1e6:>12.1f}{o * 1e6:>12.1f}{o / r:>8.2f}{tc:>11.2f}")

@@ -24,7 +24,7 @@ import rlxc
 from rlxc.onnx_import import with_loss
 from rlxc.optim import AdamW
 
-MODEL = "mlp"   # "cnn" once rlxc.Tensor has conv2d/max_pool2d: the one line to change
+MODEL = "cnn"   # the exported digits CNN (conv-bn-relu-maxpool x2, avg pool, linear); or "mlp"
 SHAPE = {"mlp": (64,), "cnn": (1, 8, 8)}[MODEL]
 EPOCHS, LR = {"mlp": (15, 3e-3), "cnn": (30, 1e-2)}[MODEL]
 HERE = os.path.dirname(os.path.abspath(__file__))
