@@ -1,7 +1,7 @@
 """Data-parallel step of the W4 MLP over MPI: 2 ranks against 1, and the reduction share.
 
 Run:  .venv/bin/python benchmarks/bench_ddp.py [--ranks 2] [--steps 50] [--threads 1]
-                                               [--repeat 3] [--modes allreduce,shm]
+                                               [--repeat 3] [--modes default,shm]
 
 Workload: MLP 784-512-512-10 (ReLU), softmax cross-entropy, global batch 128,
 SGD(0.01) (the MLP of issue W4; 669,706 params, a 2.6 MB gradient buffer).
@@ -9,9 +9,11 @@ SGD(0.01) (the MLP of issue W4; 669,706 params, a 2.6 MB gradient buffer).
 * 1 rank: the fused single-process Trainer (one compiled call per step), in
   this process.
 * N ranks (launched here with `mpiexec -n N`, once per reduce mode of
-  rlxc.distributed.init: "allreduce" = ONE in-place MPI_Allreduce of the flat
-  float32 buffer [grads | loss]; "shm" = the same buffer in an MPI-3
-  shared-memory window, each rank summing its slice, rlxc/reduce_buffer.py):
+  rlxc.distributed.init: "default" = what init() picks with RLXC_DDP_REDUCE
+  unset, ONE in-place MPI_Allreduce of the flat float32 buffer [grads | loss]
+  (the worker reports the mode it got; "allreduce" forces it); "shm" = the
+  opt-in MPI-3 shared-memory window, each rank summing its slice,
+  rlxc/reduce_buffer.py):
   `f.trainer(opt, comm=comm)` on 128/N rows each.  Each rank times its steps
   and the reductions (Comm.allreduce_seconds).  Two fractions:
     in-step  = mean reduction time / mean step time on rank 0; the reduction
@@ -145,6 +147,8 @@ def run_ranks(args, mode: str) -> dict:
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_rmaps_base_oversubscribe="1", RLXC_DDP_REDUCE=mode)
+    if mode == "default":
+        del env["RLXC_DDP_REDUCE"]
     p = subprocess.run([mpiexec, "-n", str(args.ranks), "--oversubscribe", sys.executable,
                         os.path.abspath(__file__), "--worker", "--steps", str(args.steps),
                         "--warmup", str(args.warmup), "--threads", str(args.threads)],
@@ -165,7 +169,7 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--modes", default="allreduce,shm")
+    ap.add_argument("--modes", default="default,shm")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     os.environ["RLXC_NUM_THREADS"] = str(args.threads)
@@ -193,7 +197,8 @@ def main(argv=None) -> int:
         rs = multi[m]
         step = med([r["step_ms"] for r in rs])
         ph = {k: med([r["phases"][k][0] for r in rs]) for k in rs[0]["phases"]}
-        print(f"  {rs[0]['ranks']} ranks, reduce={m} ({rs[0]['rows_per_rank']} rows each, "
+        label = f"{m} = {rs[0]['mode']}" if m == "default" else m
+        print(f"  {rs[0]['ranks']} ranks, reduce={label} ({rs[0]['rows_per_rank']} rows each, "
               f"{rs[0]['buffer_floats']} floats): {step:8.3f} ms/step = "
               f"{one / step:.2f}x the 1-rank speed")
         print("      rank 0 phases (median ms): " + ", ".join(f"{k} {v:.3f}"

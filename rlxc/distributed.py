@@ -25,12 +25,19 @@ Algorithm of a distributed step (rlxc/trainer.py, rlxc/train_split.py)
        n_local / n_total and written into ONE flat float32 buffer
        [g_1 | g_2 | ... | loss];
     2. the buffer is summed over ranks (`reduce_mode`, chosen by init()):
-       "allreduce": one in-place Allreduce(SUM), zero-copy: mpi4py reads and
-       writes the NumPy array the compiled code wrote (buffer protocol);
-       "shm" (default when every rank is on one node): the buffer is this
-       rank's segment of an MPI-3 shared-memory window, each rank sums its
-       slice of all segments into a shared result (no copies; about half the
-       time of the Allreduce on one node, see rlxc/reduce_buffer.py);
+       "allreduce" (the default): ONE in-place MPI_Allreduce(SUM), zero-copy:
+       mpi4py reads and writes the NumPy array the compiled code wrote (buffer
+       protocol); MPI owns the whole collective (algorithm, transport, tuning);
+       "shm" (opt-in; every rank on one node): the buffer is this rank's segment
+       of an MPI-3 shared-memory window and rlxc sums it itself, each rank its
+       slice of all segments into a shared result (about half the time of the
+       Allreduce for the W4 MLP on 2 ranks, rlxc/reduce_buffer.py).  Opt-in
+       because that reduction is a collective of rlxc's own: MPI only provides
+       the memory and the barriers, so MPI's tuned algorithms, its profiling
+       interface (PMPI sees barriers, not a reduction) and a drop-in NCCL comm
+       do not apply to it; the design asks for MPI's Allreduce, not a home-made
+       one.  MPI's own on-node collectives (Open MPI's coll/sm, coll/han) are
+       chosen with its MCA parameters, e.g. OMPI_MCA_coll_sm_priority, no rlxc code;
     3. each rank: clipping (global norm of the averaged grads) and the optimizer
        update, in compiled code; the params stay bitwise equal across ranks.
 
@@ -178,14 +185,16 @@ def init(comm=None, reduce: str | None = None) -> Comm:
     initializes MPI).  Also installs the abort-on-uncaught-exception hook (see the
     module docstring).  Without mpiexec this is a communicator of size 1.
 
-    `reduce` (default: $RLXC_DDP_REDUCE, else "auto") says how a step sums the
-    gradient buffer: "allreduce" (one in-place MPI_Allreduce), "shm" (an MPI-3
-    shared-memory window; every rank must be on one node), "auto" (shm when every
-    rank is on one node, else allreduce).  Collective."""
+    `reduce` (default: $RLXC_DDP_REDUCE, else "allreduce") says how a step sums the
+    gradient buffer: "allreduce" (one in-place MPI_Allreduce; the default), or,
+    opt-in (a reduction written in rlxc over MPI shared memory; see the module
+    docstring for why it is not the default): "shm" (an MPI-3 shared-memory
+    window; every rank must be on one node), "auto" (shm when every rank is on
+    one node, else allreduce).  Collective."""
     import os
 
     if reduce is None:
-        reduce = os.environ.get("RLXC_DDP_REDUCE", "auto")
+        reduce = os.environ.get("RLXC_DDP_REDUCE", "allreduce")
     if reduce not in REDUCE_MODES:
         raise ValueError(f"rlxc.distributed.init: reduce must be one of "
                          f"{', '.join(REDUCE_MODES)}, got {reduce!r}")

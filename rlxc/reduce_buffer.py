@@ -28,6 +28,11 @@ the phases.  Measured on the 2-core development machine for the W4 MLP
 (benchmarks/bench_ddp.py).  Every rank reads the same `result`, so the
 params stay bitwise equal across ranks; the summation order is fixed.
 
+Opt-in only (init(reduce="shm"|"auto") or RLXC_DDP_REDUCE): the default is the
+AllreduceBuffer, because the window reduction is a collective written in rlxc
+(MPI provides the memory and barriers, not the reduction); see
+rlxc/distributed.py.
+
 Memory: the window holds P + 1 buffers on the node (P private buffers for the
 Allreduce path), in /dev/shm; `reduce_mode` "auto" (rlxc/distributed.py)
 picks it only when every rank of the comm is on one node and /dev/shm has

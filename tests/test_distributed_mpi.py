@@ -119,3 +119,15 @@ def test_shared_window_trainer_equals_allreduce_trainer():
     p, _ = run_mpi([REDUCE_WORKER, "trainers"], n=2, timeout=240)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "rank 0: ok" in p.stdout and "rank 1: ok" in p.stdout, p.stdout + p.stderr
+
+
+def test_default_reduce_is_one_mpi_allreduce():
+    """Issue 18 asks for ONE in-place MPI_Allreduce per step: init() with no reduce= and
+    no $RLXC_DDP_REDUCE must use it on one node too; the shared-memory window
+    (a reduction written in rlxc) is only an opt-in (RLXC_DDP_REDUCE=auto|shm)."""
+    env = mpi_env()
+    env.pop("RLXC_DDP_REDUCE", None)
+    cmd = [mpiexec(), "-n", "2", "--oversubscribe", sys.executable, REDUCE_WORKER, "default"]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "rank 0: ok" in p.stdout and "rank 1: ok" in p.stdout, p.stdout + p.stderr

@@ -7,6 +7,9 @@ run under `mpiexec -n N`.
                                        with reduce="allreduce": the params are equal
                                        (bitwise for 2 ranks: a sum of 2 floats has no
                                        order), and bitwise equal across ranks
+    python reduce_worker.py default    init() without reduce= (and RLXC_DDP_REDUCE unset)
+                                       reduces with MPI_Allreduce, not the shared
+                                       window; RLXC_DDP_REDUCE=auto opts in to it
 Any failed check raises, which aborts the job (non-zero exit).
 """
 import os
@@ -77,9 +80,28 @@ def check_trainers():
             else:
                 np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
 
+def check_default():
+    import ddp_worker
+    from rlxc import optim
+    from rlxc.distributed import init
+    from rlxc.reduce_buffer import AllreduceBuffer
+
+    assert "RLXC_DDP_REDUCE" not in os.environ
+    comm = init()
+    assert comm.reduce_mode == "allreduce", comm.reduce_mode
+    tr = ddp_worker.mlp(4).init_randn(seed=0, stddev=0.3).trainer(optim.SGD(0.1), comm=comm)
+    assert isinstance(tr._gbuf, AllreduceBuffer) and tr._gbuf.kind == "allreduce"
+    calls = comm.allreduce_calls
+    x, y = ddp_worker.data(4, 1)[0]
+    tr.step({"x": x, "y": y})
+    assert comm.allreduce_calls == calls + 1   # ONE Allreduce per step
+    os.environ["RLXC_DDP_REDUCE"] = "auto"   # the opt-in, on one node: the window
+    assert init().reduce_mode == "shm"
+
 
 if __name__ == "__main__":
-    {"buffer": check_buffer, "trainers": check_trainers}[sys.argv[1]]()
+    {"buffer": check_buffer, "trainers": check_trainers,
+     "default": check_default}[sys.argv[1]]()
     from mpi4py import MPI
 
     print(f"rank {MPI.COMM_WORLD.Get_rank()}: ok", flush=True)
