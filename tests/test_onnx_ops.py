@@ -191,3 +191,82 @@ def test_dangling_names_are_named():
     m = _model([h.make_node("Relu", ["x"], ["r"])], [x], [y])
     with pytest.raises(OnnxImportError, match="graph output 'y' is computed by no node"):
         rlxc.from_onnx(m)
+
+
+# -- pool gradients through the explicit-padding path (asymmetric pads, ceil_mode) --------
+def _np_pool(x, kind, k, s, lo, hi, ceil, count_pads):
+    """NumPy MaxPool/AveragePool (ONNX semantics, window by window) and its VJP."""
+    n, c, H, W = x.shape
+    outs = []
+    for d, kk, ss, a, b in zip((H, W), k, s, lo, hi):
+        span = d + a + b - kk
+        o = (-(-span // ss) if ceil else span // ss) + 1
+        if ceil and (o - 1) * ss >= d + a:
+            o -= 1
+        outs.append(o)
+    y = np.zeros((n, c, *outs))
+    back = []   # (out index, [(pixel index, weight)])
+    for i in range(outs[0]):
+        for j in range(outs[1]):
+            r0, c0 = i * s[0] - lo[0], j * s[1] - lo[1]
+            rows = [r for r in range(r0, r0 + k[0]) if 0 <= r < H]
+            cols = [q for q in range(c0, c0 + k[1]) if 0 <= q < W]
+            win = x[:, :, rows][:, :, :, cols].reshape(n, c, -1)
+            if kind == "max":
+                y[:, :, i, j] = win.max(-1)
+                back.append(((i, j), rows, cols, None))
+            else:
+                cnt = (len(rows) * len(cols)) if not count_pads else \
+                    (len([r for r in range(r0, r0 + k[0]) if -lo[0] <= r < H + hi[0]])
+                     * len([q for q in range(c0, c0 + k[1]) if -lo[1] <= q < W + hi[1]]))
+                y[:, :, i, j] = win.sum(-1) / cnt
+                back.append(((i, j), rows, cols, cnt))
+
+    def vjp(dy):
+        dx = np.zeros_like(x)
+        for (i, j), rows, cols, cnt in back:
+            for b in range(n):
+                for ch in range(c):
+                    if cnt is None:
+                        win = x[b, ch][np.ix_(rows, cols)]
+                        r, q = np.unravel_index(np.argmax(win), win.shape)
+                        dx[b, ch, rows[r], cols[q]] += dy[b, ch, i, j]
+                    else:
+                        dx[b, ch][np.ix_(rows, cols)] += dy[b, ch, i, j] / cnt
+        return dx
+    return y, vjp
+
+
+POOL_GRAD_CASES = [
+    ("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)),
+    ("MaxPool", dict(kernel_shape=[2, 2], pads=[0, 1, 1, 0])),
+    ("AveragePool", dict(kernel_shape=[3, 2], strides=[2, 2], pads=[1, 1, 1, 0], ceil_mode=1,
+                         count_include_pad=1)),
+    ("AveragePool", dict(kernel_shape=[3, 3], pads=[1, 0, 0, 2])),
+]
+
+
+@pytest.mark.parametrize("op,at", POOL_GRAD_CASES,
+                         ids=[f"{o}-{i}" for i, (o, _) in enumerate(POOL_GRAD_CASES)])
+def test_pool_gradient_asymmetric_ceil_against_numpy(op, at):
+    """Fine-tuning through a MaxPool/AveragePool that needs the explicit-padding path:
+    the gradient of an mse loss w.r.t. the pooled tensor (an initializer, so a param)
+    equals a window-by-window NumPy VJP (reference interpreter and compiled CPU code)."""
+    from rlxc.onnx_import import with_loss
+
+    rng = np.random.default_rng(5)
+    img = rng.normal(size=(2, 2, 5, 7)).astype(np.float32)
+    m = _model([h.make_node(op, ["img"], ["y"], **at)], [],
+               [h.make_tensor_value_info("y", TP.FLOAT, None)], [nh.from_array(img, "img")])
+    f = rlxc.from_onnx(m)
+    k, s = at["kernel_shape"], at.get("strides", [1, 1])
+    p = at.get("pads", [0, 0, 0, 0])
+    want, vjp = _np_pool(img.astype(np.float64), "max" if op == "MaxPool" else "avg", k, s,
+                         p[:2], p[2:], at.get("ceil_mode", 0), at.get("count_include_pad", 0))
+    np.testing.assert_allclose(f.run_on("interp")[0], want, rtol=1e-5, atol=1e-6)
+    labels = rng.normal(size=want.shape).astype(np.float32)
+    dy = 2 * (want - labels) / want.size            # d mean((y - labels)^2) / dy
+    for device in ("interp", "cpu"):
+        loss, g = with_loss(f, "mse").value_and_grad_all().run_on(device, labels=labels)
+        np.testing.assert_allclose(float(loss), np.mean((want - labels) ** 2), rtol=1e-5)
+        np.testing.assert_allclose(g, vjp(dy), rtol=1e-4, atol=1e-6, err_msg=device)
