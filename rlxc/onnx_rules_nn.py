@@ -163,6 +163,10 @@ def pool(kind: str):
         if simple and (not any(lo) or at.get("count_include_pad", 0)):
             return x.avg_pool2d(_one(k), stride=_one(strides), padding=_one(lo))
         # explicit padding to the last window's end, then an unpadded pool
+        real = _pool_counts(x.shape[2:], k, strides, lo, hi, extra, False)
+        if not real.all():
+            raise OnnxImportError(f"pads {lo + hi} with kernel {k}: a window covers "
+                                  "only padding")
         end = [b + e for b, e in zip(hi, extra)]
         xp = x
         if any(lo) or any(end):
@@ -176,8 +180,8 @@ def pool(kind: str):
                 xp = where(cx.s.constant(inside, "i1"), xp, -np.inf)
             return xp.max_pool2d(_one(k), stride=_one(strides))
         y = xp.avg_pool2d(_one(k), stride=_one(strides))
-        counts = _pool_counts(x.shape[2:], k, strides, lo, hi, extra,
-                              bool(at.get("count_include_pad", 0)))
+        counts = _pool_counts(x.shape[2:], k, strides, lo, hi, extra, True) \
+            if at.get("count_include_pad", 0) else real
         return y * cx.s.constant((k[0] * k[1] / counts).astype(np.float32), x.dtype)
     return fn
 

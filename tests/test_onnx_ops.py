@@ -270,3 +270,13 @@ def test_pool_gradient_asymmetric_ceil_against_numpy(op, at):
         loss, g = with_loss(f, "mse").value_and_grad_all().run_on(device, labels=labels)
         np.testing.assert_allclose(float(loss), np.mean((want - labels) ** 2), rtol=1e-5)
         np.testing.assert_allclose(g, vjp(dy), rtol=1e-4, atol=1e-6, err_msg=device)
+
+
+def test_pool_window_of_only_padding_is_named():
+    x = h.make_tensor_value_info("x", TP.FLOAT, (1, 1, 4, 4))
+    m = _model([h.make_node("AveragePool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2],
+                            pads=[0, 0, 2, 0], name="ap")], [x],
+               [h.make_tensor_value_info("y", TP.FLOAT, None)])
+    with pytest.raises(OnnxImportError, match=r"node 'ap' \(AveragePool\).*a window covers "
+                                              "only padding"):
+        rlxc.from_onnx(m)
