@@ -19,7 +19,8 @@ from xdsl.dialects import func
 
 from .module import get_func, outputs
 from .ops import OPS, RlxOp
-from .types import NP_DTYPES, dense_value, dtype_of
+from .symdims import bind_sizes, resolve_value
+from .types import NP_DTYPES, dense_value, dtype_of, shape_of
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 
@@ -250,6 +251,7 @@ def interpret(module, args: list[np.ndarray], float_dtype=np.float32) -> list[np
     env = {}
     for v, a in zip(f.args, args):
         env[v] = np.asarray(a, dtype=_np_dtype(dtype_of(v.type), float_dtype))
+    sizes = _sizes(f, [env[v] for v in f.args])   # each dynamic dim's size in this call
     with np.errstate(all="ignore"):
         for op in f.body.block.ops:
             if isinstance(op, func.ReturnOp):
@@ -267,9 +269,27 @@ def interpret(module, args: list[np.ndarray], float_dtype=np.float32) -> list[np
                 rule = EVAL_RULES.get(op.name)
                 if rule is None or not isinstance(op, RlxOp):
                     raise NotImplementedError(f"interpreter: no rule for {op.name}")
-                val = rule(*[env[o] for o in op.operands], **op.params())
+                params = op.params()
+                if sizes:
+                    params = {k: resolve_value(p, sizes) for k, p in params.items()}
+                val = rule(*[env[o] for o in op.operands], **params)
                 val = np.asarray(val)
                 if val.dtype != rdt:
                     val = val.astype(rdt)
             env[op.results[0]] = val
     return [np.array(env[v]) for v in outputs(f)]
+
+
+class _ArgShape:
+    __slots__ = ("name", "kind", "shape")
+
+    def __init__(self, i, v):
+        self.name, self.kind, self.shape = f"#{i}", "argument", shape_of(v.type)
+
+
+def _sizes(f, arrays) -> dict:
+    """The size of every dynamic dim (symbol) of `f`'s arguments in this call."""
+    args = [_ArgShape(i, v) for i, v in enumerate(f.args)]
+    if not any(isinstance(d, str) for a in args for d in a.shape):
+        return {}
+    return bind_sizes(args, [a.shape for a in arrays], "interpreter")

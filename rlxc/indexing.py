@@ -156,6 +156,12 @@ def getitem(x, key):
             k %= d
             starts.append(k), limits.append(k + 1), strides.append(1)
             drop.append(ax)
+        elif it[0] == "slice" and isinstance(d, str):   # a dynamic dim: whole slices only
+            sl = it[1]
+            if sl.start not in (None, 0) or sl.stop is not None or sl.step not in (None, 1):
+                raise ShapeError(f"index {sl} on axis {ax}: dimension {d!r} is dynamic; "
+                                 "it is only sliced whole ([:])")
+            starts.append(0), limits.append(d), strides.append(1)
         elif it[0] == "slice":
             s, l, st = it[1].indices(d)
             n = len(range(s, l, st))
