@@ -182,3 +182,35 @@ def test_rlxc_opt_round_trip(tmp_path):
     x, y = _data(5)
     want = f.grad(["w1"]).run_on("interp", x=x, y=y, **f.params())[0]
     np.testing.assert_allclose(g.run_on("interp", x=x, y=y, **f.params())[0], want, rtol=1e-6)
+
+
+# -- native backends: one static program per distinct set of sizes (rlxc/dynamic.py) ----
+
+def test_cpu_runs_any_size_and_caches_per_size():
+    from rlxc.backends import STATS
+
+    f = _mlp("B")
+    j = f.jit_on("cpu")
+    for B in (1, 7, 64, 7):
+        x, y = _data(B)
+        np.testing.assert_allclose(f.run_on("cpu", x=x, y=y)[0], _ref_mlp(f, x, y), rtol=1e-4)
+        np.testing.assert_allclose(j.run(x=x, y=y)[0], _ref_mlp(f, x, y), rtol=1e-4)
+    before = STATS["compiles"]
+    x, y = _data(7)
+    j.run(x=x, y=y)
+    f.run_on("cpu", x=x, y=y)
+    assert STATS["compiles"] == before          # a size seen before compiles nothing
+    with pytest.raises(ShapeError, match="dimension 'B' is 3 from input 'x' but 2"):
+        j.run(x=np.ones((3, 12), np.float32), y=np.zeros(2, np.int32))
+    with pytest.raises(ValueError, match="dimension 'B' is 0"):
+        f.run_on("cpu", x=np.ones((0, 12), np.float32), y=np.zeros(0, np.int32))
+
+
+def test_specialize():
+    f = _mlp("B")
+    g = f.specialize(B=5)
+    assert g.input_shape_of("x") == (5, 12) and not g.is_dynamic() and f.is_dynamic()
+    x, y = _data(5)
+    np.testing.assert_allclose(g.run_on("interp", x=x, y=y)[0], f.run_on("interp", x=x, y=y)[0])
+    with pytest.raises(ValueError, match="give a size for"):
+        f.specialize()

@@ -1,0 +1,90 @@
+"""Running a Func with dynamic dims (symbols) on a native backend.
+
+    Func with ("B", 784) inputs
+          │ bind_sizes(signature, the call's array shapes)   {"B": 32}: checked per call
+          │ specialized(func, sizes): dialect/specialize.py + cleanup, memoised per sizes
+          ▼
+    a static Func at those sizes -> the backend's executor / jit (compile cache as usual)
+
+The NumPy interpreter runs dynamic modules directly; the CPU and CUDA backends
+get one static program per distinct set of sizes: the first call at a new size
+compiles (then memory and disk caches serve it, like any Func).  Native code
+whose loop bounds come from the call's sizes (one library for every size,
+issue 14) replaces this path when it lands; the interface stays the same.
+"""
+from __future__ import annotations
+
+import threading
+
+from rlxc.runtime.dims import bind_sizes, is_dynamic
+
+_specs: dict = {}
+_lock = threading.Lock()
+MAX_SPECS = 256
+
+
+def is_dynamic_func(func) -> bool:
+    return any(is_dynamic(a.shape) for a in func.signature())
+
+
+def sizes_of(func, arrays, what: str = "run") -> dict:
+    """Each symbol's size in this call (arrays in signature order), checked."""
+    return bind_sizes(func.signature(), [a.shape for a in arrays], what)
+
+
+def specialized(func, sizes: dict):
+    """`func` with its symbols fixed to `sizes`: a static Func, params carried over."""
+    key = (func.trace_hash(), tuple(sorted(sizes.items())))
+    mod = _specs.get(key)
+    if mod is None:
+        from rlxc.dialect.passes import cleanup
+        from rlxc.dialect.specialize import specialize
+
+        mod = cleanup(specialize(func.module, sizes))
+        with _lock:
+            if len(_specs) >= MAX_SPECS:
+                _specs.pop(next(iter(_specs)))
+            _specs[key] = mod
+    return func.with_module(mod)
+
+
+class SizedExecutor:
+    """`.run(arrays)` for a dynamic Func on a native backend (one program per sizes)."""
+
+    def __init__(self, func, backend, options: dict):
+        self.func, self.backend, self.options = func, backend, options
+
+    def run(self, arrays):
+        g = specialized(self.func, sizes_of(self.func, arrays, f"{self.func.name}.run"))
+        return self.backend.executor(g, **self.options).run(arrays)
+
+
+class SizedJitted:
+    """`Func.jit()` of a dynamic Func: `.run(**inputs)` at any sizes."""
+
+    def __init__(self, func, backend, options: dict):
+        self.func, self.backend, self.options = func, backend, options
+        self._jits: dict = {}
+
+    def run(self, *args, **inputs) -> list:
+        arrays = self.func.bind_call(args, inputs, f"{self.func.name}.run")
+        sizes = sizes_of(self.func, arrays, f"{self.func.name}.run")
+        key = tuple(sorted(sizes.items()))
+        j = self._jits.get(key)
+        if j is None:
+            j = self._jits[key] = self.backend.jit(specialized(self.func, sizes),
+                                                   **self.options)
+        given = set(inputs) | (set(args[0]) if args else set())  # params given override
+        return j.run(**{a.name: x for a, x in zip(self.func.signature(), arrays)
+                        if a.kind == "input" or a.name in given})
+
+    __call__ = run
+
+    def with_param(self, name: str, data) -> "SizedJitted":
+        return SizedJitted(self.func.with_param(name, data), self.backend, self.options)
+
+    def with_params(self, params: dict) -> "SizedJitted":
+        return SizedJitted(self.func.with_params(params), self.backend, self.options)
+
+    def __repr__(self):
+        return f"SizedJitted({self.func.name!r}, {self.backend.name!r})"
