@@ -48,6 +48,14 @@ def specialized(func, sizes: dict):
     return func.with_module(mod)
 
 
+def executor_for(backend, func, **options):
+    """`backend.executor(func)`, or a SizedExecutor when `func` has dynamic dims and the
+    backend compiles native code (the interpreter runs symbols itself)."""
+    if backend.native and is_dynamic_func(func):
+        return SizedExecutor(func, backend, options)
+    return backend.executor(func, **options)
+
+
 class SizedExecutor:
     """`.run(arrays)` for a dynamic Func on a native backend (one program per sizes)."""
 

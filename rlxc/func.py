@@ -305,11 +305,9 @@ class Func:
         reference), see `rlxc.registry.devices()`."""
         b = backend(device)
         arrays = self.bind_call(args, inputs, f"{self.name}.run")
-        if b.native and self.is_dynamic():   # one static program per sizes (rlxc/dynamic.py)
-            from .dynamic import SizedExecutor
+        from .dynamic import executor_for   # dynamic dims: one program per sizes
 
-            return SizedExecutor(self, b, {}).run(arrays)
-        return b.executor(self).run(arrays)
+        return executor_for(b, self).run(arrays)
 
     def jit(self):
         """A `Jitted` for the default device: compiled once, `.run` does no cache lookup."""

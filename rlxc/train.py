@@ -164,7 +164,9 @@ class StepProgram:
     def executor(self, device: str):
         ex = self.executors.get(device)
         if ex is None:
-            ex = backend(device).executor(self.func)
+            from .dynamic import executor_for
+
+            ex = executor_for(backend(device), self.func)   # dynamic dims: per-sizes programs
             self.executors[device] = ex
         return ex
 

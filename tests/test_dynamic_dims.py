@@ -214,3 +214,23 @@ def test_specialize():
     np.testing.assert_allclose(g.run_on("interp", x=x, y=y)[0], f.run_on("interp", x=x, y=y)[0])
     with pytest.raises(ValueError, match="give a size for"):
         f.specialize()
+
+
+@pytest.mark.parametrize("device", ["cpu", "interp"])
+def test_train_step_and_trainer_any_batch(device):
+    f = _mlp("B")
+    sizes = (8, 8, 3)                           # the last partial batch
+    g, opt_d = f, rlxc.optim.SGD(0.1)
+    tr = f.trainer(rlxc.optim.SGD(0.1), device=device)
+    ref, opt_s = f, rlxc.optim.SGD(0.1)
+    for B in sizes:
+        x, y = _data(B)
+        g, loss = g.train_step(opt_d, {"x": x, "y": y}, device=device)
+        lt = tr.step({"x": x, "y": y})
+        s = ref.specialize(B=B)                 # oracle: the static step at this size
+        s, want = s.train_step(opt_s, {"x": x, "y": y}, device="interp")
+        ref = f.with_params(s.params())
+        np.testing.assert_allclose([loss, lt], [want, want], rtol=1e-5)
+    for n, w in ref.params().items():
+        np.testing.assert_allclose(g.params()[n], w, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(tr.func.params()[n], w, rtol=1e-5, atol=1e-6)
