@@ -315,6 +315,29 @@ def load_source(src: str, verbose: bool = False):
     return f
 
 
+def _fix_dims(f, dims):
+    """`f` with the --dims sizes fixed; a Func with dynamic dims needs them all (its AOT
+    library is built at one size: the size-generic C ABI of issue 14 is not there yet)."""
+    sizes = {}
+    for d in dims:
+        k, sep, v = d.partition("=")
+        if not sep or not k or not v.strip().isdigit() or int(v) < 1:
+            raise click.BadParameter(f"{d!r}: expected NAME=SIZE with SIZE >= 1",
+                                     param_hint="'--dims'")
+        sizes[k.strip()] = int(v)
+    syms = [x for a in f.signature() for x in a.shape if isinstance(x, str)]
+    unknown = sorted(set(sizes) - set(syms))
+    if unknown:
+        raise click.BadParameter(f"{unknown}: not a dynamic dimension of {f.name!r} "
+                                 f"(its dimensions: {sorted(set(syms))})", param_hint="'--dims'")
+    missing = sorted(set(syms) - set(sizes))
+    if missing:
+        raise click.ClickException(
+            f"the Func {f.name!r} has dynamic dimensions {missing}: an AOT library is built "
+            f"at one size for now; pass --dims {missing[0]}=SIZE")
+    return f.specialize(**sizes) if sizes else f
+
+
 def _user_error(what: str, e: BaseException, verbose: bool):
     if verbose:
         traceback.print_exc()
@@ -505,8 +528,10 @@ class _Command(click.Command):
 @click.option("--max-grad-norm", type=float, default=0.0, show_default=True,
               help="Clip gradients to this global norm in the train step (0: off).")
 @click.option("-v", "--verbose", is_flag=True, help="Print per-stage timings (stderr).")
+@click.option("--dims", "dims", multiple=True, metavar="NAME=SIZE",
+              help="Fix a dynamic dimension for the library (B=32); repeatable.")
 def compile_cmd(src, outdir, name, target, cpu, transforms, params_file, emit, train, optimizer,
-                lr, weight_decay, momentum, max_grad_norm, verbose):
+                lr, weight_decay, momentum, max_grad_norm, verbose, dims=()):
     """Compile SRC (path/model.py:factory or model.mlir) into OUTDIR.
 
     Writes libNAME.so, NAME.h (C ABI), NAME.json (metadata, sha256) and the
@@ -547,6 +572,7 @@ def compile_cmd(src, outdir, name, target, cpu, transforms, params_file, emit, t
                     raise click.BadParameter(str(e), param_hint="'--transform'") from None
                 except NameLookupError as e:
                     raise click.BadParameter(str(e), param_hint="'--transform'") from None
+        f = _fix_dims(f, dims)
         baked = dict(f.params())
         if params_file:
             with progress.stage("load params"):

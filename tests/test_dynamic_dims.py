@@ -234,3 +234,20 @@ def test_train_step_and_trainer_any_batch(device):
     for n, w in ref.params().items():
         np.testing.assert_allclose(g.params()[n], w, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(tr.func.params()[n], w, rtol=1e-5, atol=1e-6)
+
+
+def test_aot_compile_needs_dims_and_builds_at_a_size(tmp_path):
+    from click.testing import CliRunner
+
+    from rlxc.cli.main import main
+
+    f = _mlp("B")
+    src = tmp_path / "m.mlir"
+    src.write_text(f.mlir())
+    r = CliRunner().invoke(main, ["compile", str(src), "-o", str(tmp_path / "a")])
+    assert r.exit_code != 0 and "dynamic dimensions ['B']" in r.output and "--dims B=" in r.output
+    r = CliRunner().invoke(main, ["compile", str(src), "-o", str(tmp_path / "a"), "--dims", "C=3"])
+    assert r.exit_code == 2 and "not a dynamic dimension" in r.output
+    r = CliRunner().invoke(main, ["compile", str(src), "--emit", "rlx", "--dims", "B=5"])
+    assert r.exit_code == 0, r.output
+    assert "tensor<5x12xf32>" in r.output and "?" not in r.output
