@@ -32,20 +32,23 @@ def sizes_of(func, arrays, what: str = "run") -> dict:
     return bind_sizes(func.signature(), [a.shape for a in arrays], what)
 
 
-def specialized(func, sizes: dict):
-    """`func` with its symbols fixed to `sizes`: a static Func, params carried over."""
+def specialized(func, sizes: dict, params: bool = True):
+    """`func` with its symbols fixed to `sizes`: a static Func, params carried over.
+    Memoised per (IR, sizes): the static Func (and so its IR hash) is made once.
+    `params=False`: without `func`'s bindings (for callers that pass every param)."""
     key = (func.trace_hash(), tuple(sorted(sizes.items())))
-    mod = _specs.get(key)
-    if mod is None:
+    g = _specs.get(key)
+    if g is None:
         from rlxc.dialect.passes import cleanup
         from rlxc.dialect.specialize import specialize
 
-        mod = cleanup(specialize(func.module, sizes))
+        g = func.with_module(cleanup(specialize(func.module, sizes)))
+        g.ir_hash()
         with _lock:
             if len(_specs) >= MAX_SPECS:
                 _specs.pop(next(iter(_specs)))
-            _specs[key] = mod
-    return func.with_module(mod)
+            _specs[key] = g
+    return g.with_params(func.params()) if params and func.params() else g
 
 
 def executor_for(backend, func, **options):
@@ -61,10 +64,16 @@ class SizedExecutor:
 
     def __init__(self, func, backend, options: dict):
         self.func, self.backend, self.options = func, backend, options
+        self._ex: dict = {}
 
     def run(self, arrays):
-        g = specialized(self.func, sizes_of(self.func, arrays, f"{self.func.name}.run"))
-        return self.backend.executor(g, **self.options).run(arrays)
+        sizes = sizes_of(self.func, arrays, f"{self.func.name}.run")
+        key = tuple(sorted(sizes.items()))
+        ex = self._ex.get(key)
+        if ex is None:   # arrays carry the params: the static Func's own bindings are unused
+            ex = self._ex[key] = self.backend.executor(specialized(self.func, sizes, False),
+                                                       **self.options)
+        return ex.run(arrays)
 
 
 class SizedJitted:
