@@ -89,6 +89,31 @@ def test_transforms_keep_symbols(B, how):
         assert fd.input_shape_of("x") == ("B", 12)
 
 
+OPS = {   # unary compositions on a ("B", 4) input, compared with the static trace
+    "mse": lambda x: x.mse(x * 2), "rms_norm": lambda x: x.rms_norm(),
+    "logsumexp": lambda x: x.logsumexp(-1), "log_softmax0": lambda x: x.log_softmax(0),
+    "expand_squeeze": lambda x: x.expand_dims(1).squeeze(1) * x.expand_dims(0).sum(0),
+    "where": lambda x: rlxc.tensor.where(x > 0, x, 0.0), "take1": lambda x: x.take([0, 2], 1),
+    "index": lambda x: x[:, 1] + x[None, :, 1:3].sum((0, 2)), "flip1": lambda x: x.flip(1),
+    "clip_mod": lambda x: x.clip(-0.5, 0.5) + x % 0.3, "prod_max": lambda x: x.prod(0) * x.max(0),
+    "xTx": lambda x: x.T @ x, "vecmat": lambda x: x @ np.ones(4, np.float32),
+    "gather1": lambda x: x.gather(np.array([3, 0], np.int32), axis=1),
+}
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_ops_values_grads_jvps(name):
+    fn = OPS[name]
+    fd = rlxc.Func(name, lambda s: fn(s.input("x", ("B", 4))))
+    for B in (1, 5):
+        fs = rlxc.Func(name, lambda s: fn(s.input("x", (B, 4))))
+        x = np.random.default_rng(B).normal(size=(B, 4)).astype(np.float32)
+        for t in (lambda f: f, lambda f: f.grad(["x"]), lambda f: f.jvp(["x"])):
+            kw = {"x": x, "tangent_x": x} if "tangent_x" in t(fd).input_names() else {"x": x}
+            for a, b in zip(t(fd).run_on("interp", **kw), t(fs).run_on("interp", **kw)):
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("B", (1, 7))
 def test_layer_norm_softmax_reshape_chain(B):
     def build(shape):
@@ -146,6 +171,9 @@ def test_none_is_a_fresh_symbol():
     (lambda s: s.input("x", ("B", 3))[1:], "only sliced whole"),
     (lambda s: s.input("x", ("B", 3)).narrow(0, 1, 2), "only sliced whole"),
     (lambda s: s.param("w", ("B", 3)), "params are static"),
+    (lambda s: s.input("x", ("B", 3))[-1], "dimension 'B' is dynamic"),
+    (lambda s: s.input("x", ("B", 3)).take([0, 1], 0), "dimension 'B' is dynamic"),
+    (lambda s: s.input("x", ("B", 3)).flip(0), "dimension 'B' is dynamic"),
 ])
 def test_trace_errors_name_the_symbol(build, match):
     with pytest.raises(ShapeError, match=match):
