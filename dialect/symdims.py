@@ -49,14 +49,14 @@ def fresh() -> str:
     return f"?{next(_anon)}"
 
 
-def user_dims(shape, what: str) -> tuple:
-    """A user's shape: ints, symbol names (str) or None (a fresh symbol)."""
+def user_dims(shape, what: str, new=fresh) -> tuple:
+    """A user's shape: ints, symbol names (str) or None (a fresh symbol from `new`)."""
     dims = tuple(shape) if hasattr(shape, "__iter__") and not isinstance(shape, str) \
         else (shape,)
     out = []
     for d in dims:
         if d is None:
-            out.append(fresh())
+            out.append(new())
         elif isinstance(d, str):
             if not d or not (d[0].isalpha() or d[0] == "_") or \
                     not d.replace("_", "a").replace(".", "a").isalnum():

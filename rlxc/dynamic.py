@@ -82,6 +82,7 @@ class SizedJitted:
     def __init__(self, func, backend, options: dict):
         self.func, self.backend, self.options = func, backend, options
         self._jits: dict = {}
+        self._threads = None
 
     def run(self, *args, **inputs) -> list:
         arrays = self.func.bind_call(args, inputs, f"{self.func.name}.run")
@@ -91,11 +92,19 @@ class SizedJitted:
         if j is None:
             j = self._jits[key] = self.backend.jit(specialized(self.func, sizes),
                                                    **self.options)
+            if self._threads is not None:
+                j.set_num_threads(self._threads)
         given = set(inputs) | (set(args[0]) if args else set())  # params given override
         return j.run(**{a.name: x for a, x in zip(self.func.signature(), arrays)
                         if a.kind == "input" or a.name in given})
 
     __call__ = run
+
+    def set_num_threads(self, n: int) -> None:
+        """Threads of every program built so far and of those built later."""
+        self._threads = int(n)
+        for j in self._jits.values():
+            j.set_num_threads(self._threads)
 
     def with_param(self, name: str, data) -> "SizedJitted":
         return SizedJitted(self.func.with_param(name, data), self.backend, self.options)

@@ -55,6 +55,11 @@ class GraphScope:
         self.trace = Trace()
         self.args: list[Arg] = self.trace.args
         self._splats: dict = {}  # (value bytes, dtype, shape) -> Tensor: one per scalar use
+        self._anon = 0           # anonymous dims (None in a shape): ?1, ?2, ... per scope
+
+    def _fresh(self) -> str:
+        self._anon += 1
+        return f"?{self._anon}"
 
     # -- leaves ----------------------------------------------------------
     def _arg(self, name: str, shape, dtype: str, kind: str) -> "Tensor":
@@ -65,7 +70,7 @@ class GraphScope:
                              f"{next(a.kind for a in self.args if a.name == name)}")
         if dtype not in DTYPES:
             raise TypeError(f"{kind} {name!r}: unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
-        shape = sd.user_dims(shape, f"{kind} {name!r}") if kind == "input" else \
+        shape = sd.user_dims(shape, f"{kind} {name!r}", self._fresh) if kind == "input" else \
             _param_dims(shape, name)
         if any(not sd.is_sym(d) and d < 0 for d in shape):
             raise ShapeError(f"{kind} {name!r}: negative dimension in {shape}")
