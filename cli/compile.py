@@ -316,25 +316,25 @@ def load_source(src: str, verbose: bool = False):
 
 
 def _fix_dims(f, dims):
-    """`f` with the --dims sizes fixed; a Func with dynamic dims needs them all (its AOT
+    """`f` with the --sizes sizes fixed; a Func with dynamic dims needs them all (its AOT
     library is built at one size: the size-generic C ABI of issue 14 is not there yet)."""
     sizes = {}
     for d in dims:
         k, sep, v = d.partition("=")
         if not sep or not k or not v.strip().isdigit() or int(v) < 1:
             raise click.BadParameter(f"{d!r}: expected NAME=SIZE with SIZE >= 1",
-                                     param_hint="'--dims'")
+                                     param_hint="'--sizes'")
         sizes[k.strip()] = int(v)
     syms = [x for a in f.signature() for x in a.shape if isinstance(x, str)]
     unknown = sorted(set(sizes) - set(syms))
     if unknown:
         raise click.BadParameter(f"{unknown}: not a dynamic dimension of {f.name!r} "
-                                 f"(its dimensions: {sorted(set(syms))})", param_hint="'--dims'")
+                                 f"(its dimensions: {sorted(set(syms))})", param_hint="'--sizes'")
     missing = sorted(set(syms) - set(sizes))
     if missing:
         raise click.ClickException(
             f"the Func {f.name!r} has dynamic dimensions {missing}: an AOT library is built "
-            f"at one size for now; pass --dims {missing[0]}=SIZE")
+            f"at one size for now; pass --sizes {missing[0]}=SIZE")
     return f.specialize(**sizes) if sizes else f
 
 
@@ -528,7 +528,7 @@ class _Command(click.Command):
 @click.option("--max-grad-norm", type=float, default=0.0, show_default=True,
               help="Clip gradients to this global norm in the train step (0: off).")
 @click.option("-v", "--verbose", is_flag=True, help="Print per-stage timings (stderr).")
-@click.option("--dims", "dims", multiple=True, metavar="NAME=SIZE",
+@click.option("--sizes", "dims", multiple=True, metavar="NAME=SIZE",
               help="Fix a dynamic dimension for the library (B=32); repeatable.")
 def compile_cmd(src, outdir, name, target, cpu, transforms, params_file, emit, train, optimizer,
                 lr, weight_decay, momentum, max_grad_norm, verbose, dims=()):

@@ -276,9 +276,9 @@ def test_aot_compile_needs_dims_and_builds_at_a_size(tmp_path):
     src = tmp_path / "m.mlir"
     src.write_text(f.mlir())
     r = CliRunner().invoke(main, ["compile", str(src), "-o", str(tmp_path / "a")])
-    assert r.exit_code != 0 and "dynamic dimensions ['B']" in r.output and "--dims B=" in r.output
-    r = CliRunner().invoke(main, ["compile", str(src), "-o", str(tmp_path / "a"), "--dims", "C=3"])
+    assert r.exit_code != 0 and "dynamic dimensions ['B']" in r.output and "--sizes B=" in r.output
+    r = CliRunner().invoke(main, ["compile", str(src), "-o", str(tmp_path / "a"), "--sizes", "C=3"])
     assert r.exit_code == 2 and "not a dynamic dimension" in r.output
-    r = CliRunner().invoke(main, ["compile", str(src), "--emit", "rlx", "--dims", "B=5"])
+    r = CliRunner().invoke(main, ["compile", str(src), "--emit", "rlx", "--sizes", "B=5"])
     assert r.exit_code == 0, r.output
     assert "tensor<5x12xf32>" in r.output and "?" not in r.output
