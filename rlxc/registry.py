@@ -190,7 +190,7 @@ class CpuBackend(Backend):
         from rlxc.backends import library_for
 
         self.target.require()
-        if prog.func.is_dynamic():   # dynamic dims: the executor loop (rlxc/dynamic.py)
+        if getattr(prog, "dynamic", False):   # dynamic dims: the executor loop (rlxc/dynamic.py)
             return super().step_engine(prog, args, state_pos)
         # found by the step's alias when compiled before: no trace, no transform
         lib = library_for(prog.cache_alias(), lambda: prog.func, self.name,
