@@ -83,8 +83,19 @@ class SizedJitted:
         self.func, self.backend, self.options = func, backend, options
         self._jits: dict = {}
         self._threads = None
+        self._dyn = [a for a in func.signature() if a.kind == "input" and is_dynamic(a.shape)]
 
     def run(self, *args, **inputs) -> list:
+        if not args and self._dyn is not None:   # fast path: sizes from the dynamic inputs
+            try:
+                shapes = [getattr(inputs[a.name], "shape", None) for a in self._dyn]
+            except KeyError:
+                shapes = None                         # the full path names what is missing
+            if shapes is not None and None not in shapes:
+                sizes = bind_sizes(self._dyn, shapes, f"{self.func.name}.run")
+                j = self._jits.get(tuple(sorted(sizes.items())))
+                if j is not None:                     # it checks every other shape itself
+                    return j.run(**inputs)
         arrays = self.func.bind_call(args, inputs, f"{self.func.name}.run")
         sizes = sizes_of(self.func, arrays, f"{self.func.name}.run")
         key = tuple(sorted(sizes.items()))
@@ -114,3 +125,66 @@ class SizedJitted:
 
     def __repr__(self):
         return f"SizedJitted({self.func.name!r}, {self.backend.name!r})"
+
+
+class SizedEngine:
+    """The Trainer's engine (runtime.call.ResidentCall's interface: set_arg, run, get_arg,
+    read) for a step with dynamic dims on the CPU: one ResidentCall per set of sizes,
+    params and optimizer state resident; when the sizes change, the state moves into
+    the engine of the new sizes (a copy of the params and slots, once per change)."""
+
+    def __init__(self, prog, make_engine, args: list, state_pos: list[int]):
+        self.prog = prog
+        self.make_engine = make_engine       # (static step Func, args) -> ResidentCall
+        self.args = list(args)
+        self.state_pos = list(state_pos)
+        self._state = set(state_pos)
+        self.engines: dict = {}
+        self.cur = None
+        self.cur_key = None
+
+    def set_arg(self, p: int, a) -> None:
+        if p in self._state:
+            raise ValueError(f"argument {p} is state: it is written by the calls")
+        self.args[p] = a
+
+    def _engine(self):
+        sizes = sizes_of(self.prog.func, self.args, "train step")
+        key = tuple(sorted(sizes.items()))
+        if key == self.cur_key:
+            return self.cur
+        state = self.cur.read() if self.cur is not None else \
+            [self.args[i] for i in self.state_pos]
+        eng = self.engines.get(key)
+        args = list(self.args)
+        for i, s in zip(self.state_pos, state):
+            args[i] = s
+        if eng is None:
+            eng = self.engines[key] = self.make_engine(
+                specialized(self.prog.func, sizes, False), args)
+        else:
+            for j, s in enumerate(state):       # the resident buffers of the next call
+                eng.bufs[eng.k][j][...] = s.reshape(eng.bufs[eng.k][j].shape)
+        self.cur, self.cur_key = eng, key
+        return eng
+
+    def run(self):
+        eng = self._engine()
+        for p, a in enumerate(self.args):
+            if p not in self._state and a is not None:
+                eng.set_arg(p, a)
+        return eng.run()
+
+    def get_arg(self, p: int):
+        import numpy as np
+
+        if self.cur is not None:
+            return self.cur.get_arg(p)
+        return np.array(self.args[p], copy=True)
+
+    def read(self) -> list:
+        import numpy as np
+
+        if self.cur is not None:
+            return self.cur.read()
+        return [np.array(self.args[i], copy=True) for i in self.state_pos]

@@ -250,7 +250,7 @@ def test_specialize():
 @pytest.mark.parametrize("device", ["cpu", "interp"])
 def test_train_step_and_trainer_any_batch(device):
     f = _mlp("B")
-    sizes = (8, 8, 3)                           # the last partial batch
+    sizes = (8, 8, 3, 8, 3)                     # partial batches, and back to a size seen
     g, opt_d = f, rlxc.optim.SGD(0.1)
     tr = f.trainer(rlxc.optim.SGD(0.1), device=device)
     ref, opt_s = f, rlxc.optim.SGD(0.1)
