@@ -350,6 +350,27 @@ def _load_onnx(path: str, opts: dict, verbose: bool):
             traceback.print_exc()
         raise click.ClickException(f"{path}: {e}") from None
     return f
+def _fix_dims(f, dims):
+    """`f` with the --sizes sizes fixed; a Func with dynamic dims needs them all (its AOT
+    library is built at one size: the size-generic C ABI of issue 14 is not there yet)."""
+    sizes = {}
+    for d in dims:
+        k, sep, v = d.partition("=")
+        if not sep or not k or not v.strip().isdigit() or int(v) < 1:
+            raise click.BadParameter(f"{d!r}: expected NAME=SIZE with SIZE >= 1",
+                                     param_hint="'--sizes'")
+        sizes[k.strip()] = int(v)
+    syms = [x for a in f.signature() for x in a.shape if isinstance(x, str)]
+    unknown = sorted(set(sizes) - set(syms))
+    if unknown:
+        raise click.BadParameter(f"{unknown}: not a dynamic dimension of {f.name!r} "
+                                 f"(its dimensions: {sorted(set(syms))})", param_hint="'--sizes'")
+    missing = sorted(set(syms) - set(sizes))
+    if missing:
+        raise click.ClickException(
+            f"the Func {f.name!r} has dynamic dimensions {missing}: an AOT library is built "
+            f"at one size for now; pass --sizes {missing[0]}=SIZE")
+    return f.specialize(**sizes) if sizes else f
 
 
 def _user_error(what: str, e: BaseException, verbose: bool):
@@ -580,8 +601,10 @@ class _Command(click.Command):
 @click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME=D0,D1,...",
               help="A .onnx SRC: the size of an input's dynamic (dim_param) dims; repeatable.")
 @click.option("-v", "--verbose", is_flag=True, help="Print per-stage timings (stderr).")
+@click.option("--sizes", "dims", multiple=True, metavar="NAME=SIZE",
+              help="Fix a dynamic dimension for the library (B=32); repeatable.")
 def compile_cmd(src, outdir, name, target, cpu, transforms, params_file, emit, train, optimizer,
-                lr, weight_decay, momentum, max_grad_norm, loss, input_shapes, verbose):
+                lr, weight_decay, momentum, max_grad_norm, loss, input_shapes, verbose, dims=()):
     """Compile SRC (path/model.py:factory or model.mlir) into OUTDIR.
 
     Writes libNAME.so, NAME.h (C ABI), NAME.json (metadata, sha256) and the
@@ -622,6 +645,7 @@ def compile_cmd(src, outdir, name, target, cpu, transforms, params_file, emit, t
                     raise click.BadParameter(str(e), param_hint="'--transform'") from None
                 except NameLookupError as e:
                     raise click.BadParameter(str(e), param_hint="'--transform'") from None
+        f = _fix_dims(f, dims)
         baked = dict(f.params())
         if params_file:
             with progress.stage("load params"):

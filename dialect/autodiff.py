@@ -63,6 +63,7 @@ from .types import (
     shape_of,
     tensor_type,
 )
+from .symdims import is_dynamic, is_sym
 
 
 # ---------------------------------------------------------------- building
@@ -129,6 +130,8 @@ class Builder:
         shape = tuple(shape)
         key = (float(value), shape, dtype)
         hit = self._consts.get(key)
+        if hit is None and is_dynamic(shape):   # a rank-0 constant broadcast per call
+            hit = self._consts[key] = self.broadcast_to(self.full(value, (), dtype), shape)
         if hit is None:
             # one stored value whatever the shape: never an array of the full size
             raw = dense_bytes(np.asarray(value), dtype)[2] if numel(shape) else b""
@@ -138,6 +141,13 @@ class Builder:
             self.block.insert_op_before(op, self.anchor)
             hit = self._consts[key] = V(self, op.results[0])
         return hit
+
+    def count(self, like: V, dims) -> V:
+        """The element count of `dims` (some dynamic) as a tensor of `like`'s shape:
+        the sum of ones over those dims, so it is the call's size on every backend."""
+        ones = self.full(1, tuple(dims), like.dtype)
+        n = self.reduce("sum", ones, range(len(dims)))
+        return self.broadcast_to(n, like.shape)
 
     def zeros_like(self, x) -> V:
         return self.full(0, x.shape, x.dtype)
@@ -423,7 +433,9 @@ def defreducer(name: str):
     def rule(b, op, g, need):
         p = op.params()
         shp = shape_of(op.operands[0].type)
-        if name == "rlx.mean":  # scale before broadcasting: fewer elements
+        if name == "rlx.mean" and is_dynamic([shp[a] for a in p["axes"]]):
+            g = g / b.count(g, [shp[a] for a in p["axes"]])   # the count is known per call
+        elif name == "rlx.mean":  # scale before broadcasting: fewer elements
             g = g * (1.0 / max(numel(shp[a] for a in p["axes"]), 1))
         gb = b.unreduce(g, shp, p["axes"], p["keepdims"])
         if name in ("rlx.sum", "rlx.mean"):
@@ -479,7 +491,7 @@ def _slice_vjp(b, op, g, need):
             lim = list(g.shape)
             lim[ax] = keep
             g = b.op("slice", g, starts=(0,) * len(gs), limits=tuple(lim), strides=(1,) * len(gs))
-    high = tuple(d - s - k for d, s, k in zip(shp, p["starts"], g.shape))
+    high = tuple(0 if is_sym(d) else d - s - k for d, s, k in zip(shp, p["starts"], g.shape))
     if any(p["starts"]) or any(high):
         g = b.op("pad", g, low=p["starts"], high=high)
     return [g]
@@ -489,7 +501,8 @@ def _slice_vjp(b, op, g, need):
 def _pad_vjp(b, op, g, need):
     p = op.params()
     shp = shape_of(op.operands[0].type)
-    return [b.op("slice", g, starts=p["low"], limits=tuple(l + d for l, d in zip(p["low"], shp)),
+    return [b.op("slice", g, starts=p["low"], limits=tuple(d if is_sym(d) else l + d
+                                                           for l, d in zip(p["low"], shp)),
                  strides=(1,) * len(shp))]
 
 

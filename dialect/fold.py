@@ -30,6 +30,7 @@ from xdsl.passes import ModulePass
 from .canonicalize import blocks, replace_op
 from .interpreter import EVAL_RULES
 from .ops import OPS, ConstantOp, RlxOp
+from .symdims import is_dynamic
 from .types import NP_DTYPES, dense_attr, dense_value, dtype_of, is_splat, numel, shape_of
 
 FOLD_LIMIT = 4096
@@ -72,6 +73,8 @@ def fold_op(op: RlxOp):
     """The constant attribute `op` folds to, or None when it should not be folded."""
     typ = op.results[0].type
     attrs = [o.owner.value for o in op.operands]
+    if is_dynamic(shape_of(typ)):
+        return None       # its size is known per call: it stays an op
     n = numel(shape_of(typ))
     try:
         if n > 0 and all(is_splat(a) for a in attrs) and (

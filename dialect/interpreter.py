@@ -21,7 +21,8 @@ from .attention import attention_ref
 from .module import get_func, outputs  # noqa: F401
 from .ops import OPS, RlxOp
 from .philox import philox_uniform
-from .types import NP_DTYPES, dense_value, dtype_of
+from .symdims import bind_sizes, resolve_value
+from .types import NP_DTYPES, dense_value, dtype_of, shape_of
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 
@@ -255,12 +256,16 @@ def _result_dtype(op, float_dtype):
 def interpret(module, args: list[np.ndarray], float_dtype=np.float32) -> list[np.ndarray]:
     """Run the module's function on `args` (in signature order); returns the outputs."""
     f = module if isinstance(module, func.FuncOp) else get_func(module)
-    return [np.array(v) for v in eval_block(f.body.block, args, float_dtype)]
+    arrays = [np.asarray(a, dtype=_np_dtype(dtype_of(v.type), float_dtype))
+              for v, a in zip(f.args, args)]
+    sizes = _sizes(f, arrays)   # each dynamic dim's size in this call
+    return [np.array(v) for v in eval_block(f.body.block, arrays, float_dtype, sizes)]
 
 
-def eval_block(block, args, float_dtype=np.float32) -> list:
+def eval_block(block, args, float_dtype=np.float32, sizes=None) -> list:
     """Run one block (a function body or a region) on `args`; the values its terminator
-    (func.return or rlx.yield) passes on.  Region ops recurse (control.CONTROL_EVAL)."""
+    (func.return or rlx.yield) passes on.  Region ops recurse (control.CONTROL_EVAL).
+    `sizes` maps each dynamic dim (symbol) of the enclosing function to its size."""
     from .control import CONTROL_EVAL
 
     env = {}
@@ -268,7 +273,7 @@ def eval_block(block, args, float_dtype=np.float32) -> list:
         env[v] = np.asarray(a, dtype=_np_dtype(dtype_of(v.type), float_dtype))
 
     def run(b, vals):
-        return eval_block(b, vals, float_dtype)
+        return eval_block(b, vals, float_dtype, sizes)
     with np.errstate(all="ignore"):
         for op in block.ops:
             if op is block.last_op and not op.results:
@@ -291,9 +296,27 @@ def eval_block(block, args, float_dtype=np.float32) -> list:
                 rule = EVAL_RULES.get(op.name)
                 if rule is None or not isinstance(op, RlxOp):
                     raise NotImplementedError(f"interpreter: no rule for {op.name}")
-                val = rule(*[env[o] for o in op.operands], **op.params())
+                params = op.params()
+                if sizes:
+                    params = {k: resolve_value(p, sizes) for k, p in params.items()}
+                val = rule(*[env[o] for o in op.operands], **params)
                 val = np.asarray(val)
                 if val.dtype != rdt:
                     val = val.astype(rdt)
             env[op.results[0]] = val
     return [env[v] for v in block.last_op.operands]
+
+
+class _ArgShape:
+    __slots__ = ("name", "kind", "shape")
+
+    def __init__(self, i, v):
+        self.name, self.kind, self.shape = f"#{i}", "argument", shape_of(v.type)
+
+
+def _sizes(f, arrays) -> dict:
+    """The size of every dynamic dim (symbol) of `f`'s arguments in this call."""
+    args = [_ArgShape(i, v) for i, v in enumerate(f.args)]
+    if not any(isinstance(d, str) for a in args for d in a.shape):
+        return {}
+    return bind_sizes(args, [a.shape for a in arrays], "interpreter")

@@ -17,8 +17,15 @@ from xdsl.printer import Printer
 
 from .ops import OPS, RLX, CastOp, ConstantOp, create_op
 from .trace import KINDS, Arg, Trace  # noqa: F401  (Arg, KINDS re-exported)
-from .types import BytesAttr, DenseIntOrFPElementsAttr, dtype_of, shape_of, tensor_type
 from .types import dense_value
+from .types import (
+    BytesAttr,
+    DenseIntOrFPElementsAttr,
+    dims_attr,
+    dtype_of,
+    shape_of,
+    tensor_type,
+)
 
 
 def context() -> Context:
@@ -30,7 +37,10 @@ def context() -> Context:
 
 
 def arg_attr(a: Arg) -> DictionaryAttr:
-    return DictionaryAttr({"rlx.kind": StringAttr(a.kind), "rlx.name": StringAttr(a.name)})
+    d = {"rlx.kind": StringAttr(a.kind), "rlx.name": StringAttr(a.name)}
+    if any(isinstance(x, str) for x in a.shape):   # dynamic dims: their symbol names
+        d["rlx.dims"] = dims_attr(a.shape)
+    return DictionaryAttr(d)
 
 
 def new_function(name: str, args: list[Arg], block: Block | None = None

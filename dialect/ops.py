@@ -66,7 +66,8 @@ from .shapes import (  # noqa: F401  (BINARY..REDUCE, normalize_axes: re-exporte
     ShapeError,
     normalize_axes,
 )
-from .types import dense_attr, dense_value, dtype_of, tensor_type, ttype
+from .symdims import DYN
+from .types import dense_attr, dense_value, dtype_of, shape_of, tensor_type, ttype
 
 # How each kind of op parameter is stored as an xDSL property.
 _PARAM_KINDS = {
@@ -79,10 +80,11 @@ _PARAM_KINDS = {
 
 
 def _to_prop(kind: str, value):
-    if kind == "ints":
-        return DenseArrayBase.from_list(i64, [int(v) for v in value])
+    if kind == "ints":   # a symbolic dim is stored as DYN (-1); params() reads it back
+        return DenseArrayBase.from_list(i64, [DYN if isinstance(v, str) else int(v)
+                                              for v in value])
     if kind == "int":
-        return IntegerAttr(int(value), i64)
+        return IntegerAttr(DYN if isinstance(value, str) else int(value), i64)
     if kind == "float":
         return FloatAttr(float(value), f64)
     if kind == "flag":
@@ -118,8 +120,11 @@ class RlxOp(IRDLOperation):
         raise NotImplementedError
 
     def params(self) -> dict:
-        """This op's parameters as plain Python values (tuples, ints, floats, bools)."""
-        return {k: _from_prop(kind, self.properties.get(k)) for k, kind in self.PARAMS.items()}
+        """This op's parameters as plain Python values (tuples, ints, floats, bools); a
+        symbolic dim stored as DYN reads back as its symbol (symdims.FILL)."""
+        p = {k: _from_prop(kind, self.properties.get(k)) for k, kind in self.PARAMS.items()}
+        fill = FILL.get(self.name)
+        return fill(self, p) if fill is not None else p
 
     def verify_(self) -> None:
         types = [o.type for o in self.operands]
@@ -151,6 +156,33 @@ def create_op(cls, operands, result_type, **params):
 
 
 OPS: dict[str, type] = {}
+
+
+# -- op parameters that hold dimensions: a symbol is stored as DYN and read back here,
+# from the op's own types (the result of a reshape/broadcast_to is its target shape; a
+# dynamic dim is only sliced whole, so its limit is the operand's dim) --------------
+
+def _fill_from(key: str, src):
+    def fill(op, p):
+        v = p[key]
+        if DYN not in v:
+            return p
+        return {**p, key: tuple(s if d == DYN else d for d, s in zip(v, src(op)))}
+    return fill
+
+
+def _fill_scatter_dim(op, p):
+    if p["dim"] != DYN:
+        return p
+    return {**p, "dim": shape_of(op.results[0].type)[p["axis"]]}
+
+
+FILL = {
+    "rlx.reshape": _fill_from("shape", lambda op: shape_of(op.results[0].type)),
+    "rlx.broadcast_to": _fill_from("shape", lambda op: shape_of(op.results[0].type)),
+    "rlx.slice": _fill_from("limits", lambda op: shape_of(op.operands[0].type)),
+    "rlx.scatter_add": _fill_scatter_dim,
+}
 
 
 def _register(cls):

@@ -28,6 +28,8 @@ import numpy as np
 
 from rlxc.runtime.errors import ShapeError
 
+from . import symdims as sd
+
 # u32: the key dtype of rlxc.random (bits, not numbers): views, gather, concat, select,
 # casts and rlx.philox take it; arithmetic and compares on it are TypeErrors (U32_OPS)
 DTYPE_NAMES = ("f32", "f64", "i1", "i32", "i64", "u32")
@@ -38,13 +40,14 @@ INT_DTYPES = ("i32", "i64")
 
 
 class TType(NamedTuple):
-    """A ranked tensor type: shape (tuple of ints) and dtype name."""
+    """A ranked tensor type: shape (tuple of ints, or symbol names: dialect/symdims.py)
+    and dtype name."""
 
     shape: tuple
     dtype: str
 
     def __str__(self):
-        dims = "".join(f"{d}x" for d in self.shape)
+        dims = "".join("?x" if isinstance(d, str) else f"{d}x" for d in self.shape)
         return f"tensor<{dims}{self.dtype}>"
 
 
@@ -67,7 +70,7 @@ def broadcast_shapes(a, b, what: str = "broadcast") -> tuple[int, ...]:
         elif x == 1:
             out.append(y)
         else:
-            raise ShapeError(f"{what}: shapes {a} and {b} do not broadcast ({x} vs {y})")
+            sd.broadcast_dim(x, y, what, a, b)   # raises, naming a symbol if one is involved
     return tuple(out)
 
 
@@ -134,9 +137,14 @@ def _i64(v) -> int:
     return i
 
 
+def _dim64(v):
+    """An integer parameter that may hold a dimension: a symbol name stays a str."""
+    return v if isinstance(v, str) else _i64(v)
+
+
 PARAM_KINDS = {
-    "ints": lambda v: tuple(_i64(x) for x in v),
-    "int": _i64,
+    "ints": lambda v: tuple(_dim64(x) for x in v),
+    "int": _dim64,
     "float": float,
     "flag": bool,
     "str": str,           # optional: "" when absent (not stored in the IR)
@@ -402,7 +410,7 @@ def _infer_matmul(types, **_):
         raise ShapeError(f"matmul: {sa} @ {sb}: operands need rank >= 2 "
                          "(the tracer reshapes vectors)")
     if sa[-1] != sb[-2]:
-        raise ShapeError(f"matmul: {sa} @ {sb}: inner dimensions {sa[-1]} != {sb[-2]}")
+        sd.same_dim(sa[-1], sb[-2], f"matmul: {sa} @ {sb}: inner dimensions")
     if a.dtype != b.dtype:
         raise ShapeError(f"matmul: dtypes differ: {a.dtype} vs {b.dtype}")
     batch = broadcast_shapes(sa[:-2], sb[:-2], f"matmul: {sa} @ {sb}: batch dims")
@@ -424,6 +432,10 @@ def _infer_transpose(types, perm):
 
 def _infer_reshape(types, shape):
     (t,) = types
+    if sd.is_dynamic(shape) or sd.is_dynamic(t.shape):
+        if -1 in shape or sd.reshape_target(t.shape, shape) != tuple(shape):
+            raise ShapeError(f"reshape: cannot reshape {t.shape} to {tuple(shape)}")
+        return tuple(shape), t.dtype
     if numel(shape) != numel(t.shape) or any(d < 0 for d in shape):
         raise ShapeError(f"reshape: cannot reshape {t.shape} to {tuple(shape)}")
     return tuple(shape), t.dtype
@@ -435,6 +447,8 @@ def _infer_broadcast(types, shape):
     try:
         out = broadcast_shapes(shp, shape, "broadcast_to")
     except ShapeError:
+        if sd.is_dynamic(shp) or sd.is_dynamic(shape):
+            raise               # the message names the symbol
         out = None
     if out != tuple(shape):
         raise ShapeError(f"broadcast_to: cannot broadcast {shp} to {tuple(shape)}")
@@ -448,6 +462,12 @@ def _infer_slice(types, starts, limits, strides):
         raise ShapeError(f"slice: starts/limits/strides need {len(shp)} entries each")
     out = []
     for d, s, l, st in zip(shp, starts, limits, strides):
+        if sd.is_sym(d) or sd.is_sym(l):
+            if (s, l, st) != (0, d, 1):
+                raise ShapeError(f"slice: [{s}:{l}:{st}] of {sd.describe(d)} of {shp}: a "
+                                 "dynamic dimension is only sliced whole ([0:size:1])")
+            out.append(d)
+            continue
         if st < 1 or not 0 <= s <= l <= d:
             raise ShapeError(f"slice: [{s}:{l}:{st}] out of range for dim {d} of {shp}")
         out.append((l - s + st - 1) // st)
@@ -459,7 +479,11 @@ def _infer_pad(types, low, high):
     shp = t.shape
     if not (len(low) == len(high) == len(shp)) or min(low + high, default=0) < 0:
         raise ShapeError(f"pad: low/high need {len(shp)} non-negative entries")
-    return tuple(d + a + b for d, a, b in zip(shp, low, high)), t.dtype
+    for d, a, b in zip(shp, low, high):
+        if sd.is_sym(d) and (a or b):
+            raise ShapeError(f"pad: cannot pad {sd.describe(d)} of {shp} (a dynamic "
+                             "dimension plus a number is not one dimension)")
+    return tuple(d if sd.is_sym(d) else d + a + b for d, a, b in zip(shp, low, high)), t.dtype
 
 
 def _infer_concat(types, axis):
@@ -474,7 +498,10 @@ def _infer_concat(types, axis):
         if len(s) != len(s0) or any(a != b for i, (a, b) in enumerate(zip(s, s0)) if i != axis) \
                 or t.dtype != types[0].dtype:
             raise ShapeError(f"concat: {s} does not match {s0} outside axis {axis}")
-        total += s[axis]
+        if sd.is_sym(s[axis]) and len(types) > 1:
+            raise ShapeError(f"concat: along {sd.describe(s[axis])} (axis {axis} of {s}): "
+                             "the sum of dynamic dimensions is not one dimension")
+        total = s[axis] if sd.is_sym(s[axis]) else total + s[axis]
     return s0[:axis] + (total,) + s0[axis + 1:], types[0].dtype
 
 

@@ -16,12 +16,15 @@ import numpy as np
 
 from rlxc.runtime.errors import ShapeError  # noqa: F401  (re-exported)
 from xdsl.dialects.builtin import (
+    DYNAMIC_INDEX,
+    ArrayAttr,
     BytesAttr,
     DenseIntOrFPElementsAttr,
     Float32Type,
     Float64Type,
     IntegerType,
     Signedness,
+    StringAttr,
     TensorType,
     f32,
     f64,
@@ -58,15 +61,33 @@ def dtype_name(elem) -> str:
 
 
 def tensor_type(shape, dtype: str = "f32") -> TensorType:
+    """`tensor<4x3xf32>`; a shape with symbols (dialect/symdims.py) is
+    `tensor<?x3xf32, ["B", ""]>`: `?` dims, their names in the encoding."""
     if dtype not in DTYPES:
         raise TypeError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
+    if any(isinstance(d, str) for d in shape):
+        return TensorType(DTYPES[dtype], [DYNAMIC_INDEX if isinstance(d, str) else int(d)
+                                          for d in shape], dims_attr(shape))
     return TensorType(DTYPES[dtype], [int(d) for d in shape])
 
 
-def shape_of(t) -> tuple[int, ...]:
-    """Shape of a TensorType (or of an SSA value's type)."""
+def dims_attr(shape) -> ArrayAttr:
+    """The symbol names of a shape, "" for a static dim (a type's encoding, rlx.dims)."""
+    return ArrayAttr([StringAttr(d if isinstance(d, str) else "") for d in shape])
+
+
+def shape_of(t) -> tuple:
+    """Shape of a TensorType (or of an SSA value's type); a dynamic dim is its symbol
+    name (from the type's encoding; "?" when a `?` dim carries no name)."""
     t = getattr(t, "type", t)
-    return tuple(int(d) for d in t.get_shape())
+    dims = t.get_shape()
+    if DYNAMIC_INDEX not in dims:
+        return tuple(int(d) for d in dims)
+    enc = getattr(t, "encoding", None)
+    names = [a.data for a in enc.data] if isinstance(enc, ArrayAttr) and \
+        len(enc.data) == len(dims) and all(isinstance(a, StringAttr) for a in enc.data) \
+        else [""] * len(dims)
+    return tuple((names[i] or "?") if d == DYNAMIC_INDEX else int(d) for i, d in enumerate(dims))
 
 
 def dtype_of(t) -> str:

@@ -45,6 +45,7 @@ from rlxc.runtime.errors import NameLookupError
 
 from .module import Arg, finish_function, get_func, new_function, outputs, signature
 from .ops import OPS, CastOp, ConstantOp, RlxOp, make_op
+from .symdims import is_dynamic
 from .types import dense_attr, dtype_of, numel, shape_of, tensor_type
 
 BatchRule = Callable[["Batcher", RlxOp, list, list], object]
@@ -148,7 +149,7 @@ def_elementwise(*_family("random"))   # rlx.philox: the batch of keys broadcasts
 def _matmul(bt: Batcher, op, xs, bs):
     (a, b), (ba, bb) = xs, bs
     sa, sb = shape_of(a), shape_of(b)
-    if ba and not bb and len(sb) == 2:
+    if ba and not bb and len(sb) == 2 and not is_dynamic(sa):
         # one large matmul: every leading dim of the lhs (batch included) becomes rows
         rows = bt.reshape(a, (numel(sa[:-1]), sa[-1]))
         r = bt.emit(OPS["rlx.matmul"], [rows, b])

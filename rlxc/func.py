@@ -305,7 +305,9 @@ class Func:
         reference), see `rlxc.registry.devices()`."""
         b = backend(device)
         arrays = self.bind_call(args, inputs, f"{self.name}.run")
-        return b.executor(self).run(arrays)
+        from .dynamic import executor_for   # dynamic dims: one program per sizes
+
+        return executor_for(b, self).run(arrays)
 
     def jit(self):
         """A `Jitted` for the default device: compiled once, `.run` does no cache lookup."""
@@ -313,7 +315,29 @@ class Func:
 
     def jit_on(self, device: str):
         """A `Jitted` for a native device ("cpu", "cuda", see rlxc.registry.native_devices)."""
-        return backend(device).jit(self)
+        b = backend(device)
+        if b.native and self.is_dynamic():
+            from .dynamic import SizedJitted
+
+            return SizedJitted(self, b, {})
+        return b.jit(self)
+
+    def is_dynamic(self) -> bool:
+        """Does some input have a dynamic dimension (a symbol, dialect/symdims.py)?"""
+        return any(isinstance(d, str) for a in self._args for d in a.shape)
+
+    def specialize(self, **sizes) -> "Func":
+        """This Func with its dimension symbols fixed (`f.specialize(B=32)`): static shapes,
+        params carried over."""
+        from .dynamic import specialized
+
+        missing = {d for a in self._args for d in a.shape if isinstance(d, str)} - set(sizes)
+        if missing:
+            raise ValueError(f"specialize: give a size for {sorted(missing)}")
+        for k, v in sizes.items():
+            if int(v) < 1:
+                raise ValueError(f"specialize: dimension {k!r} must be >= 1, got {v}")
+        return specialized(self, {k: int(v) for k, v in sizes.items()})
 
     def __repr__(self):
         sig = ", ".join(f"{a.kind} {a.name}: {a.shape}" for a in self._args)

@@ -146,6 +146,9 @@ def getitem(x, key):
     advanced = any(it[0] == "arr" for it in items)
     if advanced:  # ints next to arrays are advanced indices too (NumPy)
         items = [("arr", np.asarray(it[1], np.int64)) if it[0] == "int" else it for it in items]
+    for ax, (it, d) in enumerate(zip(items, x.shape)):
+        if isinstance(d, str) and it[0] in ("int", "arr"):
+            _dynamic_axis(ax, d)
     # 3. slices and basic ints
     starts, limits, strides, flips, drop = [], [], [], [], []
     for ax, (it, d) in enumerate(zip(items, x.shape)):
@@ -156,6 +159,12 @@ def getitem(x, key):
             k %= d
             starts.append(k), limits.append(k + 1), strides.append(1)
             drop.append(ax)
+        elif it[0] == "slice" and isinstance(d, str):   # a dynamic dim: whole slices only
+            sl = it[1]
+            if sl.start not in (None, 0) or sl.stop is not None or sl.step not in (None, 1):
+                raise ShapeError(f"index {sl} on axis {ax}: dimension {d!r} is dynamic; "
+                                 "it is only sliced whole ([:])")
+            starts.append(0), limits.append(d), strides.append(1)
         elif it[0] == "slice":
             s, l, st = it[1].indices(d)
             n = len(range(s, l, st))
@@ -239,6 +248,8 @@ def take(x, indices, axis: int = 0):
     from rlxc.tensor import Tensor
 
     axis = normalize_axes(axis, x.ndim, "gather")[0]
+    if isinstance(x.shape[axis], str):
+        _dynamic_axis(axis, x.shape[axis])
     items = [("slice", slice(None))] * x.ndim
     if isinstance(indices, Tensor):
         if indices.scope is not x.scope:
@@ -261,6 +272,8 @@ def flip(x, axis=None):
 
     for ax in normalize_axes(axis, x.ndim, "flip"):
         n = x.shape[ax]
+        if isinstance(n, str):
+            _dynamic_axis(ax, n)
         if n > 1:
             dt = "i64" if n >= 2 ** 31 else "i32"
             rev = x.scope.constant(np.arange(n - 1, -1, -1, dtype=np.int64), dt)
@@ -269,3 +282,9 @@ def flip(x, axis=None):
 
 
 __all__ = ["getitem", "take", "flip", "ShapeError"]
+
+
+def _dynamic_axis(ax: int, d: str):
+    raise ShapeError(f"index on axis {ax}: dimension {d!r} is dynamic; integer and array "
+                     "indices (which may count from the end) need a static axis; use "
+                     f"gather() with indices in [0, {d})")

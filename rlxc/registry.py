@@ -190,6 +190,13 @@ class CpuBackend(Backend):
         from rlxc.backends import library_for
 
         self.target.require()
+        if getattr(prog, "dynamic", False):   # dynamic dims: one resident call per sizes
+            from rlxc.backends import library
+            from rlxc.dynamic import SizedEngine
+
+            opts = self._run_options({})
+            return SizedEngine(prog, lambda g, a: ResidentCall(library(g, self.name, **opts), a,
+                                                               state_pos), args, state_pos)
         # found by the step's alias when compiled before: no trace, no transform
         lib = library_for(prog.cache_alias(), lambda: prog.func, self.name,
                           **self._run_options({}))

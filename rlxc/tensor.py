@@ -33,6 +33,7 @@ from rlxc.dialect.shapes import (
     normalize_axes,
     numel,
 )
+from rlxc.dialect import symdims as sd
 from rlxc.dialect.trace import KINDS, Arg, Trace
 from rlxc.runtime.errors import NameLookupError
 
@@ -55,6 +56,11 @@ class GraphScope:
         self.trace = Trace()
         self.args: list[Arg] = self.trace.args
         self._splats: dict = {}  # (value bytes, dtype, shape) -> Tensor: one per scalar use
+        self._anon = 0           # anonymous dims (None in a shape): ?1, ?2, ... per scope
+
+    def _fresh(self) -> str:
+        self._anon += 1
+        return f"?{self._anon}"
 
     # -- leaves ----------------------------------------------------------
     def _arg(self, name: str, shape, dtype: str, kind: str) -> "Tensor":
@@ -65,15 +71,18 @@ class GraphScope:
                              f"{next(a.kind for a in self.args if a.name == name)}")
         if dtype not in DTYPES:
             raise TypeError(f"{kind} {name!r}: unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
-        shape = as_dims(shape, f"{kind} {name!r}")
-        if any(d < 0 for d in shape):
+        shape = sd.user_dims(shape, f"{kind} {name!r}", self._fresh) if kind == "input" else \
+            _param_dims(shape, name)
+        if any(not sd.is_sym(d) and d < 0 for d in shape):
             raise ShapeError(f"{kind} {name!r}: negative dimension in {shape}")
         _check_size(f"{kind} {name!r}", shape, dtype)
         return Tensor(self, self.trace.add_arg(Arg(name, kind, shape, dtype)))
 
     def input(self, name: str, shape, dtype: str = "f32") -> "Tensor":
         """A named runtime input of the given shape and dtype (f32, f64, i1, i32, i64, or
-        u32 for the (2,) keys of rlxc.random)."""
+        u32 for the (2,) keys of rlxc.random).  A str in the shape is a dynamic dimension
+        symbol (every input naming "B" shares one size, given per call); None is a fresh
+        anonymous symbol."""
         return self._arg(name, shape, dtype, "input")
 
     def param(self, name: str, shape, dtype: str = "f32") -> "Tensor":
@@ -105,7 +114,7 @@ class GraphScope:
         times shares them, so the graph does not grow by two ops per Python scalar."""
         _check_dtype(dtype)
         raw = dense_bytes(np.asarray(value), dtype)[2]
-        shape = tuple(int(d) for d in shape)
+        shape = tuple(d if sd.is_sym(d) else int(d) for d in shape)
         t = self._splats.get((raw, dtype, shape))
         if t is None:
             c = self._splats.get((raw, dtype, ()))
@@ -125,7 +134,8 @@ class GraphScope:
         _check_dtype(dtype)
         _check_size(name, shape, dtype)
         (v,) = self.trace.add(name, [t.value for t in operands], spec.canonical(params),
-                              [TType(tuple(int(d) for d in shape), dtype)])
+                              [TType(tuple(d if sd.is_sym(d) else int(d) for d in shape),
+                                     dtype)])
         return Tensor(self, v)
 
     def call(self, fn, args) -> list["Tensor"]:
@@ -202,6 +212,9 @@ class Tensor:
 
     @property
     def size(self) -> int:
+        if sd.is_dynamic(self.shape):
+            raise TypeError(f"size: {self.shape} has dynamic dimensions "
+                            f"{sd.symbols(self.shape)}; its size is known per call")
         return numel(self.shape)
 
     def __repr__(self):
@@ -490,7 +503,11 @@ class Tensor:
     def reshape(self, *shape) -> "Tensor":
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
-        shape = as_dims(shape, "reshape")
+        shape = _dims(shape, "reshape")
+        if sd.is_dynamic(self.shape) or sd.is_dynamic(shape):
+            shape = sd.reshape_target(self.shape, shape)
+            return self if shape == self.shape else \
+                self.scope.emit("rlx.reshape", [self], shape=shape)
         if shape.count(-1) > 1:
             raise ShapeError(f"reshape: at most one -1 in {shape}")
         if -1 in shape:
@@ -543,7 +560,7 @@ class Tensor:
         return self.transpose()
 
     def broadcast_to(self, shape) -> "Tensor":
-        shape = as_dims(shape, "broadcast_to")
+        shape = _dims(shape, "broadcast_to")
         if shape == self.shape:
             return self
         return self.scope.emit("rlx.broadcast_to", [self], shape=shape)
@@ -745,9 +762,26 @@ def _comparable(o) -> bool:
 MAX_BYTES = 2 ** 63 - 1  # byte sizes are signed 64-bit in the lowering and the runtime
 
 
+def _dims(shape, what: str) -> tuple:
+    """A shape argument of reshape/broadcast_to: ints and symbol names (not None)."""
+    dims = tuple(shape) if hasattr(shape, "__iter__") and not isinstance(shape, str) else (shape,)
+    if not any(isinstance(d, str) for d in dims):
+        return as_dims(dims, what)
+    return sd.user_dims(dims, what)
+
+
+def _param_dims(shape, name: str) -> tuple:
+    """A param's shape: static only (params are bound arrays of one size)."""
+    dims = tuple(shape) if hasattr(shape, "__iter__") and not isinstance(shape, str) else (shape,)
+    if any(d is None or isinstance(d, str) for d in dims):
+        raise ShapeError(f"param {name!r}: shape {dims} has a dynamic dimension; params "
+                         "are static (use a symbol on an input)")
+    return as_dims(dims, f"param {name!r}")
+
+
 def _check_size(what: str, shape, dtype: str) -> None:
     """An impossible tensor size fails here, naming the op (not deep in NumPy or LLVM)."""
-    n = numel(shape) * (1 if dtype == "i1" else int(dtype[1:]) // 8)
+    n = sd.static_numel(shape) * (1 if dtype == "i1" else int(dtype[1:]) // 8)
     if n > MAX_BYTES:
         raise ShapeError(f"{what}: a tensor of shape {tuple(shape)} {dtype} would hold {n} "
                          f"bytes, more than any address space (2**63)")

@@ -128,6 +128,7 @@ class StepProgram:
     executors: dict = field(default_factory=dict)
     data_specs: list | None = None  # filled on first use by coerce_data
     _func: object = None
+    dynamic: bool = False        # the model has dynamic dims (rlxc/dynamic.py runs the step)
 
     @property
     def func(self):
@@ -164,7 +165,9 @@ class StepProgram:
     def executor(self, device: str):
         ex = self.executors.get(device)
         if ex is None:
-            ex = backend(device).executor(self.func)
+            from .dynamic import executor_for
+
+            ex = executor_for(backend(device), self.func)   # dynamic dims: per-sizes programs
             self.executors[device] = ex
         return ex
 
@@ -331,11 +334,13 @@ def _build(f, opt, wrt, max_grad_norm, qkey, norm_dtype) -> StepProgram:
         step = Func(f"{f.name}_train_step", lambda sc: build(sc, vg))
         return step.with_module(cleanup(step.module))  # drops unused scalar slices
 
-    return StepProgram(make, [a.name for a in sig if a.kind == "input"],
+    prog = StepProgram(make, [a.name for a in sig if a.kind == "input"],
                        [a.name for a in sig if a.kind == "param"], list(wrt), slots, slot_args,
                        scalar_names, None if qkey is None else
                        ("callable" if qkey == "callable" else qkey[1]),
                        optimizer_structure(opt), max_grad_norm)
+    prog.dynamic = any(isinstance(d, str) for a in sig for d in a.shape)   # known untraced
+    return prog
 
 
 def call_value_and_grad(sc: GraphScope, vg, data: dict, params: dict, wrt, qkey, fwd: dict):

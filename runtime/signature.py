@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .dims import bind_sizes, is_dynamic, pretty
 from .errors import NameLookupError, ShapeError
 
 NP_DTYPES = {"f32": np.float32, "f64": np.float64, "i1": np.bool_, "i32": np.int32,
@@ -31,7 +32,11 @@ def coerce(kind: str, name: str, value, shape, dtype: str) -> np.ndarray:
     if dtype in ("i32", "i64", "i1", "u32") and a.dtype.kind == "f":
         raise TypeError(f"{kind} {name!r}: expects integers ({dtype}), got {a.dtype}")
     shape = tuple(shape)
-    if a.shape != shape:
+    if is_dynamic(shape):      # symbols: any size >= 1, the rank and static dims as declared
+        if a.ndim != len(shape) or any(not isinstance(d, str) and d != g
+                                       for d, g in zip(shape, a.shape)):
+            raise ShapeError(f"{kind} {name!r} expects shape {pretty(shape)}, got {a.shape}")
+    elif a.shape != shape:
         if a.ndim == 1 and a.size == _count(shape):
             a = a.reshape(shape)
         elif a.shape == () and shape == (1,) or a.shape == (1,) and shape == ():
@@ -78,4 +83,6 @@ def bind_args(args, given: dict, bound: dict, what: str = "run") -> list:
             raise NameLookupError(f"{what}: missing input {a.name!r}; expected inputs: "
                                   f"{[b.name for b in args if b.kind == 'input']}, missing: "
                                   f"{missing}")
+    if any(is_dynamic(a.shape) for a in args):   # every use of a symbol agrees, none is 0
+        bind_sizes(args, [x.shape for x in out], what)
     return out
