@@ -82,3 +82,48 @@ def test_conv_epilogue_chain_matches_interpreter(groups, scale):
         np.testing.assert_allclose(u, v, rtol=1e-10, atol=1e-10)
     for u, v in zip(f.run(x=x), f.run_on("interp", x=x)):
         np.testing.assert_allclose(u, v, rtol=1e-4, atol=1e-4)
+
+
+def _mm_case(build, feeds):
+    f = rlxc.Func("mm3", build)
+    prog = lower(f.module)
+    got = f.run(**feeds)
+    return prog, got
+
+
+def test_batched_activation_times_weight_is_one_gemm():
+    """(B, T, K) @ (K, N) + bias, relu: ONE sgemm of B*T rows with the epilogue fused."""
+    x = rng.standard_normal((3, 5, 7)).astype(np.float32)
+    w = rng.standard_normal((7, 4)).astype(np.float32)
+    b = rng.standard_normal(4).astype(np.float32)
+    prog, got = _mm_case(lambda s: (s.input("x", x.shape) @ s.input("w", w.shape)
+                                    + s.input("b", b.shape)).relu(), {"x": x, "w": w, "b": b})
+    (mm,) = _kinds(prog, MatmulKernel)
+    assert (mm.batch, mm.m, mm.n, mm.k) == ([], 15, 4, 7) and mm.epilogue is not None
+    np.testing.assert_allclose(got[0], np.maximum(x @ w + b, 0), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["rowwise", "batch_bcast", "a_transposed", "w_batched"])
+def test_batched_matmul_fold_only_when_rows_follow(case):
+    """Folding needs A's rows batch-major and B shared; otherwise one GEMM per batch."""
+    x = rng.standard_normal((2, 3, 5, 6)).astype(np.float32)
+    w = rng.standard_normal((6, 4)).astype(np.float32)
+    z = rng.standard_normal((2, 3, 5, 4)).astype(np.float32)
+    zt = rng.standard_normal((5, 4)).astype(np.float32)
+    wb = rng.standard_normal((2, 3, 6, 4)).astype(np.float32)
+    builds = {
+        "rowwise": (lambda s: s.input("x", x.shape) @ s.input("w", w.shape) * s.input("z", z.shape),
+                    {"x": x, "w": w, "z": z}, x @ w * z, True),
+        "batch_bcast": (lambda s: s.input("x", x.shape) @ s.input("w", w.shape) + s.input("z", zt.shape),
+                        {"x": x, "w": w, "z": zt}, x @ w + zt, False),
+        "a_transposed": (lambda s: s.input("x", x.shape).transpose((1, 0, 2, 3))
+                         @ s.input("w", w.shape),
+                         {"x": x, "w": w}, x.transpose(1, 0, 2, 3) @ w, False),
+        "w_batched": (lambda s: s.input("x", x.shape) @ s.input("w", wb.shape),
+                      {"x": x, "w": wb}, x @ wb, False),
+    }
+    build, feeds, want, folds = builds[case]
+    prog, got = _mm_case(build, feeds)
+    (mm,) = _kinds(prog, MatmulKernel)
+    assert (mm.batch == [] and mm.m == 30) == folds
+    np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-5)
