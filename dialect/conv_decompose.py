@@ -16,6 +16,11 @@ A 1x1, stride-1, unpadded conv2d skips im2col (cols is x reshaped).  Depthwise c
 elementwise kernel, not M=1 GEMMs.  Every op emitted is a primitive the CPU and GPU
 backends already lower (the matmuls reach the packed sgemm on the CPU), and the rewrite
 runs right before lowering, after the transforms, so grad/jvp/vmap still see one op.
+Epilogue chain: the conv's result, then each single-use value's only user while that is
+a unary op, or a binary op whose other operand is a per-channel broadcast (the bias) or a
+splat, is rebuilt on the groups-1 GEMM's own (N, O, OH*OW) result, the bias a per-row
+value of each image's C; the CPU then runs bias + activation in the sgemm epilogue, not
+as a pass over the conv output (the fusion cannot see through the reshape between).
 After a rewrite the module is cleaned up (cse merges the forward's cols with the
 filter gradient's).  The caller's module is never mutated: a clone is rewritten.
 """
@@ -30,7 +35,7 @@ from xdsl.passes import ModulePass
 
 from .autodiff import Builder
 from .ops import ConstantOp
-from .types import dense_attr, tensor_type
+from .types import dense_attr, dense_value, dtype_of, is_splat, tensor_type
 from .conv_shapes import CONV_SHAPES
 from .module import get_func
 
@@ -100,7 +105,53 @@ def _tree_sum(terms):
     return terms[0]
 
 
-def _conv2d(b: Builder, op):
+def _channel_vector(v, o: int):
+    """The (O,) values whose broadcast `v` is (a (O, 1, 1) / (1, O, 1, 1) vector broadcast
+    to NCHW), or None."""
+    d = v.owner
+    if getattr(d, "name", "") != "rlx.broadcast_to":
+        return None
+    src = d.operands[0]
+    shp = tuple(src.type.get_shape())
+    shp = (1,) * (4 - len(shp)) + shp
+    return src if len(shp) == 4 and shp == (1, o, 1, 1) else None
+
+
+def _splat(v):
+    d = v.owner
+    return d if isinstance(d, ConstantOp) and is_splat(d.value) else None
+
+
+def _epilogue_chain(op) -> list:
+    """The elementwise ops that follow conv2d `op` and can run in its GEMM's epilogue (see
+    the header): each the only user of the previous value, f32, of the conv's shape."""
+    o = op.results[0].type.get_shape()[1]
+    chain, r = [], op.results[0]
+    while r.has_one_use():
+        e = r.get_user_of_unique_use()
+        fam = getattr(e, "FAMILY", "")
+        if fam not in ("unary", "binary") or e.results[0].type != r.type:
+            break
+        others = [v for v in e.operands if v is not r]
+        if len(others) != len(e.operands) - 1 or not all(
+                _channel_vector(v, o) is not None or _splat(v) is not None for v in others):
+            break
+        chain.append(e)
+        r = e.results[0]
+    return chain
+
+
+def _replay(b: Builder, op, chain, y, other):
+    """Rebuild `chain` (see _epilogue_chain) on y, which stands for conv `op`'s result;
+    `other(v)` maps each operand that is not the chain's own value."""
+    cur = op.results[0]
+    for e in chain:
+        y = b.emit(type(e), [y if v is cur else other(v) for v in e.operands], **e.params())
+        cur = e.results[0]
+    return y
+
+
+def _conv2d(b: Builder, op, chain=()):
     x, w = (b.wrap(o) for o in op.operands)
     p = op.params()
     n, c = x.shape[:2]
@@ -115,10 +166,19 @@ def _conv2d(b: Builder, op):
             wk = b.op("slice", w, starts=(0, 0, k // kw, k % kw), limits=(o, 1, k // kw + 1, k % kw + 1),
                       strides=(1, 1, 1, 1))
             terms.append(win * b.broadcast_to(b.reshape(wk, (o, 1, 1)), win.shape))
-        return _tree_sum(terms)
+        return _replay(b, op, chain, _tree_sum(terms), b.wrap)
     cols = _squeeze_groups(b, _cols(b, x, *args, g), g)
     y = b.op("matmul", _squeeze_groups(b, _w_rows(b, w, g), g), cols)
-    return b.reshape(y, (n, o, oh, ow))
+    if g == 1:   # the epilogue chain on the GEMM's own (N, O, OH*OW) result: the bias is
+        #          a per-row value of each image's C, fused into the sgemm epilogue
+        def other(v):
+            vec = _channel_vector(v, o)
+            if vec is not None:
+                return b.broadcast_to(b.reshape(b.wrap(vec), (1, o, 1)), y.shape)
+            return b.full(float(dense_value(_splat(v).value).reshape(-1)[0]), y.shape,
+                          dtype_of(v.type))
+        return b.reshape(_replay(b, op, chain, y, other), (n, o, oh, ow))
+    return _replay(b, op, chain, b.reshape(y, (n, o, oh, ow)), b.wrap)
 
 
 def _conv_transpose2d(b: Builder, op):
@@ -184,8 +244,15 @@ def decompose_conv(module: ModuleOp, clean: bool = True) -> ModuleOp:
         rule = DECOMPOSE.get(op.name)
         if rule is None:
             continue
-        new = rule(Builder(block, op), op)
-        op.results[0].replace_all_uses_with(new.v)
+        # conv2d also replaces its epilogue chain: built before the chain's last op, where
+        # the chain's other operands (the bias) are defined too
+        chain = _epilogue_chain(op) if op.name == "rlx.conv2d" else []
+        last = chain[-1] if chain else op
+        b = Builder(block, last)
+        new = rule(b, op, chain) if chain else rule(b, op)
+        last.results[0].replace_all_uses_with(new.v)
+        for dead in reversed(chain):
+            block.erase_op(dead)
         block.erase_op(op)
     if clean:
         from .passes import cleanup

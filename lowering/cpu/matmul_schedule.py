@@ -15,6 +15,10 @@ is not stored: sgemm applies R's expression to each finished row-vector of C
 masked vector loads or broadcasts) and writes R directly.  When the expression
 does not qualify (a gather, a transposed read, a pow/cast), C is materialized
 and R is one fused elementwise pass over it.  One matmul per epilogue root.
+
+Batch fold.  A batched product whose B is one matrix for every batch element and
+whose A rows follow each other batch-major (a (B, T, K) activation times a (K, N)
+weight) is one GEMM of B*T rows instead of B small ones (C is batch-major already).
 """
 from __future__ import annotations
 
@@ -89,15 +93,65 @@ def matmul_kernel(bl, c, op, out, what, epilogue_root=None) -> bool:
             return False
     if numel(cs) == 0:
         return True
+    opa, opb = operand(a, iv, kv), operand(b, kv, jv)
+    folded = _fold_batch(bvars, iv, M, opa, opb, epi)
+    if folded is not None:   # (B.., M, K) @ (K, N): one GEMM of B*M rows
+        bvars, iv, opa, epi = folded
+        M = iv.extent
     # the workspace caps sgemm's team: small products get one thread's worth
     threads = bl.sgemm_threads if M * N * max(K, 1) >= SGEMM_PAR_MIN else 1
     scratch = bl._buf(f"ws{len(bl.buffers)}", "temp", "f32",
                       sgemm_workspace_floats(M, N, K, threads, cpu=bl.cpu))
     k = MatmulKernel(bl._kname("matmul"), what, [v for v in bvars], M, N, K,
-                     operand(a, iv, kv), operand(b, kv, jv), out, scratch, epi, iv, jv,
+                     opa, opb, out, scratch, epi, iv, jv,
                      work=numel(cs) * max(K, 1))
     bl._add(k, gen)
     return True
+
+
+def _fold_batch(bvars, iv, M, opa, opb, epi):
+    """A batched matmul whose B is the same matrix for every batch element and whose A rows
+    follow each other batch-major at stride rs (a (B, T, K) activation times a (K, N)
+    weight) is ONE GEMM of B*T rows: C is batch-major with ldc = N already, so row
+    i' = b*T + i of the folded product is C's row (b, i).  Epilogue loads must index rows
+    the same way (or not depend on the row).  Returns (bvars, iv, A, epilogue) or None."""
+    live = [v for v in bvars if v.extent != 1]
+    if not live:
+        return None
+    stride, strides = M, {}
+    for v in reversed(live):
+        strides[v] = stride
+        stride *= v.extent
+    rows = ix.Var("i", stride)
+    bco, aco = opb.off.coeffs(), opa.off.coeffs()
+    if any(bco.get(v, 0) for v in live) or any(aco.get(v, 0) != opa.rs * strides[v] for v in live):
+        return None
+    zero = {v: ix.ZERO for v in live}
+    new_epi = None
+    if epi is not None:
+        memo: dict = {}
+
+        def conv(e):
+            r = memo.get(id(e))
+            if r is not None:
+                return r
+            if isinstance(e, Load):
+                co = e.off.coeffs()
+                if any(co.get(v, 0) != co.get(iv, 0) * strides[v] for v in live):
+                    raise ValueError
+                r = Load(e.buf, ix.subst(e.off, {**zero, iv: ix.var(rows)}))
+            elif isinstance(e, Op):
+                r = Op(e.op, tuple(conv(x) for x in e.args), e.dtype, e.params)
+            else:
+                r = e
+            memo[id(e)] = r
+            return r
+        try:
+            new_epi = conv(epi)
+        except ValueError:
+            return None
+    a = MatOperand(opa.buf, ix.subst(opa.off, zero), opa.rs, opa.cs)
+    return [], rows, a, new_epi
 
 
 def _epilogue(bl, c, root, bidx, iv, jv):
