@@ -91,26 +91,16 @@ PORTABLE = "x86-64-v3"   # what --cpu portable builds (the shipped-artifact base
 
 
 def use_cpu(cpu: str) -> str:
-    """Make every rlxc compile of this process target `cpu` (Func.jit and Trainer pass no
-    cpu option, so the backend's default, the host, would apply).  Returns the cpu string
-    the backend gets.  Raises when this rlxc has no hook for it."""
+    """Make every rlxc compile of this process target `cpu`: Func.jit, Func.run and the
+    Trainer pass no cpu option, so the cpu backend's default (the host) applies; this sets
+    that default.  Returns the cpu string the backend gets."""
     if cpu in ("native", "host", ""):
         return "native"
     if cpu == "portable":
         cpu = PORTABLE
-    import rlxc.backends as be
+    from rlxc.registry import backend
 
-    orig = getattr(be, "_options", None)
-    if orig is None or getattr(orig, "bench_cpu", None):
-        if orig is not None:
-            return orig.bench_cpu
-        raise RuntimeError("compare.py --cpu: rlxc.backends has no _options(options) to "
-                           "default the cpu option through")
-
-    def _options(options):
-        return orig({"cpu": cpu, **options})
-    _options.bench_cpu = cpu
-    be._options = _options
+    backend("cpu").default_cpu = cpu
     return cpu
 
 

@@ -283,3 +283,21 @@ def test_backend_load_reads_its_own_artifacts(tmp_path):
     np.testing.assert_array_equal(m.run(x=[1, 2, 3])[0], [2, 3, 4])
     with pytest.raises(ArtifactError, match="built for --target cpu, not cuda"):
         registry.backend("cuda").load(out)
+
+
+def test_bench_cpu_option_reaches_jit_and_trainer(monkeypatch):
+    """benchmarks/compare.py --cpu X: Func.jit / Trainer pass no cpu option, so the cpu
+    backend's default must become X (it silently stayed the host before)."""
+    import os
+    import sys
+
+    from rlxc.registry import backend
+
+    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+    monkeypatch.syspath_prepend(here)
+    compare = __import__("compare")
+    b = backend("cpu")
+    monkeypatch.setattr(b, "default_cpu", b.default_cpu)
+    assert compare.use_cpu("portable") == "x86-64-v3"
+    assert b.cpu_string(None) == "x86-64-v3"
+    sys.modules.pop("compare", None)
