@@ -101,3 +101,24 @@ def test_product_of_symbols_falls_back_per_size():
     for B, S in ((2, 3), (5, 1)):
         x = r.normal(size=(B, S, 4)).astype(np.float32)
         _close(f.run_on("cpu", x=x), f.run_on("interp", x=x), f"B={B} S={S}")
+
+
+def test_trainer_steps_any_batch_on_the_one_library(monkeypatch):
+    import rlxc.lowering.cpu.driver as driver
+
+    from test_dynamic_dims import _data, _mlp
+
+    f = _mlp("B")
+    tr = f.trainer(rlxc.optim.SGD(0.1), device="cpu")
+    ref, opt = f, rlxc.optim.SGD(0.1)
+    for i, B in enumerate((8, 3, 8, 5)):
+        x, y = _data(B)
+        lt = tr.step({"x": x, "y": y})
+        if i == 0:   # the step's engine is the one library: later sizes compile nothing
+            from rlxc.runtime.dyncpu import DynExecutor
+
+            assert isinstance(tr._engine.ex, DynExecutor)
+            monkeypatch.setattr(driver, "compile_cpu", lambda *a, **k: pytest.fail("compiled"))
+        s, want = ref.specialize(B=B).train_step(opt, {"x": x, "y": y}, device="interp")
+        ref = f.with_params(s.params())
+        np.testing.assert_allclose(lt, want, rtol=1e-5)
