@@ -23,6 +23,7 @@ from .dims import bind_sizes
 from .errors import ArtifactError, RlxError
 from .signature import NP_DTYPES
 
+_ERRORS = {"IndexError": IndexError, "ValueError": ValueError, "RuntimeError": RuntimeError}
 _Spec = namedtuple("_Spec", "name kind shape dtype")
 
 
@@ -36,7 +37,7 @@ class DynLibrary:
     """A loaded size-generic library and its metadata (lowering/cpu/dynsizes.py)."""
 
     def __init__(self, so_path: str, meta: dict):
-        from .cpu import ThreadGovernor, env_threads
+        from .cpu import ThreadGovernor, env_threads   # public names of runtime/cpu.py
 
         if meta.get("abi") != 1 or "dims" not in meta:
             raise ArtifactError(f"{so_path}: not a size-generic CPU library")
@@ -78,11 +79,9 @@ class DynLibrary:
         return max(size_of(e, env) for e in self.meta["workspace"])
 
     def error(self, rc: int) -> Exception:
-        from .cpu import _EXC
-
         kind, msg = self.errors.get(rc, ("RlxError", f"{self.meta['entry']} failed with "
                                                      f"error code {rc}"))
-        return _EXC.get(kind, RlxError)(msg)
+        return _ERRORS.get(kind, RlxError)(msg)
 
 
 class DynExecutor:
