@@ -55,6 +55,12 @@ def executor_for(backend, func, **options):
     """`backend.executor(func)`, or a SizedExecutor when `func` has dynamic dims and the
     backend compiles native code (the interpreter runs symbols itself)."""
     if backend.native and is_dynamic_func(func):
+        if not options:
+            from .dynone import one_library
+
+            one = one_library(func, backend)   # one library for every size (dynone.py)
+            if one is not None:
+                return one
         return SizedExecutor(func, backend, options)
     return backend.executor(func, **options)
 
@@ -84,8 +90,13 @@ class SizedJitted:
         self._jits: dict = {}
         self._threads = None
         self._dyn = [a for a in func.signature() if a.kind == "input" and is_dynamic(a.shape)]
+        from .dynone import one_library
+
+        self._one = None if options else one_library(func, backend)  # every size: dynone.py
 
     def run(self, *args, **inputs) -> list:
+        if self._one is not None:
+            return self._one.run(self.func.bind_call(args, inputs, f"{self.func.name}.run"))
         if not args and self._dyn is not None:   # fast path: sizes from the dynamic inputs
             try:
                 shapes = [getattr(inputs[a.name], "shape", None) for a in self._dyn]
@@ -114,6 +125,8 @@ class SizedJitted:
     def set_num_threads(self, n: int) -> None:
         """Threads of every program built so far and of those built later."""
         self._threads = int(n)
+        if self._one is not None:
+            self._one.lib.set_num_threads(self._threads)
         for j in self._jits.values():
             j.set_num_threads(self._threads)
 

@@ -190,7 +190,14 @@ class CpuBackend(Backend):
         from rlxc.backends import library_for
 
         self.target.require()
-        if getattr(prog, "dynamic", False):   # dynamic dims: one resident call per sizes
+        if getattr(prog, "dynamic", False):   # dynamic dims: one library for every size
+            from rlxc.dynone import one_library
+
+            one = one_library(prog.func, self)
+            if one is not None:
+                from rlxc.runtime.call import ExecutorLoop
+
+                return ExecutorLoop(one, args, state_pos)
             from rlxc.backends import library
             from rlxc.dynamic import SizedEngine
 

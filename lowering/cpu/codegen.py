@@ -50,6 +50,7 @@ import llvmlite.ir as ir
 
 from rlxc.lowering.cpu import indexing as ix
 from rlxc.lowering.cpu import openmp as parallel
+from rlxc.lowering.cpu import symint
 from rlxc.lowering.shared.scalar import F32, I8, I32, I64, MEM_TYPES, combine, const, emit_op, vtype
 from rlxc.lowering.cpu.loops import (AccDecl, AccRef, CheckKernel, Const, For, InRange, Load,
                     LoopKernel, MatmulKernel, Op, Program, Store, Update, walk, walk_expr)
@@ -62,6 +63,8 @@ F32P = F32.as_pointer()
 
 
 def c64(v: int):
+    if hasattr(v, "coef"):   # a size of a dynamic program (symint.py)
+        return symint.value(v)
     return ir.Constant(I64, int(v))
 
 
@@ -127,7 +130,7 @@ class Body:
         if r is not None:
             return r
         if isinstance(e, Const):
-            r = const(vtype(e.dtype), e.value)
+            r = c64(e.value) if hasattr(e.value, "coef") else const(vtype(e.dtype), e.value)
         elif isinstance(e, Load):
             r = self.load(b, e.buf, self.index(b, e.off, vars_))
         elif isinstance(e, AccRef):
@@ -319,9 +322,15 @@ class ModuleGen:
         parallel.thread_control(self.m)
         self.globals: dict = {}
         self.uses_sgemm = False  # set by llvmmatmul: link sgemmlib's object
+        self.dims = getattr(program, "dims", None)  # symbols of a dynamic program (dynsizes.py)
 
     def _fn(self, name, ret, argtys):
+        n = len(argtys)
+        if self.dims:   # a dynamic program: every kernel takes the sizes after its arguments
+            argtys = list(argtys) + [I64] * len(self.dims)
         fn = ir.Function(self.m, ir.FunctionType(ret, argtys), f"{self.sym}.{name}")
+        if self.dims:
+            symint.enter(fn, dict(zip(self.dims, fn.args[n:])))
         fn.linkage = "internal"
         fn.attributes.add("nounwind")
         for a in fn.args:
@@ -342,7 +351,8 @@ class ModuleGen:
         for s in walk(k.body):  # accumulators live in entry-block allocas (SROA -> phis)
             if isinstance(s, AccDecl) and id(s.acc) not in body.accs:
                 body.accs[id(s.acc)] = b.alloca(vtype(s.acc.dtype), name=s.acc.name)
-        body.stmts(b, k.body, {}, (fn.args[-2], fn.args[-1]) if par else None)
+        nb = len(bufs)
+        body.stmts(b, k.body, {}, (fn.args[nb], fn.args[nb + 1]) if par else None)
         if body.streamed:  # order the weakly ordered non-temporal stores before returning
             _sfence(b, self.cpu)
         b.ret_void()
@@ -402,21 +412,28 @@ class ModuleGen:
 
     def generate(self) -> ir.Module:
         p = self.p
-        wsfn = ir.Function(self.m, ir.FunctionType(I64, []), f"{self.sym}_workspace_size")
-        b = ir.IRBuilder(wsfn.append_basic_block("entry"))
-        b.ret(c64(p.workspace_size))
-        self.signature_symbol(p)
+        if self.dims:
+            from rlxc.lowering.cpu.dynentry import entry_head
 
-        entry = ir.Function(self.m, ir.FunctionType(I32, [I8PP, I8PP, I8PP, I8P]), self.sym)
+            entry, b, extra = entry_head(self)
+        else:
+            wsfn = ir.Function(self.m, ir.FunctionType(I64, []), f"{self.sym}_workspace_size")
+            b = ir.IRBuilder(wsfn.append_basic_block("entry"))
+            b.ret(c64(p.workspace_size))
+            self.signature_symbol(p)
+            entry = ir.Function(self.m, ir.FunctionType(I32, [I8PP, I8PP, I8PP, I8P]), self.sym)
+            extra = []
         entry.attributes.add("nounwind")
-        for a, n in zip(entry.args, ("inputs", "outputs", "params", "workspace")):
+        for a, n in zip(entry.args, ("inputs", "outputs", "params", "workspace", "dims")):
             a.name = n
-        b = ir.IRBuilder(entry.append_basic_block("entry"))
+        if not self.dims:
+            b = ir.IRBuilder(entry.append_basic_block("entry"))
+        at_entry = symint.save()
         arrays = {"input": entry.args[0], "output": entry.args[1], "param": entry.args[2]}
         ptrs: dict = {}
         from rlxc.lowering.cpu.driver import has_parallel_kernels
 
-        if has_parallel_kernels(p, self.cpu):  # bind the team's workers once (pinning.py)
+        if has_parallel_kernels(getattr(p, "sample", p), self.cpu):  # bind the team's workers once (pinning.py)
             from rlxc.lowering.cpu.pinning import emit_pin_team
 
             b.call(emit_pin_team(self.m, self.sym), [])
@@ -439,27 +456,36 @@ class ModuleGen:
         for k in p.kernels:
             if isinstance(k, CheckKernel):
                 fn = self.check_kernel(k)
-                rc = b.call(fn, [ptr(k.buf)])
+                symint.restore(at_entry)
+                rc = b.call(fn, [ptr(k.buf)] + extra)
                 with b.if_then(b.icmp_signed("!=", rc, ir.Constant(I32, 0)), likely=False):
                     b.ret(rc)
             elif isinstance(k, LoopKernel):
                 fn, bufs, par = self.loop_kernel(k)
+                symint.restore(at_entry)
                 args = [ptr(x) for x in bufs]
                 if par is None:
-                    b.call(fn, args)
+                    b.call(fn, args + extra)
                 else:
                     n = par.stop.const
+                    nb = len(args)
+                    args += extra
                     parallel.emit_parallel_ranges(
                         self.m, b, c64(n),
-                        lambda wb, lo, hi, *rest, fn=fn: wb.call(fn, list(rest[-1]) + [lo, hi]),
+                        lambda wb, lo, hi, *rest, fn=fn, nb=nb: wb.call(
+                            fn, list(rest[-1])[:nb] + [lo, hi] + list(rest[-1])[nb:]),
                         args, name=f"{self.sym}.{k.name}.par", work=c64(k.work),
                         min_work=PAR_MIN_WORK)
             elif isinstance(k, MatmulKernel):
                 fn, bufs = self.matmul_kernel(k)
-                b.call(fn, [ptr(x) for x in bufs])
+                symint.restore(at_entry)
+                b.call(fn, [ptr(x) for x in bufs] + extra)
             else:
                 raise TypeError(k)
         b.ret(ir.Constant(I32, 0))
+        if self.dims:
+            symint.restore(at_entry)
+            symint.flush()
         if _lanes(self.cpu) == 16:
             # LLVM defaults to 256-bit loop vectors on AVX-512 cores; 512 bits measured ~15%
             # faster on fused transcendental loops.  Every defined function carries it, or the

@@ -130,8 +130,13 @@ class Affine:
 ZERO = Affine((), 0)
 
 
+def _int(c):
+    """int(c), or c itself when it is a symbolic size (lowering/cpu/symint.py)."""
+    return c if hasattr(c, "coef") else int(c)
+
+
 def const(c: int) -> Affine:
-    return Affine((), int(c))
+    return Affine((), _int(c))
 
 
 def var(v: Var) -> Affine:
@@ -142,7 +147,7 @@ def of(x) -> Affine:
     """Coerce an int, an Atom or an Affine to an Affine."""
     if isinstance(x, Affine):
         return x
-    if isinstance(x, int):
+    if isinstance(x, int) or hasattr(x, "coef"):
         return const(x)
     if isinstance(x, Atom):
         return Affine(((x, 1),), 0)
@@ -167,7 +172,7 @@ def _build(terms: dict, c: int) -> Affine:
                         terms = {x: v for x, v in terms.items() if v}
                         changed = True
                         break
-    return Affine(tuple(sorted(terms.items(), key=lambda t: _order(t[0]))), int(c))
+    return Affine(tuple(sorted(terms.items(), key=lambda t: _order(t[0]))), _int(c))
 
 
 def add(*xs) -> Affine:

@@ -32,7 +32,9 @@ I8P = I8.as_pointer()
 
 
 def c64(v: int):
-    return ir.Constant(I64, int(v))
+    from rlxc.lowering.cpu.codegen import c64 as c
+
+    return c(v)
 
 
 def _declare(module, name, fnty):

@@ -1,0 +1,129 @@
+"""Calling a size-generic CPU library: one .so serves every size of its symbols.
+
+    DynLibrary(so, meta)    entry(ins, outs, pars, ws, dims), workspace_size(dims)
+    DynExecutor.run(arrays) per call: sizes from the arrays (runtime/dims.py: agreement,
+                            >= 1), output shapes evaluated from the sizes, the
+                            workspace of this thread grown when the sizes need more
+                            (one allocation, reused while the sizes do not grow)
+
+A size in the metadata is an int or [c0, [[symbol, k], ...]] (c0 + sum k * symbol,
+lowering/cpu/symint.py).  NumPy, ctypes and the standard library only.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from collections import namedtuple
+
+import numpy as np
+
+from .call import aligned_empty, checked_array, data_address
+from .dims import bind_sizes
+from .errors import ArtifactError, RlxError
+from .signature import NP_DTYPES
+
+_ERRORS = {"IndexError": IndexError, "ValueError": ValueError, "RuntimeError": RuntimeError}
+_Spec = namedtuple("_Spec", "name kind shape dtype")
+
+
+def size_of(j, env: dict) -> int:
+    if isinstance(j, int):
+        return j
+    return j[0] + sum(k * env[s] for s, k in j[1])
+
+
+class DynLibrary:
+    """A loaded size-generic library and its metadata (lowering/cpu/dynsizes.py)."""
+
+    def __init__(self, so_path: str, meta: dict):
+        from .cpu import ThreadGovernor, env_threads   # public names of runtime/cpu.py
+
+        if meta.get("abi") != 1 or "dims" not in meta:
+            raise ArtifactError(f"{so_path}: not a size-generic CPU library")
+        self.meta, self.path = meta, so_path
+        try:
+            self.lib = ctypes.CDLL(os.path.abspath(so_path))
+            fn = getattr(self.lib, meta["entry"])
+            wsf = getattr(self.lib, meta["workspace_symbol"])
+        except (OSError, AttributeError) as e:
+            raise ArtifactError(f"cannot load {so_path}: {e}") from None
+        fn.restype, fn.argtypes = ctypes.c_int32, [ctypes.c_void_p] * 5
+        wsf.restype, wsf.argtypes = ctypes.c_int64, [ctypes.c_void_p]
+        self.entry, self.wsf = fn, wsf
+        self.dims = list(meta["dims"])
+        self.args = meta["args"]
+        self.specs = [_Spec(a["name"], a["kind"], tuple(a["shape"]), a["dtype"])
+                      for a in self.args]
+        self.inputs = [a for a in self.args if a["kind"] == "input"]
+        self.params = [a for a in self.args if a["kind"] == "param"]
+        self.outputs = [(o["shape"], NP_DTYPES[o["dtype"]]) for o in meta["outputs"]]
+        self.errors = {int(k): tuple(v) for k, v in meta.get("errors", {}).items()}
+        st = getattr(self.lib, "rlxc_set_num_threads", None)
+        if st is not None:
+            st.argtypes, st.restype = [ctypes.c_int32], None
+        self.governor = ThreadGovernor(st, env_threads(), bool(meta.get("parallel", True)))
+        for n in (1, 1000):   # the library's size function agrees with the metadata's
+            env = {d: n + j for j, d in enumerate(self.dims)}
+            arr = (ctypes.c_int64 * max(1, len(self.dims)))(*[env[d] for d in self.dims])
+            if wsf(arr) != self.workspace_size(env):
+                raise ArtifactError(f"{so_path}: workspace size {wsf(arr)} at {env} differs "
+                                    f"from its metadata ({self.workspace_size(env)})")
+
+    def set_num_threads(self, n: int) -> None:
+        self.governor.configure(int(n))
+
+    def workspace_size(self, env: dict) -> int:
+        """Bytes of workspace at sizes `env` (the library's own size function, checked
+        against the metadata's)."""
+        return max(size_of(e, env) for e in self.meta["workspace"])
+
+    def error(self, rc: int) -> Exception:
+        kind, msg = self.errors.get(rc, ("RlxError", f"{self.meta['entry']} failed with "
+                                                     f"error code {rc}"))
+        return _ERRORS.get(kind, RlxError)(msg)
+
+
+class DynExecutor:
+    """`run(arrays)`, every argument in signature order (what Func.run passes)."""
+
+    def __init__(self, lib: DynLibrary):
+        self.lib = lib
+        self._local = threading.local()
+        self._in_pos = [i for i, a in enumerate(lib.args) if a["kind"] == "input"]
+        self._par_pos = [i for i, a in enumerate(lib.args) if a["kind"] == "param"]
+        n = max(1, len(lib.dims))
+        self._ctypes = (ctypes.c_void_p * max(1, len(self._in_pos)),
+                        ctypes.c_void_p * max(1, len(lib.outputs)),
+                        ctypes.c_void_p * max(1, len(self._par_pos)), ctypes.c_int64 * n)
+
+    def _workspace(self, nbytes: int):
+        ws = getattr(self._local, "ws", None)
+        if ws is None or ws.size < nbytes:   # grow only: reused while the sizes fit
+            ws = self._local.ws = aligned_empty((max(nbytes, 64),), np.uint8)
+        return ws
+
+    def run(self, arrays) -> list:
+        lib = self.lib
+        if len(arrays) != len(lib.args):
+            raise ValueError(f"{lib.meta['name']}: expected {len(lib.args)} arrays "
+                             f"(inputs and params in signature order), got {len(arrays)}")
+        arrays = [np.asarray(a) for a in arrays]
+        env = bind_sizes(lib.specs, [a.shape for a in arrays], f"{lib.meta['name']}.run")
+        spec = [dict(a, shape=[env[d] if isinstance(d, str) else d for d in a["shape"]])
+                for a in lib.args]
+        arrays = [checked_array(a, s) for a, s in zip(arrays, spec)]
+        tin, tout, tpar, tdim = self._ctypes
+        ins = tin(*[data_address(arrays[i]) for i in self._in_pos])
+        pars = tpar(*[data_address(arrays[i]) for i in self._par_pos])
+        outs = [np.empty(tuple(size_of(d, env) for d in s), dt) for s, dt in lib.outputs]
+        optr = tout(*[data_address(o) for o in outs])
+        dims = tdim(*[env[s] for s in lib.dims])
+        ws = self._workspace(lib.workspace_size(env))
+        gov = lib.governor
+        tok = gov.begin()
+        rc = lib.entry(ins, optr, pars, ctypes.c_void_p(data_address(ws)), dims)
+        gov.end(tok)
+        if rc:
+            raise lib.error(rc)
+        return outs

@@ -1,0 +1,124 @@
+"""One native library per dynamic Func (issue 14): lowering/cpu/dynsizes.py, rlxc/dynone.py.
+
+The graphs of test_dynamic_native.py (MLP, softmax cross-entropy, layer_norm, a reshape
+chain; plain, value_and_grad_all, hvp, vmap) all take the one-library path: checked
+here, with the interpreter at sizes 1, 2, 7, 64, 1000 through that one library, no
+second compile and no new disk-cache entry at a new size, the workspace grown only
+when the size grows, the per-call size checks, and the fallback of a graph that is not
+size-generic (a product of two symbols), which still runs per size."""
+import os
+
+import numpy as np
+import pytest
+
+import rlxc
+from rlxc.dynone import FALLBACKS, one_library
+from rlxc.registry import backend
+from rlxc.runtime.errors import ShapeError
+
+from test_dynamic_native import GRAPHS, SIZES, TRANSFORMS, _close, _func, _inputs
+
+CASES = [(g, t) for g in GRAPHS for t in TRANSFORMS]
+
+
+@pytest.mark.parametrize("graph, transform", CASES)
+def test_one_library_serves_every_size(graph, transform):
+    f = _func(graph, transform)
+    ex = one_library(f, backend("cpu"))
+    assert ex is not None, FALLBACKS.get(f.ir_hash())
+    for B in SIZES if transform != "vmap" else (1, 7, 64):
+        x = _inputs(f, B)
+        _close(ex.run(f.bind_call((), x)), f.run_on("interp", **x), f"{graph}/{transform} B={B}")
+
+
+def _files(d):
+    return sorted(os.path.join(r, n) for r, _, ns in os.walk(d) for n in ns) \
+        if os.path.isdir(d) else []
+
+
+def test_new_size_no_compile_no_cache_entry(monkeypatch):
+    import rlxc.lowering.cpu.driver as driver
+    import rlxc.lowering.cpu.dynsizes as dynsizes
+
+    import rlxc.dynone as dynone
+
+    monkeypatch.setattr(dynone, "_libs", {})   # compile afresh in this test
+    f = _func("softmax_ce", "grad")
+    calls = []
+    real_dyn, real_static = dynsizes.compile_dynamic, driver.compile_cpu
+    monkeypatch.setattr(dynsizes, "compile_dynamic",
+                        lambda *a, **k: calls.append("dyn") or real_dyn(*a, **k))
+    monkeypatch.setattr(driver, "compile_cpu",
+                        lambda *a, **k: calls.append("static") or real_static(*a, **k))
+    j = f.jit_on("cpu")
+    x = _inputs(f, 8)
+    _close(j.run(**x), f.run_on("interp", **x), "B=8")
+    assert calls == ["dyn"]
+    cache = os.environ.get("RLXC_CACHE_DIR", "")
+    before = _files(cache)
+    for B in (3, 9, 130):
+        x = _inputs(f, B)
+        _close(j.run(**x), f.run_on("interp", **x), f"B={B}")
+        _close(f.run_on("cpu", **x), f.run_on("interp", **x), f"run B={B}")
+    assert calls == ["dyn"], "a new size compiled something"
+    assert _files(cache) == before, "a new size wrote to the compile cache"
+
+
+def test_workspace_grows_only_with_the_size():
+    from rlxc.runtime.dyncpu import DynExecutor
+
+    f = _func("mlp", "grad")
+    ex = DynExecutor(one_library(f, backend("cpu")).lib)   # a fresh workspace
+    ex.run(f.bind_call((), _inputs(f, 64)))
+    ws = ex._local.ws
+    assert ws.size >= ex.lib.workspace_size({"B": 64}) > ex.lib.workspace_size({"B": 7})
+    ex.run(f.bind_call((), _inputs(f, 7)))
+    assert ex._local.ws is ws                  # smaller: reused
+    ex.run(f.bind_call((), _inputs(f, 1000)))
+    assert ex._local.ws is not ws and ex._local.ws.size >= ex.lib.workspace_size({"B": 1000})
+
+
+def test_size_checks_on_the_one_library():
+    f = _func("softmax_ce", "plain")
+    assert one_library(f, backend("cpu")) is not None
+    x = _inputs(f, 4)
+    with pytest.raises(ShapeError, match="dimension 'B' is 4 from input 'x' but 3"):
+        f.run_on("cpu", x=x["x"], y=x["y"][:3])
+    with pytest.raises(ValueError, match="dimension 'B' is 0"):
+        f.run_on("cpu", x=x["x"][:0], y=x["y"][:0])
+
+
+def _two_symbols(s):
+    x = s.input("x", ("B", "S", 4))
+    return (x * s.param("w", (4,))).tanh().sum(1)
+
+
+def test_product_of_symbols_falls_back_per_size():
+    f = rlxc.Func("two_symbols", _two_symbols).init_randn(seed=1, stddev=0.5)
+    assert one_library(f, backend("cpu")) is None
+    assert "DynamicSizeError" in FALLBACKS[f.ir_hash()]
+    r = np.random.default_rng(0)
+    for B, S in ((2, 3), (5, 1)):
+        x = r.normal(size=(B, S, 4)).astype(np.float32)
+        _close(f.run_on("cpu", x=x), f.run_on("interp", x=x), f"B={B} S={S}")
+
+
+def test_trainer_steps_any_batch_on_the_one_library(monkeypatch):
+    import rlxc.lowering.cpu.driver as driver
+
+    from test_dynamic_dims import _data, _mlp
+
+    f = _mlp("B")
+    tr = f.trainer(rlxc.optim.SGD(0.1), device="cpu")
+    ref, opt = f, rlxc.optim.SGD(0.1)
+    for i, B in enumerate((8, 3, 8, 5)):
+        x, y = _data(B)
+        lt = tr.step({"x": x, "y": y})
+        if i == 0:   # the step's engine is the one library: later sizes compile nothing
+            from rlxc.runtime.dyncpu import DynExecutor
+
+            assert isinstance(tr._engine.ex, DynExecutor)
+            monkeypatch.setattr(driver, "compile_cpu", lambda *a, **k: pytest.fail("compiled"))
+        s, want = ref.specialize(B=B).train_step(opt, {"x": x, "y": y}, device="interp")
+        ref = f.with_params(s.params())
+        np.testing.assert_allclose(lt, want, rtol=1e-5)
