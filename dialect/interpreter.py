@@ -274,6 +274,7 @@ def eval_block(block, args, float_dtype=np.float32, sizes=None) -> list:
 
     def run(b, vals):
         return eval_block(b, vals, float_dtype, sizes)
+    run.sizes = sizes     # a region op's symbolic parameter (a scan's length) reads it
     with np.errstate(all="ignore"):
         for op in block.ops:
             if op is block.last_op and not op.results:
