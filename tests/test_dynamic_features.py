@@ -112,3 +112,42 @@ def test_scan_carry_only_symbolic_length_is_a_clear_error():
         return c
     with pytest.raises(ShapeError, match="dimension 'B'"):
         rlxc.Func("c", build).output_shapes()
+
+
+# ---------------------------------------------------------------- einsum
+
+EINSUM = [("bij,jk->bik", (("B", 3, 4), (4, 5))),
+          ("bhqd,bhkd->bhqk", (("B", 2, "S", 4), ("B", 2, "S", 4))),
+          ("bi,bi->b", (("B", 3), ("B", 3))),
+          ("bij->j", (("B", 3, 4),)),
+          ("ij,bj->bi", ((3, 4), ("B", 4))),
+          ("bs,bs->", (("B", "S"), ("B", "S"))),
+          ("bs,sk->bk", (("B", "S"), ("S", 5)))]
+
+
+@pytest.mark.parametrize("spec, shapes", EINSUM, ids=[e[0] for e in EINSUM])
+def test_einsum_symbolic_letters_numpy_cpu(spec, shapes):
+    def build(s):
+        ts = [s.input(f"x{i}", sh) for i, sh in enumerate(shapes)]
+        return rlxc.einsum(spec, *ts)
+    f = rlxc.Func("e", build)
+    for sizes in ({"B": 1, "S": 3}, {"B": 4, "S": 2}):
+        x = _inputs(f, sizes)
+        want = np.einsum(spec, *[x[f"x{i}"].astype(np.float64) for i in range(len(shapes))])
+        (got,) = f.run_on("interp", **x)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        (cpu,) = f.run_on("cpu", **x)
+        np.testing.assert_allclose(cpu, want, rtol=1e-4, atol=1e-5)
+
+
+def test_einsum_symbolic_grad_and_diagonal_error():
+    def build(s):
+        x = s.input("x", ("B", 3, 4))
+        return (rlxc.einsum("bij,jk->bik", x, s.param("w", (4, 5))).tanh() ** 2).mean()
+    g = _func(build).value_and_grad_all()
+    _interp_vs_cpu(g, [{"B": 2}, {"B": 5}])
+
+    def diag(s):
+        return rlxc.einsum("bb->b", s.input("x", ("B", "B")))
+    with pytest.raises(ShapeError, match="dimension 'B'"):
+        rlxc.Func("d", diag).output_shapes()
