@@ -151,3 +151,39 @@ def test_einsum_symbolic_grad_and_diagonal_error():
         return rlxc.einsum("bb->b", s.input("x", ("B", "B")))
     with pytest.raises(ShapeError, match="dimension 'B'"):
         rlxc.Func("d", diag).output_shapes()
+
+
+# ---------------------------------------------------------------- index ops
+
+def _index_ops(s):
+    x = s.input("x", ("B", 9))
+    y = s.input("y", ("B", "S"), "i32")
+    w = s.param("w", (9,))
+    z = x * w
+    v, i = z.topk(2)                      # select path (k * 8 < n is false: ranking)
+    v3, i3 = z.reshape("B", 3, 3).topk(1, axis=1)
+    return (z.cumsum(1) * z).sum() + v.sum() + v3.sum(), i, i3, z.argmax(-1), \
+        z.argmin(1, keepdims=True), y.one_hot(4).sum(1)
+
+
+def test_index_ops_static_axes_of_dynamic_tensors():
+    f = _func(_index_ops)
+    assert f.output_shapes()[1:] == [("B", 2), ("B", 1, 3), ("B",), ("B", 1), ("B", 4)]
+    _interp_vs_cpu(f, [{"B": 1, "S": 2}, {"B": 6, "S": 3}])
+    x = _inputs(f, {"B": 4, "S": 2})
+    out = f.run_on("interp", **x)
+    z = x["x"] * f.params()["w"]
+    np.testing.assert_array_equal(out[1], np.argsort(-z, 1, kind="stable")[:, :2])
+    np.testing.assert_array_equal(out[3], z.argmax(-1))
+    np.testing.assert_array_equal(out[5], np.eye(4)[x["y"]].sum(1))
+    g = rlxc.Func("g", lambda s: _index_ops(s)[0]).init_randn(seed=2, stddev=0.4)
+    _interp_vs_cpu(g.value_and_grad_all(), [{"B": 3, "S": 2}])
+
+
+@pytest.mark.parametrize("op", ["argmax", "cumsum", "topk"])
+def test_index_ops_along_a_dynamic_axis_name_the_symbol(op):
+    def build(s):
+        x = s.input("x", ("B", 4))
+        return x.topk(1, axis=0)[0] if op == "topk" else getattr(x, op)(0)
+    with pytest.raises(ShapeError, match=f"{op}: axis 0 .* dimension 'B'"):
+        rlxc.Func("e", build).output_shapes()
