@@ -235,6 +235,7 @@ from .conv_ref import EVAL_RULES as _CONV_EVAL  # noqa: E402  (convolution famil
 
 EVAL_RULES.update(_CONV_EVAL)
 EVAL_RULES["rlx.attention"] = attention_ref
+EVAL_RULES["rlx.iota"] = lambda size: np.arange(int(size), dtype=np.int32)   # dialect/iota.py
 
 missing = set(OPS) - set(EVAL_RULES) - {"rlx.constant", "rlx.cast"}
 assert not missing, f"no interpreter rule for {sorted(missing)}"

@@ -55,14 +55,14 @@ def _replay(src: Block, block: Block, vals: dict, sizes: dict):
         operands = [vals[o] for o in op.operands]
         if is_control(op):
             new = _control(op, operands, sizes)
+        elif op.name == "rlx.iota":
+            new = _iota_constant(op, sizes)
         elif isinstance(op, ConstantOp) or not any(is_dynamic(shape_of(r.type))
                                                    for r in op.results):
             new = op.clone(value_mapper=dict(zip(op.operands, operands)))
         elif isinstance(op, CastOp):
             new = CastOp.create(operands=operands,
                                 result_types=[_static(op.results[0].type, sizes)])
-        elif op.name == "rlx.iota":
-            new = _iota_constant(op, sizes)
         elif isinstance(op, RlxOp) and op.name in OPS:
             params = {k: resolve_value(v, sizes) for k, v in op.params().items()}
             new = create_op(OPS[op.name], operands, _static(op.results[0].type, sizes),
@@ -90,15 +90,11 @@ def _control(op, operands, sizes: dict):
 
 
 def _iota_constant(op, sizes: dict):
-    """A symbolic rlx.iota at `sizes`: the constant arange along its axis."""
+    """A symbolic rlx.iota at `sizes`: the constant arange it is (dialect/iota.py)."""
     import numpy as np
 
     from .types import dense_attr
 
     t = _static(op.results[0].type, sizes)
-    shp, axis = shape_of(t), op.params()["axis"]
-    view = [1] * len(shp)
-    view[axis] = shp[axis]
-    val = np.broadcast_to(np.arange(shp[axis]).reshape(view), shp)
     return ConstantOp.create(result_types=[t], properties={
-        "value": dense_attr(np.ascontiguousarray(val), dtype_of(t))})
+        "value": dense_attr(np.arange(shape_of(t)[0]), dtype_of(t))})

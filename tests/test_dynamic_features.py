@@ -187,3 +187,66 @@ def test_index_ops_along_a_dynamic_axis_name_the_symbol(op):
         return x.topk(1, axis=0)[0] if op == "topk" else getattr(x, op)(0)
     with pytest.raises(ShapeError, match=f"{op}: axis 0 .* dimension 'B'"):
         rlxc.Func("e", build).output_shapes()
+
+
+# ---------------------------------------------------------------- RNG and dropout
+
+def _rng(shape):
+    def build(s):
+        x = s.input("x", shape)
+        key = s.input("key", (2,), "u32")
+        w = s.param("w", (shape[-1],))
+        d = (x * w).dropout(0.3, key)
+        u = rlxc.random.uniform(key, x.shape, stream=1)
+        n = rlxc.random.normal(key, x.shape, stream=2)
+        return (d * d).sum() + (u * x).sum(), d, u, n
+    return build
+
+
+@pytest.mark.parametrize("shape", [("B", 5), ("B", "S", 3)], ids=["B5", "BS3"])
+def test_rng_dynamic_shapes_match_static_draws_and_cpu(shape):
+    f = _func(_rng(shape))
+    assert "rlx.iota" in f.mlir()
+    g = rlxc.Func.from_mlir(f.mlir())                       # round-trips through the text
+    assert g.output_shapes() == f.output_shapes()
+    for sizes in ({"B": 1, "S": 2}, {"B": 6, "S": 3}):
+        static = tuple(sizes.get(d, d) for d in shape)
+        fs = _func(_rng(static))
+        x = _inputs(f, sizes)
+        _close(f.run_on("interp", **x), fs.run_on("interp", **x), f"static {sizes}",
+               rtol=1e-6, atol=1e-7)
+        _close(f.run_on("cpu", **x), f.run_on("interp", **x), f"cpu {sizes}")
+    _interp_vs_cpu(rlxc.Func("l", lambda s: _rng(shape)(s)[0]).init_randn(seed=2, stddev=0.4)
+                   .value_and_grad_all(), [{"B": 3, "S": 2}])
+
+
+def test_dropout_inside_scan_and_vmap_of_keys():
+    def build(s):
+        xs = s.input("xs", ("T", "B", 4))
+        key = s.input("key", (2,), "u32")
+        w = s.param("w", (4, 4))
+
+        def body(h, x):
+            h = (h.matmul(w) + x.dropout(0.5, key)).tanh()
+            return h, h
+        h, ys = rlxc.scan(body, xs.sum(0) * 0.0, xs)
+        return (ys * ys).mean()
+    f = _func(build)
+    _interp_vs_cpu(f.value_and_grad_all(), [{"T": 2, "B": 3}, {"T": 3, "B": 1}])
+    v = _func(_rng(("B", 5))).vmap(["key"], 2)
+    x = _inputs(v, {"B": 3})
+    x["key"] = np.array([[1, 2], [3, 4]], np.uint32)
+    got = v.run_on("interp", **x)
+    one = _func(_rng(("B", 5)))
+    for i in range(2):
+        want = one.run_on("interp", x=x["x"], key=x["key"][i])
+        _close([g[i] for g in got], want, f"vmap key {i}", rtol=1e-6, atol=1e-7)
+    _close(v.run_on("cpu", **x), got, "vmap cpu")
+
+
+def test_rng_shape_symbol_must_come_from_an_input():
+    def build(s):
+        x = s.input("x", ("B", 3))
+        return rlxc.random.uniform(s.input("key", (2,), "u32"), ("N", 3)) + x.sum()
+    with pytest.raises(ShapeError, match="dimension 'N' is not a dimension of any input"):
+        rlxc.Func("r", build).output_shapes()
