@@ -250,3 +250,76 @@ def test_rng_shape_symbol_must_come_from_an_input():
         return rlxc.random.uniform(s.input("key", (2,), "u32"), ("N", 3)) + x.sum()
     with pytest.raises(ShapeError, match="dimension 'N' is not a dimension of any input"):
         rlxc.Func("r", build).output_shapes()
+
+
+# ---------------------------------------------------------------- conv, pools, attention
+
+def _cnn(s):
+    x = s.input("x", ("N", 2, 8, 8))
+    y = x.conv2d(s.param("w", (3, 2, 3, 3)), s.param("b", (3,)), padding=1).relu()
+    y = y.max_pool2d(2).conv2d(s.param("wd", (3, 1, 3, 3)), groups=3, padding="same")
+    y = y.conv_transpose2d(s.param("wt", (3, 2, 2, 2)), stride=2).avg_pool2d(2)
+    z = s.input("z", ("N", 2, 9)).conv1d(s.param("w1", (3, 2, 3)), stride=2)
+    return (y * y).mean() + z.tanh().sum() + y.upsample_nearest2d(2).sum() * 0.1, y
+
+
+def _attn(mask):
+    def build(s):
+        q = s.input("q", ("B", 2, "S", 4))
+        k = s.input("k", ("B", 2, "S", 4))
+        v = s.input("v", ("B", 2, "S", 4))
+        wq = s.param("wq", (4, 4))
+        m = s.input("m", ("B", 1, "S", "S"), "i1") if mask == "tensor" else mask
+        o = rlxc.attention(q.matmul(wq), k, v, mask=m, softcap=5.0 if mask is None else None)
+        return (o * o).sum(), o
+    return build
+
+
+def _fix_mask(x):
+    if "m" in x:
+        x["m"][..., 0] = True        # no fully masked row (those give zeros, also fine)
+
+
+@pytest.mark.parametrize("kind", ["conv", None, "causal", ("sliding", 2), "tensor"],
+                         ids=["conv", "none", "causal", "sliding", "tensor"])
+def test_conv_attention_dynamic_batch_interp_cpu_grad(kind):
+    build = _cnn if kind == "conv" else _attn(kind)
+    f = _func(build)
+    sizes = [{"N": 1, "B": 1, "S": 3}, {"N": 3, "B": 2, "S": 5}]
+    _interp_vs_cpu(f, sizes, _fix_mask)
+    g = rlxc.Func("l", lambda s: build(s)[0]).init_randn(seed=2, stddev=0.4)
+    _interp_vs_cpu(g.value_and_grad_all(), sizes[1:], _fix_mask)
+    if kind == "conv":        # static oracle for the values at one size
+        fs = _func(lambda s: _cnn_static(s, 3))
+        x = _inputs(f, sizes[1])
+        _close(f.run_on("interp", **x), fs.run_on("interp", **x), "conv static", 1e-5, 1e-6)
+
+
+def _cnn_static(s, n):
+    orig = s.input
+
+    def inp(name, shape, *a):
+        return orig(name, tuple(n if d == "N" else d for d in shape), *a)
+    s.input = inp
+    return _cnn(s)
+
+
+def test_vmap_of_dynamic_conv_and_attention():
+    f = _func(_attn("causal")).vmap(["q"], 2)
+    assert f.input_shape_of("q") == (2, "B", 2, "S", 4)
+    _interp_vs_cpu(f, [{"B": 2, "S": 3}])
+    c = _func(_cnn).vmap(["x"], 2)
+    _interp_vs_cpu(c, [{"N": 2}])
+
+
+def test_gpu_emulator_dynamic_features_small():
+    from rlxc.lowering.gpu import emu as gpu_emu
+
+    for build, sizes in ((_attn("causal"), {"B": 1, "S": 3}), (_rnn, {"T": 2, "B": 2}),
+                         (_rng(("B", 5)), {"B": 3})):
+        f = _func(build)
+        x = _inputs(f, sizes)
+        s = f.specialize(**{k: v for k, v in sizes.items()
+                            if any(k in a.shape for a in f.signature())})
+        _close(gpu_emu.emulate(s.module, s.bind_call((), x)), f.run_on("interp", **x),
+               f"gpu emulator {sizes}")
