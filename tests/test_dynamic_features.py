@@ -323,3 +323,17 @@ def test_gpu_emulator_dynamic_features_small():
                             if any(k in a.shape for a in f.signature())})
         _close(gpu_emu.emulate(s.module, s.bind_call((), x)), f.run_on("interp", **x),
                f"gpu emulator {sizes}")
+
+
+def test_distributed_trainer_with_a_dynamic_batch_is_a_clear_error():
+    from rlxc.distributed import init
+
+    def build(s):
+        x = s.input("x", ("B", 3))
+        return (x.linear(s.param("w", (3, 2))) ** 2).mean()
+    f = _func(build)
+    for kw in ({}, {"batch_size": 4}):
+        with pytest.raises(ValueError, match="dynamic dimension 'B'.*specialize"):
+            f.trainer(rlxc.optim.SGD(0.1), comm=init(), device="cpu", **kw)
+    tr = f.specialize(B=4).trainer(rlxc.optim.SGD(0.1), comm=init(), device="cpu")
+    assert np.isfinite(tr.step({"x": np.ones((4, 3), np.float32)}))
