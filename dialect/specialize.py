@@ -18,7 +18,6 @@ types too; a scan's symbolic `length` becomes its size); a symbolic
 from __future__ import annotations
 
 from xdsl.dialects import func
-
 from xdsl.ir import Block, Region
 
 from .control import YieldOp, is_control, make_control
