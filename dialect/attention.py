@@ -85,8 +85,17 @@ def attention_ref(q, k, v, *mask, scale, softcap, kind="", window=0):
     return np.matmul(p, v).astype(dt)
 
 
+def _span(a, z):
+    """z - a for a block's bounds; a symbolic bound only spans a whole axis (a == 0)."""
+    return z if isinstance(z, str) and a == 0 else z - a
+
+
 def blocks(sq: int, sk: int, bh: int, kind: str, window: int, rows: int | None = None):
-    """[(q0, q1, k0, k1)]: query blocks and the key range their rows may attend."""
+    """[(q0, q1, k0, k1)]: query blocks and the key range their rows may attend.
+    With a dynamic (symbolic) size: one block of every row and key (the mask does the
+    rest; the block sizes are not known at trace time)."""
+    if any(isinstance(d, str) for d in (sq, sk, bh)):
+        return [(0, sq, 0, sk)]
     if rows is None:
         if sq * sk * bh <= SINGLE_ELEMS or sq <= MIN_ROWS:
             rows = sq
@@ -120,7 +129,8 @@ class Expander:
         B, H, self.sq, self.d = self.q.shape
         self.B, self.H, self.sk = B, H, self.k.shape[2]
         self.dtype = self.q.dtype
-        self.blocks = blocks(self.sq, self.sk, B * H, self.p["kind"], self.p["window"], rows)
+        bh = B if isinstance(B, str) else B * H
+        self.blocks = blocks(self.sq, self.sk, bh, self.p["kind"], self.p["window"], rows)
         self._V = V
         self._qs = None
 
@@ -142,10 +152,21 @@ class Expander:
         self.b.block.insert_op_before(op, self.b.anchor)
         return self.b.wrap(op.results[0])
 
+    def iota(self, n):
+        """0..n-1 (i32) for a dynamic size n: rlx.iota (dialect/iota.py), or a constant."""
+        if not isinstance(n, str):
+            return self.const(np.arange(n, dtype=np.int32), "i32")
+        from .iota import IotaOp
+        from .ops import create_op
+
+        op = create_op(IotaOp, [], tensor_type((n,), "i32"), size=n)
+        self.b.block.insert_op_before(op, self.b.anchor)
+        return self.b.wrap(op.results[0])
+
     def block_mask(self, q0, q1, k0, k1):
         """The i1 mask of a block broadcast to (B, H, bq, kn), or None when all allowed."""
         b, kind, w = self.b, self.p["kind"], self.p["window"]
-        full = (self.B, self.H, q1 - q0, k1 - k0)
+        full = (self.B, self.H, _span(q0, q1), _span(k0, k1))
         if kind == "tensor":
             m = self.mask
             ms = m.shape
@@ -156,12 +177,17 @@ class Expander:
             return b.broadcast_to(m, full)
         if kind not in ("causal", "sliding"):
             return None
-        if allowed_mask(kind, w, self.sq, self.sk, q0, k0, q1 - q0, k1 - k0).all():
+        if isinstance(self.sq, str) or isinstance(self.sk, str):   # one block, symbolic
+            full = (self.B, self.H, self.sq, self.sk)
+            r = b.broadcast_to(b.reshape(self.iota(self.sq), (self.sq, 1)), full[2:])
+            c = b.broadcast_to(b.reshape(self.iota(self.sk), (1, self.sk)), full[2:])
+        elif allowed_mask(kind, w, self.sq, self.sk, q0, k0, q1 - q0, k1 - k0).all():
             return None
-        r = b.broadcast_to(self.const(np.arange(q0, q1, dtype=np.int32).reshape(-1, 1), "i32"),
-                           full[2:])
-        c = b.broadcast_to(self.const(np.arange(k0, k1, dtype=np.int32).reshape(1, -1), "i32"),
-                           full[2:])
+        else:
+            r = b.broadcast_to(self.const(np.arange(q0, q1, dtype=np.int32).reshape(-1, 1),
+                                          "i32"), full[2:])
+            c = b.broadcast_to(self.const(np.arange(k0, k1, dtype=np.int32).reshape(1, -1),
+                                          "i32"), full[2:])
         d = r - c
         m = d.ge(b.full(0, full[2:], "i32"))
         if kind == "sliding":
@@ -222,7 +248,7 @@ class Expander:
         code), where one scalar accumulator per row would be a serial chain."""
         b = self.b
         n = x.shape[3]
-        if n % 16 or n < 64:
+        if isinstance(n, str) or n % 16 or n < 64:
             return b.reduce(name, x, (3,), keepdims=True)
         part = b.reduce(name, b.reshape(x, x.shape[:3] + (n // 16, 16)), (3,))
         return b.reduce(name, part, (3,), keepdims=True)
@@ -332,6 +358,8 @@ def attention_vmap(bt, op, xs, bs):
     n = bt.B
     q = xs[0]
     B = shape_of(q)[1]
+    if isinstance(B, str):
+        return _vmap_into_heads(bt, op, xs, n)
     new = [bt.reshape(x, (n * B,) + shape_of(x)[2:]) for x in xs[:3]]
     if len(xs) > 3:
         m = xs[3]
@@ -340,6 +368,29 @@ def attention_vmap(bt, op, xs, bs):
         new.append(bt.reshape(m, (n * B,) + ms[2:]))
     r = bt.emit(OPS["rlx.attention"], new, **op.params())
     return bt.reshape(r, (n,) + shape_of(q)[1:])
+
+
+def _vmap_into_heads(bt, op, xs, n):
+    """A dynamic B cannot merge with N: (N, B, H, S, D) -> (B, N*H, S, D) instead (N and
+    H are static), one op, and back.  A mask's head dim 1 is broadcast to H first."""
+    from .ops import OPS
+
+    q = xs[0]
+    H = shape_of(q)[2]
+
+    def fold(x, heads):
+        s = shape_of(x)
+        x = bt.transpose(x, (1, 0) + tuple(range(2, len(s))))       # (B, N, h, S, D)
+        if s[2] != heads:
+            x = bt.emit(OPS["rlx.broadcast_to"], [x], shape=(s[1], n, heads) + s[3:])
+        return bt.reshape(x, (s[1], n * heads) + s[3:])
+    new = [fold(x, H) for x in xs[:3]]
+    if len(xs) > 3:
+        new.append(fold(xs[3], H))
+    r = bt.emit(OPS["rlx.attention"], new, **op.params())
+    s = shape_of(q)
+    r = bt.reshape(r, (s[1], n) + s[2:])
+    return bt.transpose(r, (1, 0, 2, 3, 4))
 
 
 # ---------------------------------------------------------------- lowering

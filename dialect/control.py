@@ -43,6 +43,7 @@ from xdsl.irdl import (
 from xdsl.traits import IsolatedFromAbove, IsTerminator
 from xdsl.utils.exceptions import VerifyException
 
+from .symdims import DYN
 from .types import NP_DTYPES, dtype_of, shape_of, tensor_type
 
 
@@ -86,7 +87,20 @@ class ControlOp(IRDLOperation):
                 out[k] = int(self.properties[k].value.data)
         if self.name == "rlx.scan":
             out["reverse"] = "reverse" in self.properties
+            if out["length"] == DYN:   # a symbolic length: axis 0 of an xs or of a y
+                out["length"] = _scan_symbol(self, out["num_carry"], out["num_xs"])
         return out
+
+
+def _scan_symbol(op, nc: int, nx: int):
+    """The symbol a scan's DYN length stands for: axis 0 of its first xs, else of its
+    first stacked y (the tracer refuses a symbolic length with neither)."""
+    for t in [o.type for o in op.operands[nc:nc + nx]] + [r.type for r in op.results[nc:]]:
+        s = shape_of(t)
+        if s and isinstance(s[0], str):
+            return s[0]
+    raise VerifyException("rlx.scan: a dynamic length (stored as -1) needs an xs operand "
+                          "or a y result whose axis 0 names the symbol")
 
 
 @irdl_op_definition
@@ -107,7 +121,7 @@ class ScanOp(ControlOp):
         p = self.params()
         n, nc, nx = p["length"], p["num_carry"], p["num_xs"]
         ops = [o.type for o in self.inputs]
-        if n < 0 or nc < 0 or nx < 0 or nc + nx > len(ops):
+        if (not isinstance(n, str) and n < 0) or nc < 0 or nx < 0 or nc + nx > len(ops):
             raise VerifyException(f"rlx.scan: bad length/num_carry/num_xs {n}/{nc}/{nx} for "
                                   f"{len(ops)} operands")
         rows = []
@@ -213,7 +227,8 @@ def make_control(name: str, operands, result_types, regions, **params):
     props = {}
     for k in ("length", "num_carry", "num_xs"):
         if k in params:
-            props[k] = IntegerAttr(int(params[k]), i64)
+            v = params[k]   # a symbolic scan length is stored as DYN (ControlOp.params)
+            props[k] = IntegerAttr(DYN if isinstance(v, str) else int(v), i64)
     if params.get("reverse"):
         props["reverse"] = UnitAttr()
     cls = CONTROL_OPS[name]
@@ -240,6 +255,10 @@ def yielded(region) -> list:
 def _eval_scan(op, args, run):
     p = op.params()
     n, nc, nx = p["length"], p["num_carry"], p["num_xs"]
+    if isinstance(n, str):        # a dynamic length: its size in this call
+        n = (getattr(run, "sizes", None) or {}).get(n, n)
+        if isinstance(n, str):
+            raise ValueError(f"interpreter: rlx.scan length {n!r} has no size in this call")
     carry, xs, caps = list(args[:nc]), args[nc:nc + nx], list(args[nc + nx:])
     ys = [None] * n
     for t in (range(n - 1, -1, -1) if p["reverse"] else range(n)):

@@ -235,6 +235,7 @@ from .conv_ref import EVAL_RULES as _CONV_EVAL  # noqa: E402  (convolution famil
 
 EVAL_RULES.update(_CONV_EVAL)
 EVAL_RULES["rlx.attention"] = attention_ref
+EVAL_RULES["rlx.iota"] = lambda size: np.arange(int(size), dtype=np.int32)   # dialect/iota.py
 
 missing = set(OPS) - set(EVAL_RULES) - {"rlx.constant", "rlx.cast"}
 assert not missing, f"no interpreter rule for {sorted(missing)}"
@@ -274,6 +275,7 @@ def eval_block(block, args, float_dtype=np.float32, sizes=None) -> list:
 
     def run(b, vals):
         return eval_block(b, vals, float_dtype, sizes)
+    run.sizes = sizes     # a region op's symbolic parameter (a scan's length) reads it
     with np.errstate(all="ignore"):
         for op in block.ops:
             if op is block.last_op and not op.results:

@@ -15,7 +15,7 @@ from xdsl.ir import Block, Region
 from xdsl.parser import Parser
 from xdsl.printer import Printer
 
-from .ops import OPS, RLX, CastOp, ConstantOp, create_op
+from .ops import OPS, RLX, SYMBOLIC_OPS, CastOp, ConstantOp, create_op
 from .trace import KINDS, Arg, Trace  # noqa: F401  (Arg, KINDS re-exported)
 from .types import dense_value
 from .types import (
@@ -154,7 +154,8 @@ def replay(events, block: Block, vals: dict) -> None:
         elif e.op == "rlx.cast":
             op = CastOp.create(operands=operands, result_types=[typ])
         else:
-            op = create_op(OPS[e.op], operands, typ, **e.params)
+            op = create_op(OPS[e.op] if e.op in OPS else SYMBOLIC_OPS[e.op], operands, typ,
+                           **e.params)
         block.add_op(op)
         vals[r.index] = op.results[0]
 

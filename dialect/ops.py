@@ -182,6 +182,8 @@ FILL = {
     "rlx.broadcast_to": _fill_from("shape", lambda op: shape_of(op.results[0].type)),
     "rlx.slice": _fill_from("limits", lambda op: shape_of(op.operands[0].type)),
     "rlx.scatter_add": _fill_scatter_dim,
+    "rlx.iota": lambda op, p: {**p, "size": shape_of(op.results[0].type)[0]}
+    if p["size"] == DYN else p,
 }
 
 
@@ -469,8 +471,10 @@ AttentionOp = _define(
 
 
 from .control import CONTROL_OPS  # noqa: E402  (rlx.scan/while/if/yield: regions)
+from .iota import IotaOp  # noqa: E402  (rlx.iota: dynamic modules only, dialect/iota.py)
 
-RLX = Dialect("rlx", list(OPS.values()) + list(CONTROL_OPS.values()), [])
+SYMBOLIC_OPS = {IotaOp.name: IotaOp}   # never reach a backend: specialize removes them
+RLX = Dialect("rlx", list(OPS.values()) + list(CONTROL_OPS.values()) + [IotaOp], [])
 
 
 def op_class(name: str):

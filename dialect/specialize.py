@@ -10,12 +10,17 @@
 The native backends run a dynamic Func through this (rlxc/dynamic.py): one
 static program per distinct set of sizes, compiled on first use and cached.
 Ops are replayed in order into a new block, so the result is built only from
-public constructors; an op with regions is refused by name.
+public constructors.  Region ops (rlx.scan/while/if) are rebuilt with their
+regions specialized the same way (block arguments and yields carry symbolic
+types too; a scan's symbolic `length` becomes its size); a symbolic
+`rlx.iota` becomes the constant it is at these sizes.
 """
 from __future__ import annotations
 
 from xdsl.dialects import func
+from xdsl.ir import Block, Region
 
+from .control import YieldOp, is_control, make_control
 from .module import finish_function, get_func, new_function, signature
 from .ops import OPS, CastOp, ConstantOp, RlxOp, create_op
 from .symdims import is_dynamic, resolve, resolve_value
@@ -34,17 +39,25 @@ def specialize(module, sizes: dict):
     args = [Arg(a.name, a.kind, resolve(a.shape, sizes), a.dtype) for a in signature(f)]
     mod, nf, block = new_function(f.sym_name.data, args)
     vals = dict(zip(f.args, block.args))
-    ret = None
-    for op in f.body.block.ops:
-        if isinstance(op, func.ReturnOp):
-            ret = op
-            break
-        if op.regions:
-            raise NotImplementedError(f"specialize: {op.name} has regions; dynamic sizes "
-                                      "through it are not supported yet")
+    ret = _replay(f.body.block, block, vals, sizes)
+    finish_function(nf, block, [vals[o] for o in ret.operands])
+    mod.verify()
+    return mod
+
+
+def _replay(src: Block, block: Block, vals: dict, sizes: dict):
+    """Specialize the ops of `src` into `block` (`vals`: old value -> new value); returns
+    `src`'s terminator (func.return or rlx.yield), not copied."""
+    for op in src.ops:
+        if isinstance(op, (func.ReturnOp, YieldOp)):
+            return op
         operands = [vals[o] for o in op.operands]
-        if isinstance(op, ConstantOp) or not any(is_dynamic(shape_of(r.type))
-                                                 for r in op.results):
+        if is_control(op):
+            new = _control(op, operands, sizes)
+        elif op.name == "rlx.iota":
+            new = _iota_constant(op, sizes)
+        elif isinstance(op, ConstantOp) or not any(is_dynamic(shape_of(r.type))
+                                                   for r in op.results):
             new = op.clone(value_mapper=dict(zip(op.operands, operands)))
         elif isinstance(op, CastOp):
             new = CastOp.create(operands=operands,
@@ -57,6 +70,30 @@ def specialize(module, sizes: dict):
             raise NotImplementedError(f"specialize: no rule for {op.name}")
         block.add_op(new)
         vals.update(zip(op.results, new.results))
-    finish_function(nf, block, [vals[o] for o in ret.arguments])
-    mod.verify()
-    return mod
+    raise ValueError("specialize: a block without a terminator")
+
+
+def _control(op, operands, sizes: dict):
+    """A region op rebuilt at `sizes`: each region replayed into a block of static types."""
+    regions = []
+    for r in op.regions:
+        src = r.block
+        blk = Block(arg_types=[_static(a.type, sizes) for a in src.args])
+        vals = dict(zip(src.args, blk.args))
+        term = _replay(src, blk, vals, sizes)
+        blk.add_op(YieldOp.create(operands=[vals[o] for o in term.operands]))
+        regions.append(Region(blk))
+    params = {k: resolve_value(v, sizes) for k, v in op.params().items()}
+    return make_control(op.name, operands, [_static(r.type, sizes) for r in op.results],
+                        regions, **params)
+
+
+def _iota_constant(op, sizes: dict):
+    """A symbolic rlx.iota at `sizes`: the constant arange it is (dialect/iota.py)."""
+    import numpy as np
+
+    from .types import dense_attr
+
+    t = _static(op.results[0].type, sizes)
+    return ConstantOp.create(result_types=[t], properties={
+        "value": dense_attr(np.arange(shape_of(t)[0]), dtype_of(t))})

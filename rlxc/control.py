@@ -24,6 +24,7 @@ import numpy as np
 from rlxc.dialect.control_trace import Body
 from rlxc.dialect.shapes import TType, as_int
 from rlxc.runtime.errors import ShapeError
+from rlxc.runtime.dims import describe, is_sym
 
 from .tensor import Tensor
 
@@ -134,7 +135,8 @@ def scan(body, init, xs=None, length=None, reverse: bool = False):
         raise TypeError("scan: init or xs must hold at least one Tensor")
     c_leaves, c_spec = _flatten(init, "scan: init", scope)
     x_leaves, x_spec = _flatten(xs, "scan: xs", scope)
-    n = None if length is None else as_int(length, "scan: length", "length")
+    n = None if length is None else length if is_sym(length) else \
+        as_int(length, "scan: length", "length")
     for x in x_leaves:
         if x.ndim < 1:
             raise ShapeError(f"scan: xs leaf {x.value.type} has no axis 0 to scan over")
@@ -145,7 +147,7 @@ def scan(body, init, xs=None, length=None, reverse: bool = False):
                              f"{n} (length or the other xs)")
     if n is None:
         raise ValueError("scan: give xs or length")
-    if n < 0:
+    if not is_sym(n) and n < 0:
         raise ValueError(f"scan: length must be >= 0, got {n}")
     nc = len(c_leaves)
     types = [t.value.type for t in c_leaves] + [TType(x.shape[1:], x.dtype) for x in x_leaves]
@@ -162,6 +164,10 @@ def scan(body, init, xs=None, length=None, reverse: bool = False):
         return cl + yl, (ys, [t.value.type for t in yl])
     b, (y_spec, y_types) = _trace_body(scope, types, call, "scan body")
     caps = _merge_captures([b], len(types))
+    if is_sym(n) and not x_leaves and not y_types:
+        raise ShapeError(f"scan: a dynamic length {describe(n)} needs xs or a y output whose "
+                         "axis 0 carries it (a carry-only loop of a symbolic length is not "
+                         "supported)")
     res_types = [t.value.type for t in c_leaves] + [TType((n,) + tuple(t.shape), t.dtype)
                                                     for t in y_types]
     params = {"length": n, "num_carry": nc, "num_xs": len(x_leaves), "reverse": bool(reverse)}

@@ -14,12 +14,15 @@ a shared letter needed nowhere else is contracted, the others are free; the
 pair becomes `matmul((batch, free_a, K), (batch, K, free_b))`.  Finally the
 result is permuted to the output order ("ii->" is a trace: diagonal then sum).
 Since everything is existing ops, grad, jvp, vmap and every backend come free.
+A dynamic (symbolic) free letter becomes a broadcast batch axis of the matmul; a
+symbolic contracted letter together with others falls back to multiply-and-sum.
 Implicit output (no "->"): the letters seen once, sorted (NumPy's rule).
 "..." is not supported: name the dims.
 """
 from __future__ import annotations
 
 from rlxc.dialect.shapes import ShapeError, numel
+from rlxc.runtime.dims import describe
 
 
 def _parse(spec: str, n: int):
@@ -65,6 +68,9 @@ def _diagonal(x, letters: str):
         rest = [i for i in range(len(letters)) if i not in pos]
         x = x.transpose(tuple(rest + pos))
         n, r = x.shape[-1], len(pos)
+        if isinstance(n, str):
+            raise ShapeError(f"einsum: the diagonal of letter {rep!r} over {describe(n)} is "
+                             "not supported (it merges a dynamic dimension with itself)")
         x = x.reshape(x.shape[:len(rest)] + (n ** r,))
         stride = sum(n ** j for j in range(r))
         if n:
@@ -74,23 +80,54 @@ def _diagonal(x, letters: str):
         letters = "".join(letters[i] for i in rest) + rep
 
 
+def _group(dims):
+    """The dims of one matmul axis as one dim: their product when all are static, the
+    symbol when it is alone; None when a symbol would merge with another dim."""
+    if len(dims) == 1:
+        return dims[0]
+    return None if any(isinstance(d, str) for d in dims) else numel(dims)
+
+
 def _contract(a, la: str, b, lb: str, keep: set):
-    """a (letters la) and b (lb) -> their product with letters (batch, free_a, free_b)."""
+    """a (letters la) and b (lb) -> their product with letters (batch, free_a, free_b).
+
+    A dynamic (symbolic) free letter cannot merge into the matmul's M or N axis, so it
+    becomes a batch axis of its own operand (size 1 in the other; matmul broadcasts)."""
     shared = [c for c in la if c in lb]
     batch = [c for c in shared if c in keep]
     red = [c for c in shared if c not in keep]
-    fa = [c for c in la if c not in lb]
-    fb = [c for c in lb if c not in la]
     dims = {c: a.shape[la.index(c)] for c in la}
-    a = _permute(a, la, "".join(batch + fa + red))
-    b = _permute(b, lb, "".join(batch + red + fb))
+    dims.update({c: b.shape[lb.index(c)] for c in lb})
+    sym = {c for c, d in dims.items() if isinstance(d, str)}
+    sa = [c for c in la if c not in lb and c in sym]
+    sb = [c for c in lb if c not in la and c in sym]
+    fa = [c for c in la if c not in lb and c not in sym]
+    fb = [c for c in lb if c not in la and c not in sym]
+    k = _group([dims[c] for c in red]) if red else 1
+    if k is None:      # a symbolic contracted letter among others: multiply, then sum
+        return _broadcast_contract(a, la, b, lb, batch, red, dims)
+    a = _permute(a, la, "".join(batch + sa + fa + red))
+    b = _permute(b, lb, "".join(batch + sb + red + fb))
     bs = tuple(dims[c] for c in batch)
-    m, k, n = numel([dims[c] for c in fa]), numel([dims[c] for c in red]), \
-        numel([b.shape[len(batch) + len(red) + i] for i in range(len(fb))])
-    y = a.reshape(bs + (m, k)) @ b.reshape(bs + (k, n))
-    return y.reshape(bs + tuple(dims[c] for c in fa) +
-                     tuple(b.shape[len(batch) + len(red) + i] for i in range(len(fb)))), \
-        "".join(batch + fa + fb)
+    m, n = numel([dims[c] for c in fa]), numel([dims[c] for c in fb])
+    y = a.reshape(bs + tuple(dims[c] for c in sa) + (1,) * len(sb) + (m, k)) @ \
+        b.reshape(bs + (1,) * len(sa) + tuple(dims[c] for c in sb) + (k, n))
+    order = batch + sa + sb + fa + fb
+    return y.reshape(tuple(dims[c] for c in order)), "".join(order)
+
+
+def _broadcast_contract(a, la, b, lb, batch, red, dims):
+    """a * b broadcast over the union of letters, summed over `red` (the general path)."""
+    union = batch + [c for c in la if c not in batch] + \
+        [c for c in lb if c not in la and c not in batch]
+    full = tuple(dims[c] for c in union)
+
+    def aligned(t, lt):
+        order = "".join(c for c in union if c in lt)
+        t = _permute(t, lt, order)
+        return t.reshape(tuple(dims[c] if c in lt else 1 for c in union)).broadcast_to(full)
+    y = (aligned(a, la) * aligned(b, lb)).sum(tuple(union.index(c) for c in red))
+    return y, "".join(c for c in union if c not in red)
 
 
 def einsum(spec: str, *tensors):

@@ -30,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from rlxc.dialect.shapes import FLOAT_DTYPES, INT_DTYPES, ShapeError, as_int, normalize_axes
+from rlxc.runtime.dims import describe
 
 NUMBER_DTYPES = FLOAT_DTYPES + INT_DTYPES
 
@@ -40,6 +41,16 @@ def _axis(x, axis, what: str) -> int:
     if isinstance(axis, (tuple, list)):
         raise TypeError(f"{what}: axis must be one integer, got {axis!r}")
     return normalize_axes(axis, x.ndim, what)[0]
+
+
+def _static_axis(x, ax: int, what: str):
+    """The size of axis `ax`; a dynamic (symbolic) axis is a ShapeError naming it (these
+    ops lay an index constant along the axis, which needs its size at trace time)."""
+    n = x.shape[ax]
+    if isinstance(n, str):
+        raise ShapeError(f"{what}: axis {ax} of {x.shape} is {describe(n)}; {what} along a "
+                         "dynamic axis is not supported (use it along a static axis)")
+    return n
 
 
 def _numbers(x, what: str) -> None:
@@ -62,7 +73,7 @@ def _arg_extreme(x, axis, keepdims: bool, what: str, reduce: str):
             return _arg_extreme(x, None, False, what, reduce).reshape((1,) * x.ndim)
         x, axis = x.reshape(-1), 0
     ax = _axis(x, axis, what)
-    n = x.shape[ax]
+    n = _static_axis(x, ax, what)
     if n == 0:
         raise ShapeError(f"{what}: axis {ax} of {x.shape} is empty")
     if n >= 2 ** 31:
@@ -96,7 +107,7 @@ def cumsum(x, axis=None):
     if axis is None:
         x, axis = x.reshape(-1), 0
     ax = _axis(x, axis, "cumsum")
-    n = x.shape[ax]
+    n = _static_axis(x, ax, "cumsum")
     y, s = x, 1
     while s < n:
         lim = list(x.shape)
@@ -128,7 +139,7 @@ def topk(x, k: int, axis: int = -1):
     lower index first; NaN above everything, torch.topk's order); indices are i32."""
     _numbers(x, "topk")
     ax = _axis(x, axis, "topk")
-    n = x.shape[ax]
+    n = _static_axis(x, ax, "topk")
     k = as_int(k, "topk", "k")
     if not 1 <= k <= n:
         raise ShapeError(f"topk: k = {k} out of range [1, {n}] for axis {ax} of {x.shape}")
@@ -139,6 +150,16 @@ def topk(x, k: int, axis: int = -1):
     lead = xt.shape[:-1]
     xs = xt.stop_gradient()
     idx = _topk_select(xs, k) if k * SELECT_RATIO < n else _topk_rank(xs, k)
+    if any(isinstance(d, str) for d in lead):   # dynamic rows: no row-offset constant;
+        hit = idx.expand_dims(-1).broadcast_to(lead + (k, n)).eq(   # select by one-hot
+            _iota(x, n, len(lead) + 1, len(lead) + 2).broadcast_to(lead + (k, n)))
+        from rlxc.tensor import where
+
+        vals = where(hit, xt.expand_dims(-2).broadcast_to(lead + (k, n)), 0).sum(-1)
+        inv = [0] * x.ndim
+        for i, p in enumerate(perm):
+            inv[p] = i
+        return vals.transpose(inv), idx.transpose(inv)
     rows = 1
     for d in lead:
         rows *= d

@@ -74,5 +74,41 @@ def attr_text(v) -> str:
     return v.decode() if isinstance(v, bytes) else v
 
 
-def ints_of(v) -> list[int]:
-    return [int(x) for x in np.asarray(v).reshape(-1)]
+def ints_of(v) -> list:
+    """The ints of a static shape-like array; a dynamic dim (SymDim) gives its symbol."""
+    return [x.name if isinstance(x, SymDim) else int(x) for x in np.asarray(v).reshape(-1)]
+
+
+class SymDim:
+    """A dynamic dimension inside a static shape array (Shape of a tensor with a symbol,
+    as an object array): Gather, Unsqueeze, Concat and Reshape carry it through; any
+    arithmetic or int() on it is an error naming the symbol (never a silent value)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self):
+        return self.name
+
+    def __eq__(self, other):
+        return isinstance(other, SymDim) and other.name == self.name
+
+    def __hash__(self):
+        return hash(("SymDim", self.name))
+
+    def _fail(self, *_):
+        raise OnnxImportError(f"shape arithmetic on dynamic dimension {self.name!r} (a "
+                              "dim_param) is not supported; give its size with input_shapes=")
+    __int__ = __index__ = __float__ = __bool__ = _fail
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _fail
+    __floordiv__ = __rfloordiv__ = __truediv__ = __rtruediv__ = __mod__ = __neg__ = _fail
+    __lt__ = __le__ = __gt__ = __ge__ = _fail
+
+
+def shape_array(shape) -> np.ndarray:
+    """A tensor's shape as a static int64 array; with symbols an object array of SymDim."""
+    if any(isinstance(d, str) for d in shape):
+        return np.array([SymDim(d) if isinstance(d, str) else int(d) for d in shape], object)
+    return np.asarray(shape, np.int64)

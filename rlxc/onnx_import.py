@@ -11,8 +11,11 @@
       ▼
     Func (outputs in graph order), params bound
 
-Dynamic dims (`dim_param` or unknown) need a size: `input_shapes={"x": (4, 784)}`;
-without one the error names the input and its dim_param.
+Dynamic dims become symbols (issue 14): a `dim_param` is a named symbol (every input
+using "batch" shares one size), an unknown size a fresh anonymous one, so one Func
+runs at any batch.  `input_shapes={"x": (4, 784)}` overrides an input's shape (static
+sizes, or symbol names).  Shape arithmetic on a dynamic dim that cannot stay symbolic
+fails with an error naming the node and the symbol; give input_shapes= there.
 """
 from __future__ import annotations
 
@@ -20,6 +23,8 @@ import os
 import re
 
 import numpy as np
+
+from rlxc.dialect.symdims import user_dims
 
 # ONNX TensorProto element types -> rlx dtypes
 ONNX_DTYPES = {1: "f32", 11: "f64", 6: "i32", 7: "i64", 9: "i1"}
@@ -126,12 +131,12 @@ def _input_shape(vi, overrides: dict) -> tuple[tuple, str]:
     dtype = ONNX_DTYPES[tt.elem_type]
     dims = list(tt.shape.dim)
     if vi.name in overrides:
-        want = tuple(int(d) for d in overrides[vi.name])
+        want = user_dims(overrides[vi.name], f"input_shapes[{vi.name!r}]")
         if len(want) != len(dims) and tt.HasField("shape"):
             raise OnnxImportError(f"input_shapes[{vi.name!r}] = {want} has rank {len(want)}; "
                                   f"the model declares rank {len(dims)}")
         for i, (d, w) in enumerate(zip(dims, want)):
-            if d.HasField("dim_value") and d.dim_value != w:
+            if d.HasField("dim_value") and d.dim_value != w and not isinstance(w, str):
                 raise OnnxImportError(f"input_shapes[{vi.name!r}] = {want}: dim {i} is fixed to "
                                       f"{d.dim_value} by the model")
         return want, dtype
@@ -142,13 +147,16 @@ def _input_shape(vi, overrides: dict) -> tuple[tuple, str]:
     for i, d in enumerate(dims):
         if d.HasField("dim_value") and d.dim_value >= 0:
             shape.append(int(d.dim_value))
-        else:
-            what = f"dim_param {d.dim_param!r}" if d.dim_param else "unknown size"
-            raise OnnxImportError(
-                f"input {vi.name!r}: dim {i} is dynamic ({what}); give its size with "
-                f"input_shapes={{{vi.name!r}: (...)}} (rlxc compile: --input-shape "
-                f"{vi.name}=D0,D1,...)")
+        else:     # a dim_param is a named symbol; an unknown size an anonymous one
+            shape.append(symbol_name(d.dim_param) if d.dim_param else None)
     return tuple(shape), dtype
+
+
+def symbol_name(dim_param: str) -> str:
+    """An ONNX dim_param as an rlxc dimension symbol (letters, digits, _ and ., starting
+    with a letter or _): other characters become _."""
+    out = re.sub(r"[^A-Za-z0-9_.]", "_", dim_param)
+    return out if out[:1].isalpha() or out[:1] == "_" else "_" + out
 
 
 def from_onnx(model, name: str | None = None, input_shapes: dict | None = None):
@@ -157,7 +165,8 @@ def from_onnx(model, name: str | None = None, input_shapes: dict | None = None):
     scales or BatchNormalization statistics: constants), its outputs in graph order.
 
     `model`: a path (external data is read from beside it) or an onnx.ModelProto.
-    `input_shapes`: sizes for inputs with dynamic (dim_param) dims, {"x": (4, 784)}.
+    Dynamic (dim_param) dims are symbols, so one Func runs at any size; `input_shapes`
+    overrides an input's shape, {"x": (4, 784)} (ints, or symbol names).
     Raises UnsupportedOnnxOp listing every node rlxc cannot express."""
     from rlxc.func import Func
 

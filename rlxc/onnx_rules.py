@@ -18,6 +18,7 @@ import math
 import numpy as np
 
 from .onnx_base import Ctx, Rule, ints_of, is_static, attr_text, tensors, static  # noqa: F401
+from .onnx_base import shape_array
 from .onnx_import import ONNX_DTYPES, OnnxImportError, tensor_array
 from .onnx_rules_nn import (batch_norm, batch_norm_unsupported, conv,
                             conv_transpose, conv_transpose_unsupported, global_pool,
@@ -207,7 +208,7 @@ def _matmul(cx, node, ins, at):
     if is_static(a, b):
         return np.matmul(a, b)
     a, b = tensors(cx, a, b)
-    if a.ndim > 2 and b.ndim == 2:
+    if a.ndim > 2 and b.ndim == 2 and not any(isinstance(d, str) for d in a.shape[:-2]):
         # (..., M, K) @ (K, N): one (prod(...) * M, K) GEMM, not prod(...) small ones
         return (a.reshape(-1, a.shape[-1]) @ b).reshape(a.shape[:-1] + (b.shape[-1],))
     return a @ b
@@ -330,7 +331,12 @@ def _flatten(cx, node, ins, at):
     r = len(x.shape)
     axis = int(at.get("axis", 1))
     axis = axis + r if axis < 0 else axis
-    shp = (math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))
+    a, b = x.shape[:axis], x.shape[axis:]
+    dyn = [any(isinstance(d, str) for d in p) for p in (a, b)]
+    if all(dyn):
+        raise OnnxImportError(f"Flatten at axis {axis} of {tuple(x.shape)}: dynamic "
+                              "dimensions on both sides")
+    shp = tuple(-1 if d else math.prod(p) for d, p in zip(dyn, (a, b)))
     return x.reshape(shp)
 
 
@@ -437,7 +443,7 @@ def _gather(cx, node, ins, at):
     data, idx = ins
     axis = int(at.get("axis", 0))
     if is_static(data, idx):
-        return np.take(data, idx, axis=axis)
+        return np.asarray(np.take(data, idx, axis=axis), data.dtype)  # (a SymDim stays 0-d)
     data = cx.T(data)
     if isinstance(idx, np.ndarray) and idx.ndim == 0:
         i = int(idx)
@@ -542,13 +548,13 @@ def _constant_of_shape(cx, node, ins, at):
 
 
 def _shape(cx, node, ins, at):
-    shp = np.asarray(_shape_of(ins[0]), np.int64)
+    shp = shape_array(_shape_of(ins[0]))       # a dynamic dim is a SymDim (onnx_base)
     start, end = at.get("start", 0), at.get("end")
     return shp[start:end]
 
 
 def _size(cx, node, ins, at):
-    return np.asarray(math.prod(_shape_of(ins[0])), np.int64)
+    return np.asarray(math.prod(shape_array(_shape_of(ins[0]))), np.int64)
 
 
 def _range(cx, node, ins, at):

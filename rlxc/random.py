@@ -2,7 +2,8 @@
 
     key: u32 tensor of shape (2,) (an input, so each call can pass a new one)
       │ k0 = key[0], k1 = key[1]  broadcast to the draw's shape (views, no copies)
-      │ ctr = the element's row-major linear index (sum of iota * stride, i32)
+      │ ctr = the element's row-major linear index (sum of iota * stride, i32; with a
+      │       dynamic dim, Horner over rlx.iota, which specializes to the same constant)
       ▼
     rlx.philox(k0, k1, ctr) {word, stream}      Philox-4x32-10, counter (ctr, stream, 0, 0)
       │ uniform   word 0 -> (bits >> 8) * 2**-24, in [0, 1) (24 random bits)
@@ -22,7 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlxc.dialect.shapes import FLOAT_DTYPES, ShapeError, as_dims, as_int
+from rlxc.dialect.shapes import FLOAT_DTYPES, ShapeError, TType, as_int
+from rlxc.dialect.symdims import describe, is_dynamic, user_dims
 
 _TWO_PI = float(2 * np.pi)
 
@@ -51,8 +53,55 @@ def _stream(stream) -> int:
     return s
 
 
+def _draw_shape(shape, scope):
+    """A draw's shape: ints and symbols (dynamic dims) of the function's inputs."""
+    dims = user_dims(shape, "rlxc.random", new=lambda: None)
+    if None in dims:
+        raise ShapeError(f"rlxc.random: shape {tuple(shape)}: None is not a dimension of a "
+                         "draw (use the symbol of an input's dynamic dimension)")
+    known = {d for a in scope.trace.args for d in a.shape if isinstance(d, str)}
+    for d in dims:
+        if isinstance(d, str) and d not in known:
+            raise ShapeError(f"rlxc.random: shape {dims}: {describe(d)} is not a dimension of "
+                             "any input, so no call gives its size")
+        if not isinstance(d, str) and d < 0:
+            raise ShapeError(f"rlxc.random: shape {dims} has a negative dimension")
+    return dims
+
+
+def iota(scope, dim):
+    """A traced (dim,) i32 Tensor 0..dim-1: a constant for a static dim, rlx.iota
+    (dialect/iota.py) for a symbol."""
+    from rlxc.tensor import Tensor
+
+    if not isinstance(dim, str):
+        return scope.constant(np.arange(int(dim)), "i32")
+    (v,) = scope.trace.add("rlx.iota", [], {"size": dim}, [TType((dim,), "i32")])
+    return Tensor(scope, v)
+
+
+def _dynamic_counter(scope, shape):
+    """The row-major linear index when some dims are symbols: Horner over the axes,
+    ctr = ctr * dim + iota(dim) laid along its axis; a symbolic dim's iota is rlx.iota
+    (dialect/iota.py) and its size as a tensor is that iota's max + 1 (sizes are >= 1)."""
+    ctr = None
+    for ax, d in enumerate(shape):
+        view = [1] * len(shape)
+        view[ax] = d
+        io = iota(scope, d)
+        t = io.reshape(tuple(view)).broadcast_to(shape)
+        if ctr is None:
+            ctr = t
+        else:
+            size = io.max() + 1 if isinstance(d, str) else d
+            ctr = ctr * size + t
+    return ctr
+
+
 def _counter(scope, shape):
     """The row-major linear index of every element (i32), from small broadcast iotas."""
+    if is_dynamic(shape):
+        return _dynamic_counter(scope, shape)
     n = 1
     for d in shape:
         n *= d
@@ -72,7 +121,7 @@ def _counter(scope, shape):
 def _unit(key, shape, word: int, stream: int, scope=None):
     key = _key(key, scope)
     s = key.scope
-    shape = as_dims(shape, "rlxc.random")
+    shape = _draw_shape(shape, s)
     k0 = key.slice([0], [1]).reshape(()).broadcast_to(shape)
     k1 = key.slice([1], [2]).reshape(()).broadcast_to(shape)
     return s.emit("rlx.philox", [k0, k1, _counter(s, shape)], word=word, stream=stream)

@@ -24,12 +24,18 @@ __all__ = ["setup", "build", "step"]
 
 
 def _local_batch(f, batch_size) -> int:
-    if batch_size is not None:
+    if batch_size is not None and not any(isinstance(d, str) for a in f.signature()
+                                          for d in a.shape):
         n = int(batch_size)
         if n < 1:
             raise ValueError(f"trainer: batch_size must be >= 1, got {batch_size!r}")
         return n
     ins = [a for a in f.signature() if a.kind == "input"]
+    dyn = [(a.name, d) for a in ins for d in a.shape if isinstance(d, str)]
+    if dyn:
+        raise ValueError(f"trainer(comm=...): input {dyn[0][0]!r} has the dynamic dimension "
+                         f"{dyn[0][1]!r}; the distributed trainer runs a static batch for now: "
+                         f"train {f.name}.specialize({dyn[0][1]}=SIZE) (one trainer per size)")
     if not ins or not ins[0].shape:
         raise ValueError(f"trainer(comm=...): cannot tell the batch size of {f.name} (its "
                          "first input has no leading axis); pass batch_size=")
