@@ -457,6 +457,17 @@ class ModuleGen:
             elif isinstance(k, MatmulKernel):
                 fn, bufs = self.matmul_kernel(k)
                 b.call(fn, [ptr(x) for x in bufs])
+            elif hasattr(k, "emit"):   # a kernel with its own codegen (attention_kernel.py)
+                fn, bufs, _ = k.emit(self)
+                args = [ptr(x) for x in bufs]
+                if not k.parallel:
+                    b.call(fn, args + [c64(0), c64(k.items)])
+                else:
+                    parallel.emit_parallel_ranges(
+                        self.m, b, c64(k.items),
+                        lambda wb, lo, hi, *rest, fn=fn: wb.call(fn, list(rest[-1]) + [lo, hi]),
+                        args, name=f"{self.sym}.{k.name}.par", work=c64(k.work),
+                        min_work=PAR_MIN_WORK)
             else:
                 raise TypeError(k)
         b.ret(ir.Constant(I32, 0))

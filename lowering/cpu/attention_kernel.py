@@ -1,0 +1,446 @@
+"""Fused CPU attention (flash-style): rlx.attention -> K^T pack + one tiled kernel.
+
+    rlx.attention(q, k, v [, mask]) {scale, softcap, kind, window}      f32, D >= 1, Sk >= 1
+          │ attention_kernels (hook of schedule.Builder.build)
+          ▼
+    LoopKernel  kt[bh, d, j] = j < Sk ? k[bh, j, d] * scale : 0     (B*H, D, Skp), Skp = Sk
+                                                                    rounded up to KT keys
+    AttentionKernel  parallel over items (bh, query block of QB rows):
+        for each register tile of R query rows i0..i0+R:
+            m[r] = -inf, l[r] = 0, O[r][:] = 0                (registers: SROA'd allocas)
+            for j0 in [kstart, kend) step KT:                 only key tiles the mask allows
+                S[r][:] = sum_d q[i0+r, d] * kt[d, j0:j0+KT]  (R x NV vectors of VL lanes, FMA)
+                S = softcap * tanh(S / softcap);  S = allowed ? S : -inf
+                mnew = max(m, rowmax S); mref = mnew == -inf ? 0 : mnew
+                P = exp(S - mref); alpha = exp(m - mref)
+                l = l * alpha + rowsum P;  O *= alpha;  m = mnew
+                O[r][:] += sum_{c < min(KT, Sk - j0)} P[r][c] * v[j0 + c, :]   (D in DV
+                                                                      vectors of DW lanes)
+            out[i0+r, :] = O[r] / (l == 0 ? 1 : l)            (fully masked row: zeros)
+
+The scores live only as one R x KT tile in registers and a KT-float row of P
+per query row on the stack; nothing of size Sq x Sk exists.  Key tiles that
+the causal or sliding rule masks entirely are never visited (kstart/kend per
+register tile).  The last register tile of a block clamps its rows to Sq - 1
+(it recomputes and rewrites that row with the same value), the last key tile
+masks keys >= Sk (kt is zero-padded, v rows past Sk are never read).  NaN
+scores propagate through P to the row's output; a NaN in v under a masked-out
+or skipped key does not reach the output (torch's flash kernel does the same).
+Work items are ordered so that each thread's static range mixes early and
+late query blocks (causal rows differ in cost).  Shapes and dtypes the kernel
+does not cover (f64, D = 0, Sk = 0) keep dialect/attention.py's expansion;
+the GPU always uses the expansion.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import llvmlite.ir as ir
+
+from rlxc.dialect.types import dtype_of, numel, shape_of
+from rlxc.lowering.cpu import indexing as ix
+from rlxc.lowering.cpu.loops import Buffer, Const, InRange, Load, Op
+
+ENABLED = True        # tests switch the kernel off to compare with the expansion
+NV = 4                # score vectors per register-tile row: KT = NV * VL keys per key tile
+QB = 32               # query rows per parallel work item
+REG_BUDGET = {16: 16, 8: 8, 4: 8}   # vector registers for the O accumulators, by lane count
+
+
+def covers(op) -> bool:
+    """Does the fused kernel compute this rlx.attention (else: the expansion)?"""
+    q, k = (shape_of(o.type) for o in op.operands[:2])
+    return (ENABLED and dtype_of(op.operands[0].type) == "f32" and q[3] >= 1 and k[2] >= 1
+            and q[2] >= 1 and numel(q) > 0)
+
+
+def geometry(D: int, vl: int):
+    """(DW, DV, R): D as DV vectors of DW lanes (DW the largest power of two <= VL
+    dividing D), and R query rows per register tile (O needs R * DV registers)."""
+    dw = 1
+    while dw * 2 <= vl and D % (dw * 2) == 0:
+        dw *= 2
+    dv = D // dw
+    regs = REG_BUDGET.get(vl, 8) * (vl // dw if dw < vl else 1)   # narrow vectors: more fit
+    r = max(1, min(4, regs // max(dv, 1)))
+    return dw, dv, r
+
+
+@dataclass(eq=False)
+class AttentionKernel:
+    name: str
+    what: str
+    q: Buffer
+    kt: Buffer
+    v: Buffer
+    out: Buffer
+    mask: Buffer | None
+    mstrides: tuple        # element strides of the mask operand over (B, H, Sq, Sk), 0 = broadcast
+    B: int
+    H: int
+    Sq: int
+    Sk: int
+    D: int
+    Skp: int
+    softcap: float
+    kind: str
+    window: int
+    vl: int
+    work: int = 0
+    parallel: bool = True
+    extra: list = field(default_factory=list)
+
+    @property
+    def outputs(self):
+        return [self.out]
+
+    def buffers(self) -> list:
+        return [self.q, self.kt, self.v, self.out] + ([self.mask] if self.mask else [])
+
+    @property
+    def items(self) -> int:
+        return self.B * self.H * (-(-self.Sq // QB))
+
+    def format(self) -> str:
+        dw, dv, r = geometry(self.D, self.vl)
+        kt = NV * self.vl
+        m = {"": "none", "causal": "causal", "sliding": f"sliding({self.window})",
+             "tensor": f"tensor {self.mask!r} strides {self.mstrides}"}[self.kind]
+        return "\n".join([
+            f"kernel {self.name}  // {self.what}  (work {self.work})",
+            f"  parallel for item in [0, {self.items}):  // (bh, block of {QB} query rows)",
+            f"    flash attention tile {r} rows x {kt} keys, D={self.D} as {dv}x{dw} lanes,",
+            f"      q={self.q!r} kt={self.kt!r} (Skp={self.Skp}) v={self.v!r} -> {self.out!r},",
+            f"      mask {m}, softcap {self.softcap}, Sq={self.Sq} Sk={self.Sk}"])
+
+    def emit(self, g):
+        """The kernel function (g: codegen.ModuleGen); returns (function, buffers, True)."""
+        return _emit(g, self), self.buffers(), True
+
+
+# ---------------------------------------------------------------- schedule hook
+
+def attention_kernels(bl, v, op, what):
+    """Append the K^T pack and the fused kernel of `v = rlx.attention(...)` to the
+    schedule.Builder `bl` (operands that have no buffer are copied into one)."""
+    from rlxc.lowering.cpu.codegen import _lanes
+    from rlxc.lowering.cpu.schedule import PAR_MIN_WORK
+
+    p = op.params()
+    B, H, Sq, D = shape_of(op.operands[0].type)
+    Sk = shape_of(op.operands[1].type)[2]
+    vl = _lanes(bl.cpu)
+    kt_n = NV * vl
+    Skp = -(-Sk // kt_n) * kt_n
+    q, k, vv = op.operands[:3]
+
+    def buf_of(o, tag):
+        b = bl.bufs.get(o)
+        if b is not None and o in bl.plan.materialized:
+            return b
+        shp = shape_of(o.type)
+        b = bl._buf(f"t{len(bl.buffers)}", "temp", dtype_of(o.type), numel(shp))
+        bl.map_kernel(f"{what}: {tag} operand", shp, b, lambda g, idx, o=o: g.value(o, idx),
+                      tag="copy")
+        return b
+
+    qb, vb = buf_of(q, "q"), buf_of(vv, "v")
+    mb, mstr = None, (0, 0, 0, 0)
+    if p["kind"] == "tensor":
+        mo = op.operands[3]
+        mb = buf_of(mo, "mask")
+        ms = shape_of(mo.type)
+        st, acc = [], 1
+        for n in reversed(ms):
+            st.append(acc if n != 1 else 0)
+            acc *= n
+        mstr = tuple(reversed(st))
+    kt = bl._buf(f"t{len(bl.buffers)}", "temp", "f32", B * H * D * Skp)
+    scale = float(p["scale"])
+    Skc = Sk
+
+    def pack(g, idx):
+        b_, h_, d_, j_ = idx
+        src = g.value(k, (b_, h_, ix.clamp(j_, 0, Skc - 1), d_))
+        return Op("select", (InRange(j_, 0, Skc), Op("mul", (src, Const(scale)), "f32"),
+                             Const(0.0)), "f32")
+    bl.map_kernel(f"{what}: k^T * scale, keys padded to {Skp}", (B, H, D, Skp), kt, pack,
+                  tag="pack_kt")
+    eff = Sk if p["kind"] in ("", "tensor") else (
+        min(Sk, p["window"]) if p["kind"] == "sliding" else max(1, min(Sk, Sq) // 2))
+    work = 4 * B * H * Sq * eff * D
+    out = bl.bufs[v]
+    bl._add(AttentionKernel(bl._kname("attention"), what, qb, kt, vb, out, mb, mstr, B, H, Sq,
+                            Sk, D, Skp, float(p["softcap"] or 0.0), p["kind"], int(p["window"]),
+                            vl, work, work >= PAR_MIN_WORK))
+
+
+# ---------------------------------------------------------------- codegen
+
+F32 = ir.FloatType()
+I1 = ir.IntType(1)
+I8 = ir.IntType(8)
+I32 = ir.IntType(32)
+I64 = ir.IntType(64)
+NEG_INF = -math.inf
+
+
+def c64(n):
+    return ir.Constant(I64, int(n))
+
+
+def _vt(w):
+    return F32 if w == 1 else ir.VectorType(F32, w)
+
+
+def _splat(b, x, w):
+    if w == 1:
+        return x
+    vt = ir.VectorType(x.type, w)
+    u = b.insert_element(ir.Constant(vt, ir.Undefined), x, ir.Constant(I32, 0))
+    return b.shuffle_vector(u, ir.Constant(vt, ir.Undefined),
+                            ir.Constant(ir.VectorType(I32, w), [0] * w))
+
+
+def _fconst(w, x):
+    return ir.Constant(_vt(w), float(x)) if w == 1 else ir.Constant(_vt(w), [float(x)] * w)
+
+
+def _max(b, x, y):
+    """x > y ? x : y (a NaN x yields y; NaN scores still reach the output through P)."""
+    return b.select(b.fcmp_ordered(">", x, y), x, y)
+
+
+def _hreduce(b, x, w, fn):
+    while w > 1:
+        h = w // 2
+        lo = b.shuffle_vector(x, x, ir.Constant(ir.VectorType(I32, h), list(range(h))))
+        hi = b.shuffle_vector(x, x, ir.Constant(ir.VectorType(I32, h), list(range(h, w))))
+        x, w = fn(b, lo, hi), h
+    return b.extract_element(x, ir.Constant(I32, 0)) if isinstance(x.type, ir.VectorType) else x
+
+
+def _fma(b, x, y, z):
+    from rlxc.lowering.shared.scalar import intrinsic
+
+    return b.call(intrinsic(b, "llvm.fma", x.type, 3), [x, y, z])
+
+
+def _unary(b, name, x):
+    from rlxc.lowering.shared.scalar import emit
+
+    return emit(b, f"rlx.{name}", [x], "f32")
+
+
+def _vload(b, base, off, w):
+    p = b.gep(base, [off], inbounds=True)
+    if w == 1:
+        return b.load(p, align=4)
+    return b.load(b.bitcast(p, ir.VectorType(F32, w).as_pointer()), align=4)
+
+
+def _vstore(b, base, off, x, w):
+    p = b.gep(base, [off], inbounds=True)
+    if w == 1:
+        b.store(x, p, align=4)
+    else:
+        b.store(x, b.bitcast(p, ir.VectorType(F32, w).as_pointer()), align=4)
+
+
+def _smin(b, x, y):
+    return b.select(b.icmp_signed("<", x, y), x, y)
+
+
+def _smax(b, x, y):
+    return b.select(b.icmp_signed(">", x, y), x, y)
+
+
+def _loop(b, lo, hi, step, body, name):
+    """for (i = lo; i < hi; i += step) body(b, i)."""
+    fn = b.function
+    head = fn.append_basic_block(f"{name}.head")
+    bb = fn.append_basic_block(f"{name}.body")
+    done = fn.append_basic_block(f"{name}.done")
+    pre = b.block
+    b.branch(head)
+    b.position_at_end(head)
+    i = b.phi(I64, name=name)
+    i.add_incoming(lo, pre)
+    b.cbranch(b.icmp_signed("<", i, hi), bb, done)
+    b.position_at_end(bb)
+    body(b, i)
+    i.add_incoming(b.add(i, c64(step), flags=["nsw"]), b.block)
+    b.branch(head)
+    b.position_at_end(done)
+
+
+def _emit(g, k: AttentionKernel):
+    vl, D, Sq, Sk, Skp = k.vl, k.D, k.Sq, k.Sk, k.Skp
+    KT = NV * vl
+    DW, DV, R = geometry(D, vl)
+    nqb = -(-Sq // QB)
+    args = [F32.as_pointer()] * 4 + ([I8.as_pointer()] if k.mask else []) + [I64, I64]
+    fn = ir.Function(g.m, ir.FunctionType(ir.VoidType(), args), f"{g.sym}.{k.name}")
+    fn.linkage = "internal"
+    fn.attributes.add("nounwind")
+    for a in fn.args:
+        if isinstance(a.type, ir.PointerType):
+            a.add_attribute("noalias")
+    q, kt, v, out = fn.args[:4]
+    mask = fn.args[4] if k.mask else None
+    lo, hi = fn.args[-2], fn.args[-1]
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    # register-tile state: one alloca per scalar/vector (SROA turns them into phis)
+    O = [[b.alloca(_vt(DW), name=f"o{r}_{d}") for d in range(DV)] for r in range(R)]
+    M = [b.alloca(F32, name=f"m{r}") for r in range(R)]
+    L = [b.alloca(F32, name=f"l{r}") for r in range(R)]
+    S = [[b.alloca(_vt(vl), name=f"s{r}_{j}") for j in range(NV)] for r in range(R)]
+    P = b.alloca(ir.ArrayType(F32, R * KT), name="p")
+    Pf = b.bitcast(P, F32.as_pointer())
+    iota = [ir.Constant(ir.VectorType(I64, vl), [j * vl + t for t in range(vl)])
+            for j in range(NV)]
+
+    def item(b, c):
+        bh = b.sdiv(c, c64(nqb))
+        t = b.srem(c, c64(nqb))
+        half = b.sdiv(t, c64(2))
+        even = b.icmp_signed("==", b.srem(t, c64(2)), c64(0))
+        blk = b.select(even, half, b.sub(c64(nqb - 1), half))
+        r0 = b.mul(blk, c64(QB))
+        r1 = _smin(b, b.add(r0, c64(QB)), c64(Sq))
+        qbase = b.mul(bh, c64(Sq * D))
+        ktbase = b.mul(bh, c64(D * Skp))
+        vbase = b.mul(bh, c64(Sk * D))
+        mbase = None
+        if mask is not None:
+            sb, sh, _, _ = k.mstrides
+            mbase = b.add(b.mul(b.sdiv(bh, c64(k.H)), c64(sb)),
+                          b.mul(b.srem(bh, c64(k.H)), c64(sh)))
+        _loop(b, r0, r1, R, lambda b, i0: tile(b, i0, qbase, ktbase, vbase, mbase), "rt")
+
+    def tile(b, i0, qbase, ktbase, vbase, mbase):
+        rows = [_smin(b, b.add(i0, c64(r)), c64(Sq - 1)) for r in range(R)]
+        for r in range(R):
+            for d in range(DV):
+                b.store(_fconst(DW, 0.0), O[r][d])
+            b.store(ir.Constant(F32, NEG_INF), M[r])
+            b.store(ir.Constant(F32, 0.0), L[r])
+        kstart, kend = c64(0), c64(Sk)
+        if k.kind in ("causal", "sliding"):
+            kend = _smin(b, b.add(i0, c64(R)), c64(Sk))
+        if k.kind == "sliding":
+            s0 = _smax(b, b.sub(i0, c64(k.window - 1)), c64(0))
+            kstart = b.mul(b.sdiv(s0, c64(KT)), c64(KT))
+        _loop(b, kstart, kend, KT, lambda b, j0: keys(b, j0, rows, qbase, ktbase, vbase, mbase),
+              "kt")
+        for r in range(R):
+            den = b.load(L[r])
+            den = b.select(b.fcmp_ordered("==", den, ir.Constant(F32, 0.0)),
+                           ir.Constant(F32, 1.0), den)
+            inv = _splat(b, b.fdiv(ir.Constant(F32, 1.0), den), DW)
+            ob = b.add(qbase, b.mul(rows[r], c64(D)))
+            for d in range(DV):
+                _vstore(b, out, b.add(ob, c64(d * DW)), b.fmul(b.load(O[r][d]), inv), DW)
+
+    def keys(b, j0, rows, qbase, ktbase, vbase, mbase):
+        # scores: S[r][j] = sum_d q[row r, d] * kt[d, j0 + j*VL : +VL]
+        zero = _fconst(vl, 0.0)
+        for r in range(R):
+            for j in range(NV):
+                b.store(zero, S[r][j])
+        qrow = [b.add(qbase, b.mul(rows[r], c64(D))) for r in range(R)]
+
+        def dot(b, d):
+            kb = b.add(b.add(ktbase, b.mul(d, c64(Skp))), j0)
+            kv = [_vload(b, kt, b.add(kb, c64(j * vl)), vl) for j in range(NV)]
+            for r in range(R):
+                qs = _splat(b, b.load(b.gep(q, [b.add(qrow[r], d)], inbounds=True), align=4), vl)
+                for j in range(NV):
+                    b.store(_fma(b, qs, kv[j], b.load(S[r][j])), S[r][j])
+        _loop(b, c64(0), c64(D), 1, dot, "d")
+        jv = [b.add(_splat(b, j0, vl), iota[j]) for j in range(NV)]
+        ninf = _fconst(vl, NEG_INF)
+        for r in range(R):
+            iv = _splat(b, rows[r], vl)
+            ps = []
+            for j in range(NV):
+                s = b.load(S[r][j])
+                if k.softcap:
+                    s = b.fmul(_unary(b, "tanh", b.fmul(s, _fconst(vl, 1.0 / k.softcap))),
+                               _fconst(vl, k.softcap))
+                ok = None
+                if Sk % KT:
+                    ok = b.icmp_signed("<", jv[j], _splat(b, c64(Sk), vl))
+                if k.kind in ("causal", "sliding"):
+                    c = b.icmp_signed("<=", jv[j], iv)
+                    if k.kind == "sliding":
+                        c = b.and_(c, b.icmp_signed("<", b.sub(iv, jv[j]),
+                                                    _splat(b, c64(k.window), vl)))
+                    ok = c if ok is None else b.and_(ok, c)
+                if k.kind == "tensor":
+                    c = mask_bits(b, mbase, rows[r], j0, j)
+                    ok = c if ok is None else b.and_(ok, c)
+                if ok is not None:
+                    s = b.select(ok, s, ninf)
+                ps.append(s)
+            mx = ps[0]
+            for s in ps[1:]:
+                mx = _max(b, mx, s)
+            bm = _hreduce(b, mx, vl, _max)
+            mold = b.load(M[r])
+            mnew = _max(b, bm, mold)
+            mref = b.select(b.fcmp_ordered("==", mnew, ir.Constant(F32, NEG_INF)),
+                            ir.Constant(F32, 0.0), mnew)
+            alpha = _unary(b, "exp", b.fsub(mold, mref))
+            mv = _splat(b, mref, vl)
+            es = [_unary(b, "exp", b.fsub(s, mv)) for s in ps]
+            tot = es[0]
+            for e in es[1:]:
+                tot = b.fadd(tot, e)
+            rs = _hreduce(b, tot, vl, lambda b, x, y: b.fadd(x, y))
+            b.store(b.fadd(b.fmul(b.load(L[r]), alpha), rs), L[r])
+            b.store(mnew, M[r])
+            av = _splat(b, alpha, DW)
+            for d in range(DV):
+                b.store(b.fmul(b.load(O[r][d]), av), O[r][d])
+            for j in range(NV):
+                _vstore(b, Pf, c64(r * KT + j * vl), es[j], vl)
+        cn = _smin(b, c64(KT), b.sub(c64(Sk), j0))
+
+        def pv(b, c):
+            vrow = b.add(vbase, b.mul(b.add(j0, c), c64(D)))
+            vs = [_vload(b, v, b.add(vrow, c64(d * DW)), DW) for d in range(DV)]
+            for r in range(R):
+                pr = _splat(b, b.load(b.gep(Pf, [b.add(c, c64(r * KT))], inbounds=True),
+                                      align=4), DW)
+                for d in range(DV):
+                    b.store(_fma(b, pr, vs[d], b.load(O[r][d])), O[r][d])
+        _loop(b, c64(0), cn, 1, pv, "c")
+
+    def mask_bits(b, mbase, row, j0, j):
+        _, _, si, sj = k.mstrides
+        base = b.add(mbase, b.mul(row, c64(si)))
+        vt8 = ir.VectorType(I8, vl)
+        if sj == 0:
+            x = b.load(b.gep(mask, [base], inbounds=True), align=1)
+            return _splat(b, b.icmp_unsigned("!=", x, ir.Constant(I8, 0)), vl)
+        first = b.add(j0, c64(j * vl))
+        if Sk % KT == 0:
+            p = b.gep(mask, [b.add(base, b.mul(first, c64(sj)))], inbounds=True)
+            x = b.load(b.bitcast(p, vt8.as_pointer()), align=1)
+        else:   # the last key tile runs past Sk: per-lane loads at clamped keys
+            x = ir.Constant(vt8, ir.Undefined)
+            for t in range(vl):
+                jj = _smin(b, b.add(first, c64(t)), c64(Sk - 1))
+                e = b.load(b.gep(mask, [b.add(base, b.mul(jj, c64(sj)))], inbounds=True),
+                           align=1)
+                x = b.insert_element(x, e, ir.Constant(I32, t))
+        return b.icmp_unsigned("!=", x, ir.Constant(vt8, [0] * vl))
+
+    _loop(b, lo, hi, 1, item, "item")
+    b.ret_void()
+    return fn
+
+
+__all__ = ["AttentionKernel", "attention_kernels", "covers", "geometry"]
