@@ -233,6 +233,33 @@ def _unary(b, name, x):
     return emit(b, f"rlx.{name}", [x], "f32")
 
 
+# e^x for x <= 0 (or NaN): Cephes expf's reduction and polynomial (lowering/shared/mathlib.py),
+# without the overflow path; x < -87 gives 0 (so exp(-inf) = 0 exactly), NaN stays NaN
+_LOG2E, _MAGIC, _MAGIC_BITS = 1.4426950408889634, 12582912.0, 0x4B400000
+_LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4
+_EXP_Q = (5.0000001201e-1, 1.6666665459e-1, 4.1665795894e-2, 8.3334519073e-3,
+          1.3981999507e-3, 1.9875691500e-4)
+
+
+def _exp_nonpos(b, x, w):
+    it = I32 if w == 1 else ir.VectorType(I32, w)
+    tiny = b.fcmp_ordered("<", x, _fconst(w, -87.0))
+    xc = b.select(tiny, _fconst(w, -87.0), x)
+    t = _fma(b, xc, _fconst(w, _LOG2E), _fconst(w, _MAGIC))
+    nf = b.fsub(t, _fconst(w, _MAGIC))
+    r = _fma(b, nf, _fconst(w, -_LN2_HI), xc)
+    r = _fma(b, nf, _fconst(w, -_LN2_LO), r)
+    poly = _fconst(w, _EXP_Q[-1])
+    for c in reversed(_EXP_Q[:-1]):
+        poly = _fma(b, poly, r, _fconst(w, c))
+    p = b.fadd(_fma(b, b.fmul(r, r), poly, r), _fconst(w, 1.0))
+    n = b.add(b.bitcast(t, it), ir.Constant(it, 127 - _MAGIC_BITS) if w == 1 else
+              ir.Constant(it, [127 - _MAGIC_BITS] * w))
+    scale = b.bitcast(b.shl(n, ir.Constant(it, 23) if w == 1 else ir.Constant(it, [23] * w)),
+                      _vt(w))
+    return b.select(tiny, _fconst(w, 0.0), b.fmul(p, scale))
+
+
 def _vload(b, base, off, w):
     p = b.gep(base, [off], inbounds=True)
     if w == 1:
@@ -298,7 +325,7 @@ def _emit(g, k: AttentionKernel):
     S = [[b.alloca(_vt(vl), name=f"s{r}_{j}") for j in range(NV)] for r in range(R)]
     P = b.alloca(ir.ArrayType(F32, R * KT), name="p")
     Pf = b.bitcast(P, F32.as_pointer())
-    iota = [ir.Constant(ir.VectorType(I64, vl), [j * vl + t for t in range(vl)])
+    iota = [ir.Constant(ir.VectorType(I32, vl), [j * vl + t for t in range(vl)])
             for j in range(NV)]
 
     def item(b, c):
@@ -343,6 +370,66 @@ def _emit(g, k: AttentionKernel):
             for d in range(DV):
                 _vstore(b, out, b.add(ob, c64(d * DW)), b.fmul(b.load(O[r][d]), inv), DW)
 
+    def softmax(b, j0, rows, mbase, masked):
+        """Online softmax of the R x KT score tile in S: P to the stack, m, l, O rescaled."""
+        ninf = _fconst(vl, NEG_INF)
+        jv = [b.add(_splat(b, b.trunc(j0, I32), vl), iota[j]) for j in range(NV)] \
+            if masked else None
+        tiles, bms = [], []
+        for r in range(R):
+            iv = _splat(b, b.trunc(rows[r], I32), vl) if masked else None
+            ps = []
+            for j in range(NV):
+                s = b.load(S[r][j])
+                if k.softcap:
+                    s = b.fmul(_unary(b, "tanh", b.fmul(s, _fconst(vl, 1.0 / k.softcap))),
+                               _fconst(vl, k.softcap))
+                ok = None
+                if masked and Sk % KT:
+                    ok = b.icmp_signed("<", jv[j], _splat(b, ir.Constant(I32, Sk), vl))
+                if masked and k.kind in ("causal", "sliding"):
+                    c = b.icmp_signed("<=", jv[j], iv)
+                    if k.kind == "sliding":
+                        c = b.and_(c, b.icmp_signed("<", b.sub(iv, jv[j]),
+                                                    _splat(b, ir.Constant(I32, k.window), vl)))
+                    ok = c if ok is None else b.and_(ok, c)
+                if masked and k.kind == "tensor":
+                    c = mask_bits(b, mbase, rows[r], j0, j)
+                    ok = c if ok is None else b.and_(ok, c)
+                if ok is not None:
+                    s = b.select(ok, s, ninf)
+                ps.append(s)
+            mx = ps[0]
+            for x in ps[1:]:
+                mx = _max(b, mx, x)
+            tiles.append(ps)
+            bms.append(_hreduce(b, mx, vl, _max))
+        molds = [b.load(M[r]) for r in range(R)]
+        mnews = [_max(b, bm, mo) for bm, mo in zip(bms, molds)]
+        mrefs = [b.select(b.fcmp_ordered("==", mn, ir.Constant(F32, NEG_INF)),
+                          ir.Constant(F32, 0.0), mn) for mn in mnews]
+        # alpha = exp(m_old - m_ref) of the R rows as one vector
+        diff = ir.Constant(_vt(R), ir.Undefined) if R > 1 else None
+        for r in range(R):
+            x = b.fsub(molds[r], mrefs[r])
+            diff = x if R == 1 else b.insert_element(diff, x, ir.Constant(I32, r))
+        alphas = _exp_nonpos(b, diff, R)
+        for r in range(R):
+            alpha = alphas if R == 1 else b.extract_element(alphas, ir.Constant(I32, r))
+            mv = _splat(b, mrefs[r], vl)
+            es = [_exp_nonpos(b, b.fsub(x, mv), vl) for x in tiles[r]]
+            tot = es[0]
+            for e in es[1:]:
+                tot = b.fadd(tot, e)
+            rs = _hreduce(b, tot, vl, lambda b, x, y: b.fadd(x, y))
+            b.store(b.fadd(b.fmul(b.load(L[r]), alpha), rs), L[r])
+            b.store(mnews[r], M[r])
+            av = _splat(b, alpha, DW)
+            for d in range(DV):
+                b.store(b.fmul(b.load(O[r][d]), av), O[r][d])
+            for j in range(NV):
+                _vstore(b, Pf, c64(r * KT + j * vl), es[j], vl)
+
     def keys(b, j0, rows, qbase, ktbase, vbase, mbase):
         # scores: S[r][j] = sum_d q[row r, d] * kt[d, j0 + j*VL : +VL]
         zero = _fconst(vl, 0.0)
@@ -359,53 +446,19 @@ def _emit(g, k: AttentionKernel):
                 for j in range(NV):
                     b.store(_fma(b, qs, kv[j], b.load(S[r][j])), S[r][j])
         _loop(b, c64(0), c64(D), 1, dot, "d")
-        jv = [b.add(_splat(b, j0, vl), iota[j]) for j in range(NV)]
-        ninf = _fconst(vl, NEG_INF)
-        for r in range(R):
-            iv = _splat(b, rows[r], vl)
-            ps = []
-            for j in range(NV):
-                s = b.load(S[r][j])
-                if k.softcap:
-                    s = b.fmul(_unary(b, "tanh", b.fmul(s, _fconst(vl, 1.0 / k.softcap))),
-                               _fconst(vl, k.softcap))
-                ok = None
-                if Sk % KT:
-                    ok = b.icmp_signed("<", jv[j], _splat(b, c64(Sk), vl))
-                if k.kind in ("causal", "sliding"):
-                    c = b.icmp_signed("<=", jv[j], iv)
-                    if k.kind == "sliding":
-                        c = b.and_(c, b.icmp_signed("<", b.sub(iv, jv[j]),
-                                                    _splat(b, c64(k.window), vl)))
-                    ok = c if ok is None else b.and_(ok, c)
-                if k.kind == "tensor":
-                    c = mask_bits(b, mbase, rows[r], j0, j)
-                    ok = c if ok is None else b.and_(ok, c)
-                if ok is not None:
-                    s = b.select(ok, s, ninf)
-                ps.append(s)
-            mx = ps[0]
-            for s in ps[1:]:
-                mx = _max(b, mx, s)
-            bm = _hreduce(b, mx, vl, _max)
-            mold = b.load(M[r])
-            mnew = _max(b, bm, mold)
-            mref = b.select(b.fcmp_ordered("==", mnew, ir.Constant(F32, NEG_INF)),
-                            ir.Constant(F32, 0.0), mnew)
-            alpha = _unary(b, "exp", b.fsub(mold, mref))
-            mv = _splat(b, mref, vl)
-            es = [_unary(b, "exp", b.fsub(s, mv)) for s in ps]
-            tot = es[0]
-            for e in es[1:]:
-                tot = b.fadd(tot, e)
-            rs = _hreduce(b, tot, vl, lambda b, x, y: b.fadd(x, y))
-            b.store(b.fadd(b.fmul(b.load(L[r]), alpha), rs), L[r])
-            b.store(mnew, M[r])
-            av = _splat(b, alpha, DW)
-            for d in range(DV):
-                b.store(b.fmul(b.load(O[r][d]), av), O[r][d])
-            for j in range(NV):
-                _vstore(b, Pf, c64(r * KT + j * vl), es[j], vl)
+        i0 = rows[0]
+        if k.kind == "causal" or (k.kind == "" and Sk % KT):
+            # only the tiles on the diagonal (or past Sk) need the mask
+            need = b.icmp_signed(">", b.add(j0, c64(KT)), c64(Sk))
+            if k.kind == "causal":
+                need = b.or_(need, b.icmp_signed(">", b.add(j0, c64(KT - 1)), i0))
+            with b.if_else(need, likely=False) as (masked, plain):
+                with masked:
+                    softmax(b, j0, rows, mbase, True)
+                with plain:
+                    softmax(b, j0, rows, mbase, False)
+        else:
+            softmax(b, j0, rows, mbase, k.kind != "")
         cn = _smin(b, c64(KT), b.sub(c64(Sk), j0))
 
         def pv(b, c):
