@@ -124,13 +124,13 @@ class AttentionKernel:
 def attention_kernels(bl, v, op, what):
     """Append the K^T pack and the fused kernel of `v = rlx.attention(...)` to the
     schedule.Builder `bl` (operands that have no buffer are copied into one)."""
-    from rlxc.lowering.cpu.codegen import _lanes
+    from rlxc.lowering.cpu.sgemm_kernels import sgemm_config
     from rlxc.lowering.cpu.schedule import PAR_MIN_WORK
 
     p = op.params()
     B, H, Sq, D = shape_of(op.operands[0].type)
     Sk = shape_of(op.operands[1].type)[2]
-    vl = _lanes(bl.cpu)
+    vl = sgemm_config(bl.cpu).vl   # f32 lanes of one vector register
     kt_n = NV * vl
     Skp = -(-Sk // kt_n) * kt_n
     q, k, vv = op.operands[:3]
