@@ -395,17 +395,19 @@ def _vmap_into_heads(bt, op, xs, n):
 
 # ---------------------------------------------------------------- lowering
 
-def expand_module(module, rows: int | None = None):
-    """`module`, or a clone with every rlx.attention replaced by its expansion."""
+def expand_module(module, rows: int | None = None, keep=None):
+    """`module`, or a clone with every rlx.attention replaced by its expansion (except
+    those for which `keep(op)` is true: a backend's fused kernel computes them)."""
     from .autodiff import Builder
     from .module import get_func
 
-    if not any(op.name == "rlx.attention" for op in get_func(module).body.block.ops):
+    if not any(op.name == "rlx.attention" and not (keep and keep(op))
+               for op in get_func(module).body.block.ops):
         return module
     module = module.clone()
     block = get_func(module).body.block
     for op in list(block.ops):
-        if op.name != "rlx.attention":
+        if op.name != "rlx.attention" or (keep and keep(op)):
             continue
         new = Expander(Builder(block, op), op, rows).forward()
         op.results[0].replace_all_uses_with(new.v)

@@ -182,7 +182,15 @@ class Body:
             memo: dict = {}
             x, y = (self.expr(b, a, vars_, memo) for a in e.args)
             return b.fmul(x, y, flags=["contract"]), ("reassoc", "contract")
-        return self.expr(b, e, vars_, {}), ("reassoc",)
+        v = self.expr(b, e, vars_, {})
+        if op in ("max", "min") and isinstance(e, Op) and e.op == "select" and \
+                e.dtype in ("f32", "f64"):
+            # a masked max (`where(m, x, -inf).max()`): InstCombine would fold
+            # maximum(acc, select(c, x, -inf)) into select(c, maximum(acc, x), acc), a
+            # conditional update the loop vectorizer does not take for a reduction (a
+            # scalar loop, ~50x slower); a freeze of the value keeps the plain form
+            v = _freeze(b, v)
+        return v, ("reassoc",)
 
     # -------------------------------------------------------- streaming stores
     def stream_loop(self, b, s: For, vars_, lohi=None):
@@ -274,6 +282,16 @@ class Body:
         iv.add_incoming(b.add(iv, c64(1), flags=["nsw"]), b.block)
         b.branch(head)
         b.position_at_end(done)
+
+
+def _freeze(b, v):
+    """`freeze v` (llvmlite's IRBuilder has no method for it): the same value, opaque to
+    InstCombine's select folds."""
+    from llvmlite.ir.instructions import Instruction
+
+    ins = Instruction(b.block, v.type, "freeze", [v])
+    b._insert(ins)
+    return ins
 
 
 def _splat(b, x, lanes: int):
@@ -480,6 +498,20 @@ class ModuleGen:
                 fn, bufs = self.matmul_kernel(k)
                 symint.restore(at_entry)
                 b.call(fn, [ptr(x) for x in bufs] + extra)
+            elif hasattr(k, "emit"):   # a kernel with its own codegen (attention_kernel.py)
+                if self.dims:   # its code bakes in its sizes: no size-generic form
+                    raise symint.DynamicSizeError(f"{k.name}: a self-emitting kernel has no "
+                                                  "size-generic form")
+                fn, bufs, _ = k.emit(self)
+                args = [ptr(x) for x in bufs]
+                if not k.parallel:
+                    b.call(fn, args + [c64(0), c64(k.items)])
+                else:
+                    parallel.emit_parallel_ranges(
+                        self.m, b, c64(k.items),
+                        lambda wb, lo, hi, *rest, fn=fn: wb.call(fn, list(rest[-1]) + [lo, hi]),
+                        args, name=f"{self.sym}.{k.name}.par", work=c64(k.work),
+                        min_work=PAR_MIN_WORK)
             else:
                 raise TypeError(k)
         b.ret(ir.Constant(I32, 0))

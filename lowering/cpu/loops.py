@@ -383,6 +383,8 @@ def format_kernel(k) -> str:
         if k.epilogue is not None:
             lines.append(f"{pad}  epilogue ({k.row}, {k.col}): {format_expr(k.epilogue)}")
         return "\n".join(lines)
+    if hasattr(k, "format"):   # a kernel with its own printer (attention_kernel.py)
+        return k.format()
     if isinstance(k, CheckKernel):
         return (f"kernel {k.name}  // {k.what}\n  for i in [0, {k.numel}): "
                 f"if not 0 <= {k.buf!r}[i] < {k.bound}: return {k.code}")

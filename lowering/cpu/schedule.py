@@ -290,6 +290,10 @@ class Builder:
                 self.concat_kernels(v, op, what)
             elif op.name == "rlx.scatter_add":
                 self.scatter_kernels(v, op, what)
+            elif op.name == "rlx.attention":   # fused flash-style kernel (attention_kernel.py)
+                from rlxc.lowering.cpu.attention_kernel import attention_kernels
+
+                attention_kernels(self, v, op, what)
             elif fam in ELEMENTWISE_FAMILIES or op.name in (
                     "rlx.broadcast_to", "rlx.reshape", "rlx.transpose", "rlx.slice", "rlx.pad",
                     "rlx.gather", "rlx.fake_quant"):
@@ -375,7 +379,11 @@ def build_program(module, name: str, sgemm_threads: int = 1, cpu: str = "native"
     from rlxc.dialect.conv_decompose import decompose_conv
 
     module = decompose_conv(module)   # convolutions -> im2col + GEMM (dialect/conv_decompose.py)
-    module = expand_module(module)   # rlx.attention: query-blocked matmul-softmax-matmul
+    from rlxc.lowering.cpu.attention_kernel import covers
+
+    # rlx.attention: the fused kernel where it covers the op, else query-blocked
+    # matmul-softmax-matmul
+    module = expand_module(module, keep=covers)
     return Builder(rewrite_small_matmuls(rewrite_empty(module)), name, sgemm_threads, cpu).build()
 
 

@@ -1,0 +1,348 @@
+"""LLVM IR of the fused CPU attention kernel (attention_kernel.AttentionKernel).
+
+    AttentionKernel (shapes, buffers, mask kind)
+          │ emit_attention
+          ▼
+    void NAME.kN(f32* q, f32* kt, f32* v, f32* out, [i8* mask], i64 lo, i64 hi)
+        for item in [lo, hi):  bh, query block (ordered early/late alternately)
+          for register tile i0 (R rows, clamped to Sq - 1):
+            m, l, O[R][DV] = -inf, 0, 0                    (allocas -> SROA -> registers)
+            for j0 in [kstart, kend) step KT:
+              S = q[rows] . kt[:, j0:j0+KT]                FMA over d, R x NV vectors
+              masked? (diagonal / last tile / sliding / tensor): S = allowed ? S : -inf
+              online softmax: P (stack), alpha = exp(m - m') as one R-lane vector
+              O = O * alpha + P . v[j0 : j0 + min(KT, Sk - j0)]
+            out[rows] = O / (l == 0 ? 1 : l)
+
+The exp here is Cephes expf's (as lowering/shared/mathlib.py) specialised to
+arguments <= 0: no overflow path, 2^n built directly from the rounding constant,
+and x < -87 flushed to exactly 0 (so masked scores contribute nothing).
+"""
+from __future__ import annotations
+
+import math
+
+import llvmlite.ir as ir
+
+from rlxc.lowering.cpu.attention_kernel import NV, QB, geometry
+
+
+F32 = ir.FloatType()
+I1 = ir.IntType(1)
+I8 = ir.IntType(8)
+I32 = ir.IntType(32)
+I64 = ir.IntType(64)
+NEG_INF = -math.inf
+
+
+def c64(n):
+    return ir.Constant(I64, int(n))
+
+
+def _vt(w):
+    return F32 if w == 1 else ir.VectorType(F32, w)
+
+
+def _splat(b, x, w):
+    if w == 1:
+        return x
+    vt = ir.VectorType(x.type, w)
+    u = b.insert_element(ir.Constant(vt, ir.Undefined), x, ir.Constant(I32, 0))
+    return b.shuffle_vector(u, ir.Constant(vt, ir.Undefined),
+                            ir.Constant(ir.VectorType(I32, w), [0] * w))
+
+
+def _fconst(w, x):
+    return ir.Constant(_vt(w), float(x)) if w == 1 else ir.Constant(_vt(w), [float(x)] * w)
+
+
+def _max(b, x, y):
+    """x > y ? x : y (a NaN x yields y; NaN scores still reach the output through P)."""
+    return b.select(b.fcmp_ordered(">", x, y), x, y)
+
+
+def _hreduce(b, x, w, fn):
+    while w > 1:
+        h = w // 2
+        lo = b.shuffle_vector(x, x, ir.Constant(ir.VectorType(I32, h), list(range(h))))
+        hi = b.shuffle_vector(x, x, ir.Constant(ir.VectorType(I32, h), list(range(h, w))))
+        x, w = fn(b, lo, hi), h
+    return b.extract_element(x, ir.Constant(I32, 0)) if isinstance(x.type, ir.VectorType) else x
+
+
+def _fma(b, x, y, z):
+    from rlxc.lowering.shared.scalar import intrinsic
+
+    return b.call(intrinsic(b, "llvm.fma", x.type, 3), [x, y, z])
+
+
+def _unary(b, name, x):
+    from rlxc.lowering.shared.scalar import emit
+
+    return emit(b, f"rlx.{name}", [x], "f32")
+
+
+# e^x for x <= 0 (or NaN): Cephes expf's reduction and polynomial (lowering/shared/mathlib.py),
+# without the overflow path; x < -87 gives 0 (so exp(-inf) = 0 exactly), NaN stays NaN
+_LOG2E, _MAGIC, _MAGIC_BITS = 1.4426950408889634, 12582912.0, 0x4B400000
+_LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4
+_EXP_Q = (5.0000001201e-1, 1.6666665459e-1, 4.1665795894e-2, 8.3334519073e-3,
+          1.3981999507e-3, 1.9875691500e-4)
+
+
+def _exp_nonpos(b, x, w):
+    it = I32 if w == 1 else ir.VectorType(I32, w)
+    tiny = b.fcmp_ordered("<", x, _fconst(w, -87.0))
+    xc = b.select(tiny, _fconst(w, -87.0), x)
+    t = _fma(b, xc, _fconst(w, _LOG2E), _fconst(w, _MAGIC))
+    nf = b.fsub(t, _fconst(w, _MAGIC))
+    r = _fma(b, nf, _fconst(w, -_LN2_HI), xc)
+    r = _fma(b, nf, _fconst(w, -_LN2_LO), r)
+    poly = _fconst(w, _EXP_Q[-1])
+    for c in reversed(_EXP_Q[:-1]):
+        poly = _fma(b, poly, r, _fconst(w, c))
+    p = b.fadd(_fma(b, b.fmul(r, r), poly, r), _fconst(w, 1.0))
+    n = b.add(b.bitcast(t, it), ir.Constant(it, 127 - _MAGIC_BITS) if w == 1 else
+              ir.Constant(it, [127 - _MAGIC_BITS] * w))
+    scale = b.bitcast(b.shl(n, ir.Constant(it, 23) if w == 1 else ir.Constant(it, [23] * w)),
+                      _vt(w))
+    return b.select(tiny, _fconst(w, 0.0), b.fmul(p, scale))
+
+
+def _vload(b, base, off, w):
+    p = b.gep(base, [off], inbounds=True)
+    if w == 1:
+        return b.load(p, align=4)
+    return b.load(b.bitcast(p, ir.VectorType(F32, w).as_pointer()), align=4)
+
+
+def _vstore(b, base, off, x, w):
+    p = b.gep(base, [off], inbounds=True)
+    if w == 1:
+        b.store(x, p, align=4)
+    else:
+        b.store(x, b.bitcast(p, ir.VectorType(F32, w).as_pointer()), align=4)
+
+
+def _smin(b, x, y):
+    return b.select(b.icmp_signed("<", x, y), x, y)
+
+
+def _smax(b, x, y):
+    return b.select(b.icmp_signed(">", x, y), x, y)
+
+
+def _loop(b, lo, hi, step, body, name):
+    """for (i = lo; i < hi; i += step) body(b, i)."""
+    fn = b.function
+    head = fn.append_basic_block(f"{name}.head")
+    bb = fn.append_basic_block(f"{name}.body")
+    done = fn.append_basic_block(f"{name}.done")
+    pre = b.block
+    b.branch(head)
+    b.position_at_end(head)
+    i = b.phi(I64, name=name)
+    i.add_incoming(lo, pre)
+    b.cbranch(b.icmp_signed("<", i, hi), bb, done)
+    b.position_at_end(bb)
+    body(b, i)
+    i.add_incoming(b.add(i, c64(step), flags=["nsw"]), b.block)
+    b.branch(head)
+    b.position_at_end(done)
+
+
+def emit_attention(g, k):
+    vl, D, Sq, Sk, Skp = k.vl, k.D, k.Sq, k.Sk, k.Skp
+    KT = NV * vl
+    DW, DV, R = geometry(D, vl)
+    nqb = -(-Sq // QB)
+    args = [F32.as_pointer()] * 4 + ([I8.as_pointer()] if k.mask else []) + [I64, I64]
+    fn = ir.Function(g.m, ir.FunctionType(ir.VoidType(), args), f"{g.sym}.{k.name}")
+    fn.linkage = "internal"
+    fn.attributes.add("nounwind")
+    for a in fn.args:
+        if isinstance(a.type, ir.PointerType):
+            a.add_attribute("noalias")
+    q, kt, v, out = fn.args[:4]
+    mask = fn.args[4] if k.mask else None
+    lo, hi = fn.args[-2], fn.args[-1]
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    # register-tile state: one alloca per scalar/vector (SROA turns them into phis)
+    O = [[b.alloca(_vt(DW), name=f"o{r}_{d}") for d in range(DV)] for r in range(R)]
+    M = [b.alloca(F32, name=f"m{r}") for r in range(R)]
+    L = [b.alloca(F32, name=f"l{r}") for r in range(R)]
+    S = [[b.alloca(_vt(vl), name=f"s{r}_{j}") for j in range(NV)] for r in range(R)]
+    P = b.alloca(ir.ArrayType(F32, R * KT), name="p")
+    Pf = b.bitcast(P, F32.as_pointer())
+    iota = [ir.Constant(ir.VectorType(I32, vl), [j * vl + t for t in range(vl)])
+            for j in range(NV)]
+
+    def item(b, c):
+        bh = b.sdiv(c, c64(nqb))
+        t = b.srem(c, c64(nqb))
+        half = b.sdiv(t, c64(2))
+        even = b.icmp_signed("==", b.srem(t, c64(2)), c64(0))
+        blk = b.select(even, half, b.sub(c64(nqb - 1), half))
+        r0 = b.mul(blk, c64(QB))
+        r1 = _smin(b, b.add(r0, c64(QB)), c64(Sq))
+        qbase = b.mul(bh, c64(Sq * D))
+        ktbase = b.mul(bh, c64(D * Skp))
+        vbase = b.mul(bh, c64(Sk * D))
+        mbase = None
+        if mask is not None:
+            sb, sh, _, _ = k.mstrides
+            mbase = b.add(b.mul(b.sdiv(bh, c64(k.H)), c64(sb)),
+                          b.mul(b.srem(bh, c64(k.H)), c64(sh)))
+        _loop(b, r0, r1, R, lambda b, i0: tile(b, i0, qbase, ktbase, vbase, mbase), "rt")
+
+    def tile(b, i0, qbase, ktbase, vbase, mbase):
+        rows = [_smin(b, b.add(i0, c64(r)), c64(Sq - 1)) for r in range(R)]
+        for r in range(R):
+            for d in range(DV):
+                b.store(_fconst(DW, 0.0), O[r][d])
+            b.store(ir.Constant(F32, NEG_INF), M[r])
+            b.store(ir.Constant(F32, 0.0), L[r])
+        kstart, kend = c64(0), c64(Sk)
+        if k.kind in ("causal", "sliding"):
+            kend = _smin(b, b.add(i0, c64(R)), c64(Sk))
+        if k.kind == "sliding":
+            s0 = _smax(b, b.sub(i0, c64(k.window - 1)), c64(0))
+            kstart = b.mul(b.sdiv(s0, c64(KT)), c64(KT))
+        _loop(b, kstart, kend, KT, lambda b, j0: keys(b, j0, rows, qbase, ktbase, vbase, mbase),
+              "kt")
+        for r in range(R):
+            den = b.load(L[r])
+            den = b.select(b.fcmp_ordered("==", den, ir.Constant(F32, 0.0)),
+                           ir.Constant(F32, 1.0), den)
+            inv = _splat(b, b.fdiv(ir.Constant(F32, 1.0), den), DW)
+            ob = b.add(qbase, b.mul(rows[r], c64(D)))
+            for d in range(DV):
+                _vstore(b, out, b.add(ob, c64(d * DW)), b.fmul(b.load(O[r][d]), inv), DW)
+
+    def softmax(b, j0, rows, mbase, masked):
+        """Online softmax of the R x KT score tile in S: P to the stack, m, l, O rescaled."""
+        ninf = _fconst(vl, NEG_INF)
+        jv = [b.add(_splat(b, b.trunc(j0, I32), vl), iota[j]) for j in range(NV)] \
+            if masked else None
+        tiles, bms = [], []
+        for r in range(R):
+            iv = _splat(b, b.trunc(rows[r], I32), vl) if masked else None
+            ps = []
+            for j in range(NV):
+                s = b.load(S[r][j])
+                if k.softcap:
+                    s = b.fmul(_unary(b, "tanh", b.fmul(s, _fconst(vl, 1.0 / k.softcap))),
+                               _fconst(vl, k.softcap))
+                ok = None
+                if masked and Sk % KT:
+                    ok = b.icmp_signed("<", jv[j], _splat(b, ir.Constant(I32, Sk), vl))
+                if masked and k.kind in ("causal", "sliding"):
+                    c = b.icmp_signed("<=", jv[j], iv)
+                    if k.kind == "sliding":
+                        c = b.and_(c, b.icmp_signed("<", b.sub(iv, jv[j]),
+                                                    _splat(b, ir.Constant(I32, k.window), vl)))
+                    ok = c if ok is None else b.and_(ok, c)
+                if masked and k.kind == "tensor":
+                    c = mask_bits(b, mbase, rows[r], j0, j)
+                    ok = c if ok is None else b.and_(ok, c)
+                if ok is not None:
+                    s = b.select(ok, s, ninf)
+                ps.append(s)
+            mx = ps[0]
+            for x in ps[1:]:
+                mx = _max(b, mx, x)
+            tiles.append(ps)
+            bms.append(_hreduce(b, mx, vl, _max))
+        molds = [b.load(M[r]) for r in range(R)]
+        mnews = [_max(b, bm, mo) for bm, mo in zip(bms, molds)]
+        mrefs = [b.select(b.fcmp_ordered("==", mn, ir.Constant(F32, NEG_INF)),
+                          ir.Constant(F32, 0.0), mn) for mn in mnews]
+        # alpha = exp(m_old - m_ref) of the R rows as one vector
+        diff = ir.Constant(_vt(R), ir.Undefined) if R > 1 else None
+        for r in range(R):
+            x = b.fsub(molds[r], mrefs[r])
+            diff = x if R == 1 else b.insert_element(diff, x, ir.Constant(I32, r))
+        alphas = _exp_nonpos(b, diff, R)
+        for r in range(R):
+            alpha = alphas if R == 1 else b.extract_element(alphas, ir.Constant(I32, r))
+            mv = _splat(b, mrefs[r], vl)
+            es = [_exp_nonpos(b, b.fsub(x, mv), vl) for x in tiles[r]]
+            tot = es[0]
+            for e in es[1:]:
+                tot = b.fadd(tot, e)
+            rs = _hreduce(b, tot, vl, lambda b, x, y: b.fadd(x, y))
+            b.store(b.fadd(b.fmul(b.load(L[r]), alpha), rs), L[r])
+            b.store(mnews[r], M[r])
+            av = _splat(b, alpha, DW)
+            for d in range(DV):
+                b.store(b.fmul(b.load(O[r][d]), av), O[r][d])
+            for j in range(NV):
+                _vstore(b, Pf, c64(r * KT + j * vl), es[j], vl)
+
+    def keys(b, j0, rows, qbase, ktbase, vbase, mbase):
+        # scores: S[r][j] = sum_d q[row r, d] * kt[d, j0 + j*VL : +VL]
+        zero = _fconst(vl, 0.0)
+        for r in range(R):
+            for j in range(NV):
+                b.store(zero, S[r][j])
+        qrow = [b.add(qbase, b.mul(rows[r], c64(D))) for r in range(R)]
+
+        def dot(b, d):
+            kb = b.add(b.add(ktbase, b.mul(d, c64(Skp))), j0)
+            kv = [_vload(b, kt, b.add(kb, c64(j * vl)), vl) for j in range(NV)]
+            for r in range(R):
+                qs = _splat(b, b.load(b.gep(q, [b.add(qrow[r], d)], inbounds=True), align=4), vl)
+                for j in range(NV):
+                    b.store(_fma(b, qs, kv[j], b.load(S[r][j])), S[r][j])
+        _loop(b, c64(0), c64(D), 1, dot, "d")
+        i0 = rows[0]
+        if k.kind == "causal" or (k.kind == "" and Sk % KT):
+            # only the tiles on the diagonal (or past Sk) need the mask
+            need = b.icmp_signed(">", b.add(j0, c64(KT)), c64(Sk))
+            if k.kind == "causal":
+                need = b.or_(need, b.icmp_signed(">", b.add(j0, c64(KT - 1)), i0))
+            with b.if_else(need, likely=False) as (masked, plain):
+                with masked:
+                    softmax(b, j0, rows, mbase, True)
+                with plain:
+                    softmax(b, j0, rows, mbase, False)
+        else:
+            softmax(b, j0, rows, mbase, k.kind != "")
+        cn = _smin(b, c64(KT), b.sub(c64(Sk), j0))
+
+        def pv(b, c):
+            vrow = b.add(vbase, b.mul(b.add(j0, c), c64(D)))
+            vs = [_vload(b, v, b.add(vrow, c64(d * DW)), DW) for d in range(DV)]
+            for r in range(R):
+                pr = _splat(b, b.load(b.gep(Pf, [b.add(c, c64(r * KT))], inbounds=True),
+                                      align=4), DW)
+                for d in range(DV):
+                    b.store(_fma(b, pr, vs[d], b.load(O[r][d])), O[r][d])
+        _loop(b, c64(0), cn, 1, pv, "c")
+
+    def mask_bits(b, mbase, row, j0, j):
+        _, _, si, sj = k.mstrides
+        base = b.add(mbase, b.mul(row, c64(si)))
+        vt8 = ir.VectorType(I8, vl)
+        if sj == 0:
+            x = b.load(b.gep(mask, [base], inbounds=True), align=1)
+            return _splat(b, b.icmp_unsigned("!=", x, ir.Constant(I8, 0)), vl)
+        first = b.add(j0, c64(j * vl))
+        if Sk % KT == 0:
+            p = b.gep(mask, [b.add(base, b.mul(first, c64(sj)))], inbounds=True)
+            x = b.load(b.bitcast(p, vt8.as_pointer()), align=1)
+        else:   # the last key tile runs past Sk: per-lane loads at clamped keys
+            x = ir.Constant(vt8, ir.Undefined)
+            for t in range(vl):
+                jj = _smin(b, b.add(first, c64(t)), c64(Sk - 1))
+                e = b.load(b.gep(mask, [b.add(base, b.mul(jj, c64(sj)))], inbounds=True),
+                           align=1)
+                x = b.insert_element(x, e, ir.Constant(I32, t))
+        return b.icmp_unsigned("!=", x, ir.Constant(vt8, [0] * vl))
+
+    _loop(b, lo, hi, 1, item, "item")
+    b.ret_void()
+    return fn
+
+
+__all__ = ["emit_attention"]
