@@ -320,6 +320,70 @@ def first_call(fn, what):
         raise Skip(f"{what} failed: {type(e).__name__}: {msg[0] if msg else ''}"[:200])
 
 
+# ------------------------------------------------------------------ training-step peers
+# W4 (MLP) and W9 (LeNet) time one SGD step per call; the first call returns the loss and
+# every parameter after the step so the check can compare them, later calls just the loss.
+
+
+def rlxc_train_step(tr, data, names):
+    """One rlxc Trainer step per call (see the block comment above)."""
+    np = np_mod()
+    first = [True]
+
+    def f():
+        loss = tr.step(data)
+        if first[0]:
+            first[0] = False
+            return [np.float32(loss)] + [tr.func.param_binding(k) for k in names]
+        return loss
+    return f
+
+
+def jax_train_step(jax, loss, P, x, y, lr, names):
+    """One jitted JAX SGD step on loss(p, x, y) per call, params donated between calls."""
+    np = np_mod()
+    jnp = jax.numpy
+
+    def step(p, x, y):
+        value, g = jax.value_and_grad(loss)(p, x, y)
+        return jax.tree_util.tree_map(lambda a, b: a - lr * b, p, g), value
+    stepj = jax.jit(step, donate_argnums=0)
+    st = {"p": {k: jnp.array(v) for k, v in P.items()}}
+    xd, yd = jnp.asarray(x), jnp.asarray(y)
+    first = [True]
+
+    def f():
+        st["p"], value = stepj(st["p"], xd, yd)
+        v = float(value)
+        if first[0]:
+            first[0] = False
+            return [np.float32(v)] + [np.asarray(st["p"][k]) for k in names]
+        return v
+    return f
+
+
+def torch_train_step(torch, loss, P, x, y, lr, names, compiled):
+    """One torch.optim.SGD step on loss(p, x, y) per call; torch.compile'd when compiled."""
+    np = np_mod()
+    pt = {k: torch.tensor(v, requires_grad=True) for k, v in P.items()}
+    opt = torch.optim.SGD(list(pt.values()), lr=lr)
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y).long()
+    g = compile_torch(torch, loss) if compiled else loss
+    first = [True]
+
+    def f():
+        opt.zero_grad(set_to_none=True)
+        value = g(pt, xt, yt)
+        value.backward()
+        opt.step()
+        v = value.item()
+        if first[0]:
+            first[0] = False
+            return [np.float32(v)] + [pt[k].detach().numpy().copy() for k in names]
+        return v
+    return f
+
+
 # ------------------------------------------------------------------ workloads
 # Each returns {impl: (callable, result_fn)} where callable() does one timed call and
 # result_fn(value) turns its return value into NumPy arrays for the check; plus the
@@ -471,16 +535,7 @@ def w4(args):
         from rlxc.optim import SGD
 
         tr = rlxc_mlp("w4_mlp", BATCH).with_params(P).trainer(SGD(LR))
-        data = {"x": x, "y": y}
-        first = [True]
-
-        def f():
-            loss = tr.step(data)
-            if first[0]:
-                first[0] = False
-                return [np.float32(loss)] + [tr.func.param_binding(k) for k in PNAMES]
-            return loss
-        return f
+        return rlxc_train_step(tr, {"x": x, "y": y}, PNAMES)
     impls["rlxc"] = rl
 
     def nmp():
@@ -506,48 +561,15 @@ def w4(args):
 
     def jx():
         jax = peer("jax")
-        jnp = jax.numpy
         _, loss = jax_mlp(jax)
-
-        def step(p, x, y):
-            value, g = jax.value_and_grad(loss)(p, x, y)
-            return jax.tree_util.tree_map(lambda a, b: a - LR * b, p, g), value
-        stepj = jax.jit(step, donate_argnums=0)
-        st = {"p": {k: jnp.array(v) for k, v in P.items()}}
-        xd, yd = jnp.asarray(x), jnp.asarray(y)
-        first = [True]
-
-        def f():
-            st["p"], value = stepj(st["p"], xd, yd)
-            v = float(value)
-            if first[0]:
-                first[0] = False
-                return [np.float32(v)] + [np.asarray(st["p"][k]) for k in PNAMES]
-            return v
-        return f
+        return jax_train_step(jax, loss, P, x, y, LR, PNAMES)
     impls["jax"] = jx
 
     def tch(compiled):
         def make():
             torch = peer("torch")
             _, loss = torch_mlp(torch)
-            pt = {k: torch.tensor(v, requires_grad=True) for k, v in P.items()}
-            opt = torch.optim.SGD(list(pt.values()), lr=LR)
-            xt, yt = torch.from_numpy(x), torch.from_numpy(y).long()
-            g = compile_torch(torch, loss) if compiled else loss
-            first = [True]
-
-            def f():
-                opt.zero_grad(set_to_none=True)
-                value = g(pt, xt, yt)
-                value.backward()
-                opt.step()
-                v = value.item()
-                if first[0]:
-                    first[0] = False
-                    return [np.float32(v)] + [pt[k].detach().numpy().copy() for k in PNAMES]
-                return v
-            return f
+            return torch_train_step(torch, loss, P, x, y, LR, PNAMES, compiled)
         return make
     impls["torch"] = tch(False)
     impls["torch.compile"] = tch(True)
@@ -781,16 +803,7 @@ def w9(args):
             h = h.reshape(CNN_BATCH, 400).linear(p["f1w"], p["f1b"]).relu()
             return h.linear(p["f2w"], p["f2b"]).cross_entropy(s.input("y", (CNN_BATCH,), "i32"))
         tr = Func("w9_lenet", build).with_params(P).trainer(SGD(CNN_LR))
-        data = {"x": x, "y": y}
-        first = [True]
-
-        def f():
-            loss = tr.step(data)
-            if first[0]:
-                first[0] = False
-                return [np.float32(loss)] + [tr.func.param_binding(k) for k in names]
-            return loss
-        return f
+        return rlxc_train_step(tr, {"x": x, "y": y}, names)
     impls["rlxc"] = rl
 
     def nmp():
@@ -816,23 +829,7 @@ def w9(args):
             h = jax.nn.relu(h.reshape(x.shape[0], 400) @ p["f1w"] + p["f1b"])
             logp = jax.nn.log_softmax(h @ p["f2w"] + p["f2b"], axis=-1)
             return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1))
-
-        def step(p, x, y):
-            value, g = jax.value_and_grad(loss)(p, x, y)
-            return jax.tree_util.tree_map(lambda a, b: a - CNN_LR * b, p, g), value
-        stepj = jax.jit(step, donate_argnums=0)
-        st = {"p": {k: jnp.array(v) for k, v in P.items()}}
-        xd, yd = jnp.asarray(x), jnp.asarray(y)
-        first = [True]
-
-        def f():
-            st["p"], value = stepj(st["p"], xd, yd)
-            v = float(value)
-            if first[0]:
-                first[0] = False
-                return [np.float32(v)] + [np.asarray(st["p"][k]) for k in names]
-            return v
-        return f
+        return jax_train_step(jax, loss, P, x, y, CNN_LR, names)
     impls["jax"] = jx
 
     def tch(compiled):
@@ -845,23 +842,7 @@ def w9(args):
                 h = F.max_pool2d(F.relu(F.conv2d(h, p["c2w"], p["c2b"])), 2)
                 h = F.relu(torch.addmm(p["f1b"], h.reshape(x.shape[0], 400), p["f1w"]))
                 return F.cross_entropy(torch.addmm(p["f2b"], h, p["f2w"]), y)
-            pt = {k: torch.tensor(v, requires_grad=True) for k, v in P.items()}
-            opt = torch.optim.SGD(list(pt.values()), lr=CNN_LR)
-            xt, yt = torch.from_numpy(x), torch.from_numpy(y).long()
-            g = compile_torch(torch, loss) if compiled else loss
-            first = [True]
-
-            def f():
-                opt.zero_grad(set_to_none=True)
-                value = g(pt, xt, yt)
-                value.backward()
-                opt.step()
-                v = value.item()
-                if first[0]:
-                    first[0] = False
-                    return [np.float32(v)] + [pt[k].detach().numpy().copy() for k in names]
-                return v
-            return f
+            return torch_train_step(torch, loss, P, x, y, CNN_LR, names, compiled)
         return make
     impls["torch"] = tch(False)
     impls["torch.compile"] = tch(True)
