@@ -310,6 +310,24 @@ def compile_torch(torch, fn):
         raise Skip(f"torch.compile failed: {type(e).__name__}: {str(e).splitlines()[0]}")
 
 
+def torch_no_grad(torch, fn, args, compiled):
+    """The timed call fn(*args) under torch.no_grad(), through torch.compile when
+    `compiled` (the inference peers of W3, W8, W11)."""
+    g = compile_torch(torch, fn) if compiled else fn
+
+    def f():
+        with torch.no_grad():
+            return g(*args)
+    return f
+
+
+def skipped(reason):
+    """An impl maker for a peer that has no implementation of the workload."""
+    def make():
+        raise Skip(reason)
+    return make
+
+
 def first_call(fn, what):
     try:
         return fn()
@@ -509,12 +527,7 @@ def w3(args):
             _, loss = torch_mlp(torch)
             pt = {k: torch.from_numpy(v) for k, v in P.items()}
             xt, yt = torch.from_numpy(x), torch.from_numpy(y).long()
-            g = compile_torch(torch, loss) if compiled else loss
-
-            def f():
-                with torch.no_grad():
-                    return g(pt, xt, yt)
-            return f
+            return torch_no_grad(torch, loss, (pt, xt, yt), compiled)
         return make
     impls["torch"] = tch(False)
     impls["torch.compile"] = tch(True)
@@ -734,13 +747,7 @@ def w8(args):
             torch = peer("torch")
             logits, _ = torch_mlp(torch)
             pt = {k: torch.from_numpy(v) for k, v in P.items()}
-            xt = torch.from_numpy(x)
-            g = compile_torch(torch, logits) if compiled else logits
-
-            def f():
-                with torch.no_grad():
-                    return g(pt, xt)
-            return f
+            return torch_no_grad(torch, logits, (pt, torch.from_numpy(x)), compiled)
         return make
     impls["torch"] = tch(False)
     impls["torch.compile"] = tch(True)
@@ -806,9 +813,7 @@ def w9(args):
         return rlxc_train_step(tr, {"x": x, "y": y}, names)
     impls["rlxc"] = rl
 
-    def nmp():
-        raise Skip("no NumPy CNN (convolution is not a NumPy op)")
-    impls["numpy"] = nmp
+    impls["numpy"] = skipped("no NumPy CNN (convolution is not a NumPy op)")
 
     def jx():
         jax = peer("jax")
