@@ -300,6 +300,24 @@ def compile_torch(torch, fn):
         raise Skip(f"torch.compile failed: {type(e).__name__}: {str(e).splitlines()[0]}")
 
 
+def torch_no_grad(torch, fn, args, compiled):
+    """The timed call fn(*args) under torch.no_grad(), through torch.compile when
+    `compiled` (the inference peers of W3, W8, W11)."""
+    g = compile_torch(torch, fn) if compiled else fn
+
+    def f():
+        with torch.no_grad():
+            return g(*args)
+    return f
+
+
+def skipped(reason):
+    """An impl maker for a peer that has no implementation of the workload."""
+    def make():
+        raise Skip(reason)
+    return make
+
+
 def first_call(fn, what):
     try:
         return fn()
@@ -308,6 +326,70 @@ def first_call(fn, what):
     except Exception as e:  # noqa: BLE001
         msg = str(e).strip().splitlines()
         raise Skip(f"{what} failed: {type(e).__name__}: {msg[0] if msg else ''}"[:200])
+
+
+# ------------------------------------------------------------------ training-step peers
+# W4 (MLP) and W9 (LeNet) time one SGD step per call; the first call returns the loss and
+# every parameter after the step so the check can compare them, later calls just the loss.
+
+
+def rlxc_train_step(tr, data, names):
+    """One rlxc Trainer step per call (see the block comment above)."""
+    np = np_mod()
+    first = [True]
+
+    def f():
+        loss = tr.step(data)
+        if first[0]:
+            first[0] = False
+            return [np.float32(loss)] + [tr.func.param_binding(k) for k in names]
+        return loss
+    return f
+
+
+def jax_train_step(jax, loss, P, x, y, lr, names):
+    """One jitted JAX SGD step on loss(p, x, y) per call, params donated between calls."""
+    np = np_mod()
+    jnp = jax.numpy
+
+    def step(p, x, y):
+        value, g = jax.value_and_grad(loss)(p, x, y)
+        return jax.tree_util.tree_map(lambda a, b: a - lr * b, p, g), value
+    stepj = jax.jit(step, donate_argnums=0)
+    st = {"p": {k: jnp.array(v) for k, v in P.items()}}
+    xd, yd = jnp.asarray(x), jnp.asarray(y)
+    first = [True]
+
+    def f():
+        st["p"], value = stepj(st["p"], xd, yd)
+        v = float(value)
+        if first[0]:
+            first[0] = False
+            return [np.float32(v)] + [np.asarray(st["p"][k]) for k in names]
+        return v
+    return f
+
+
+def torch_train_step(torch, loss, P, x, y, lr, names, compiled):
+    """One torch.optim.SGD step on loss(p, x, y) per call; torch.compile'd when compiled."""
+    np = np_mod()
+    pt = {k: torch.tensor(v, requires_grad=True) for k, v in P.items()}
+    opt = torch.optim.SGD(list(pt.values()), lr=lr)
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y).long()
+    g = compile_torch(torch, loss) if compiled else loss
+    first = [True]
+
+    def f():
+        opt.zero_grad(set_to_none=True)
+        value = g(pt, xt, yt)
+        value.backward()
+        opt.step()
+        v = value.item()
+        if first[0]:
+            first[0] = False
+            return [np.float32(v)] + [pt[k].detach().numpy().copy() for k in names]
+        return v
+    return f
 
 
 # ------------------------------------------------------------------ workloads
@@ -435,12 +517,7 @@ def w3(args):
             _, loss = torch_mlp(torch)
             pt = {k: torch.from_numpy(v) for k, v in P.items()}
             xt, yt = torch.from_numpy(x), torch.from_numpy(y).long()
-            g = compile_torch(torch, loss) if compiled else loss
-
-            def f():
-                with torch.no_grad():
-                    return g(pt, xt, yt)
-            return f
+            return torch_no_grad(torch, loss, (pt, xt, yt), compiled)
         return make
     impls["torch"] = tch(False)
     impls["torch.compile"] = tch(True)
@@ -461,16 +538,7 @@ def w4(args):
         from rlxc.optim import SGD
 
         tr = rlxc_mlp("w4_mlp", BATCH).with_params(P).trainer(SGD(LR))
-        data = {"x": x, "y": y}
-        first = [True]
-
-        def f():
-            loss = tr.step(data)
-            if first[0]:
-                first[0] = False
-                return [np.float32(loss)] + [tr.func.param_binding(k) for k in PNAMES]
-            return loss
-        return f
+        return rlxc_train_step(tr, {"x": x, "y": y}, PNAMES)
     impls["rlxc"] = rl
 
     def nmp():
@@ -496,48 +564,15 @@ def w4(args):
 
     def jx():
         jax = peer("jax")
-        jnp = jax.numpy
         _, loss = jax_mlp(jax)
-
-        def step(p, x, y):
-            value, g = jax.value_and_grad(loss)(p, x, y)
-            return jax.tree_util.tree_map(lambda a, b: a - LR * b, p, g), value
-        stepj = jax.jit(step, donate_argnums=0)
-        st = {"p": {k: jnp.array(v) for k, v in P.items()}}
-        xd, yd = jnp.asarray(x), jnp.asarray(y)
-        first = [True]
-
-        def f():
-            st["p"], value = stepj(st["p"], xd, yd)
-            v = float(value)
-            if first[0]:
-                first[0] = False
-                return [np.float32(v)] + [np.asarray(st["p"][k]) for k in PNAMES]
-            return v
-        return f
+        return jax_train_step(jax, loss, P, x, y, LR, PNAMES)
     impls["jax"] = jx
 
     def tch(compiled):
         def make():
             torch = peer("torch")
             _, loss = torch_mlp(torch)
-            pt = {k: torch.tensor(v, requires_grad=True) for k, v in P.items()}
-            opt = torch.optim.SGD(list(pt.values()), lr=LR)
-            xt, yt = torch.from_numpy(x), torch.from_numpy(y).long()
-            g = compile_torch(torch, loss) if compiled else loss
-            first = [True]
-
-            def f():
-                opt.zero_grad(set_to_none=True)
-                value = g(pt, xt, yt)
-                value.backward()
-                opt.step()
-                v = value.item()
-                if first[0]:
-                    first[0] = False
-                    return [np.float32(v)] + [pt[k].detach().numpy().copy() for k in PNAMES]
-                return v
-            return f
+            return torch_train_step(torch, loss, P, x, y, LR, PNAMES, compiled)
         return make
     impls["torch"] = tch(False)
     impls["torch.compile"] = tch(True)
@@ -702,13 +737,7 @@ def w8(args):
             torch = peer("torch")
             logits, _ = torch_mlp(torch)
             pt = {k: torch.from_numpy(v) for k, v in P.items()}
-            xt = torch.from_numpy(x)
-            g = compile_torch(torch, logits) if compiled else logits
-
-            def f():
-                with torch.no_grad():
-                    return g(pt, xt)
-            return f
+            return torch_no_grad(torch, logits, (pt, torch.from_numpy(x)), compiled)
         return make
     impls["torch"] = tch(False)
     impls["torch.compile"] = tch(True)
@@ -771,21 +800,10 @@ def w9(args):
             h = h.reshape(CNN_BATCH, 400).linear(p["f1w"], p["f1b"]).relu()
             return h.linear(p["f2w"], p["f2b"]).cross_entropy(s.input("y", (CNN_BATCH,), "i32"))
         tr = Func("w9_lenet", build).with_params(P).trainer(SGD(CNN_LR))
-        data = {"x": x, "y": y}
-        first = [True]
-
-        def f():
-            loss = tr.step(data)
-            if first[0]:
-                first[0] = False
-                return [np.float32(loss)] + [tr.func.param_binding(k) for k in names]
-            return loss
-        return f
+        return rlxc_train_step(tr, {"x": x, "y": y}, names)
     impls["rlxc"] = rl
 
-    def nmp():
-        raise Skip("no NumPy CNN (convolution is not a NumPy op)")
-    impls["numpy"] = nmp
+    impls["numpy"] = skipped("no NumPy CNN (convolution is not a NumPy op)")
 
     def jx():
         jax = peer("jax")
@@ -806,23 +824,7 @@ def w9(args):
             h = jax.nn.relu(h.reshape(x.shape[0], 400) @ p["f1w"] + p["f1b"])
             logp = jax.nn.log_softmax(h @ p["f2w"] + p["f2b"], axis=-1)
             return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1))
-
-        def step(p, x, y):
-            value, g = jax.value_and_grad(loss)(p, x, y)
-            return jax.tree_util.tree_map(lambda a, b: a - CNN_LR * b, p, g), value
-        stepj = jax.jit(step, donate_argnums=0)
-        st = {"p": {k: jnp.array(v) for k, v in P.items()}}
-        xd, yd = jnp.asarray(x), jnp.asarray(y)
-        first = [True]
-
-        def f():
-            st["p"], value = stepj(st["p"], xd, yd)
-            v = float(value)
-            if first[0]:
-                first[0] = False
-                return [np.float32(v)] + [np.asarray(st["p"][k]) for k in names]
-            return v
-        return f
+        return jax_train_step(jax, loss, P, x, y, CNN_LR, names)
     impls["jax"] = jx
 
     def tch(compiled):
@@ -835,23 +837,7 @@ def w9(args):
                 h = F.max_pool2d(F.relu(F.conv2d(h, p["c2w"], p["c2b"])), 2)
                 h = F.relu(torch.addmm(p["f1b"], h.reshape(x.shape[0], 400), p["f1w"]))
                 return F.cross_entropy(torch.addmm(p["f2b"], h, p["f2w"]), y)
-            pt = {k: torch.tensor(v, requires_grad=True) for k, v in P.items()}
-            opt = torch.optim.SGD(list(pt.values()), lr=CNN_LR)
-            xt, yt = torch.from_numpy(x), torch.from_numpy(y).long()
-            g = compile_torch(torch, loss) if compiled else loss
-            first = [True]
-
-            def f():
-                opt.zero_grad(set_to_none=True)
-                value = g(pt, xt, yt)
-                value.backward()
-                opt.step()
-                v = value.item()
-                if first[0]:
-                    first[0] = False
-                    return [np.float32(v)] + [pt[k].detach().numpy().copy() for k in names]
-                return v
-            return f
+            return torch_train_step(torch, loss, P, x, y, CNN_LR, names, compiled)
         return make
     impls["torch"] = tch(False)
     impls["torch.compile"] = tch(True)

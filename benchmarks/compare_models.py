@@ -47,9 +47,7 @@ def w10(args, C):
         return lambda: j.run(x)
     impls["rlxc"] = rl
 
-    def nmp():
-        raise C.Skip("no NumPy implementation of W10")
-    impls["numpy"] = nmp
+    impls["numpy"] = C.skipped("no NumPy implementation of W10")
 
     def jx():
         jax = C.peer("jax")
@@ -137,9 +135,7 @@ def w11(args, C):
         return lambda: j.run(q, k, v)[0]
     impls["rlxc"] = rl
 
-    def nmp():
-        raise C.Skip("no NumPy implementation of W11")
-    impls["numpy"] = nmp
+    impls["numpy"] = C.skipped("no NumPy implementation of W11")
 
     def jx():
         jax = C.peer("jax")
@@ -159,12 +155,7 @@ def w11(args, C):
 
             def f(a, b, c):
                 return F.scaled_dot_product_attention(a, b, c, is_causal=True)
-            g = C.compile_torch(torch, f) if compiled else f
-
-            def call():
-                with torch.no_grad():
-                    return g(qt, kt, vt)
-            return call
+            return C.torch_no_grad(torch, f, (qt, kt, vt), compiled)
         return make
     impls["torch"] = tch(False)
     impls["torch.compile"] = tch(True)

@@ -561,14 +561,20 @@ def _conv_output_padding(in_shape, p, kernel):
                   - p["dilation"][a] * (kernel[a] - 1) - 1) % p["stride"][a] for a in range(2))
 
 
+def _conv_input_grad(b, dy, w, x_shape, p, kernel):
+    """The adjoint of conv2d(x, w) in x applied to dy: conv_transpose2d(dy, w) cut to x's
+    H, W (conv2d's VJP in x, and conv2d_filter_grad's in x with w = its cotangent)."""
+    return b.op("conv_transpose2d", dy, w, **_conv_common(p),
+                output_padding=_conv_output_padding(x_shape, p, kernel))
+
+
 @defrule("rlx.conv2d")
 def _conv2d_vjp(b, op, g, need):
     (x, w), _ = _ops(op, b)
     p = op.params()
-    c = _conv_common(p)
-    gx = b.op("conv_transpose2d", g, w, **c,
-              output_padding=_conv_output_padding(x.shape, p, w.shape[2:])) if need[0] else None
-    gw = b.op("conv2d_filter_grad", x, g, **c, kernel=w.shape[2:]) if need[1] else None
+    gx = _conv_input_grad(b, g, w, x.shape, p, w.shape[2:]) if need[0] else None
+    gw = b.op("conv2d_filter_grad", x, g, **_conv_common(p), kernel=w.shape[2:]) \
+        if need[1] else None
     return [gx, gw]
 
 
@@ -585,10 +591,8 @@ def _conv_transpose2d_vjp(b, op, g, need):
 def _conv2d_filter_grad_vjp(b, op, g, need):
     (x, dy), _ = _ops(op, b)
     p = op.params()
-    c = _conv_common(p)
-    gx = b.op("conv_transpose2d", dy, g, **c,
-              output_padding=_conv_output_padding(x.shape, p, p["kernel"])) if need[0] else None
-    gdy = b.op("conv2d", x, g, **c) if need[1] else None
+    gx = _conv_input_grad(b, dy, g, x.shape, p, p["kernel"]) if need[0] else None
+    gdy = b.op("conv2d", x, g, **_conv_common(p)) if need[1] else None
     return [gx, gdy]
 def _attention_vjp(b, op, g, need):  # dialect/attention.py: recomputes P block by block
     from .attention import attention_vjp

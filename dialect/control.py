@@ -58,6 +58,21 @@ def _yield_types(region) -> list:
     return [o.type for o in term.operands]
 
 
+def _check_args(op: str, regions, want: list) -> None:
+    """Each (what, region) of `regions` must take block arguments of the types `want`."""
+    for what, r in regions:
+        if _arg_types(r) != want:
+            raise VerifyException(f"{op}: {what} arguments {_fmt(_arg_types(r))} should be "
+                                  f"{_fmt(want)}")
+
+
+def _check_results(op, want: list) -> None:
+    """The region op `op` must have results of the types `want`."""
+    if [r.type for r in op.outs] != want:
+        raise VerifyException(f"{op.name}: results {_fmt(r.type for r in op.outs)} should be "
+                              f"{_fmt(want)}")
+
+
 def _arg_types(region) -> list:
     return [a.type for a in region.block.args]
 
@@ -138,10 +153,8 @@ class ScanOp(ControlOp):
         if ys[:nc] != ops[:nc]:
             raise VerifyException(f"rlx.scan: the body yields carries {_fmt(ys[:nc])}, the "
                                   f"initial carries are {_fmt(ops[:nc])}")
-        res = ops[:nc] + [tensor_type((n,) + shape_of(t), dtype_of(t)) for t in ys[nc:]]
-        if [r.type for r in self.outs] != res:
-            raise VerifyException(f"rlx.scan: results {_fmt(r.type for r in self.outs)} should "
-                                  f"be {_fmt(res)}")
+        _check_results(self, ops[:nc] + [tensor_type((n,) + shape_of(t), dtype_of(t))
+                                         for t in ys[nc:]])
 
 
 @irdl_op_definition
@@ -161,10 +174,7 @@ class WhileOp(ControlOp):
         ops = [o.type for o in self.inputs]
         if not 0 <= nc <= len(ops):
             raise VerifyException(f"rlx.while: num_carry {nc} for {len(ops)} operands")
-        for what, r in (("cond", self.cond), ("body", self.body)):
-            if _arg_types(r) != ops:
-                raise VerifyException(f"rlx.while: {what} arguments {_fmt(_arg_types(r))} "
-                                      f"should be {_fmt(ops)}")
+        _check_args("rlx.while", (("cond", self.cond), ("body", self.body)), ops)
         c = _yield_types(self.cond)
         if len(c) != 1 or shape_of(c[0]) != () or dtype_of(c[0]) != "i1":
             raise VerifyException(f"rlx.while: cond must yield one tensor<i1>, got {_fmt(c)}")
@@ -191,17 +201,12 @@ class IfOp(ControlOp):
         if not ops or shape_of(ops[0]) != () or dtype_of(ops[0]) not in ("i1", "i32", "i64"):
             raise VerifyException("rlx.if: the first operand must be a rank-0 i1/i32/i64 "
                                   "predicate")
-        for what, r in (("then", self.then), ("else", self.orelse)):
-            if _arg_types(r) != ops[1:]:
-                raise VerifyException(f"rlx.if: {what} arguments {_fmt(_arg_types(r))} should "
-                                      f"be {_fmt(ops[1:])}")
+        _check_args("rlx.if", (("then", self.then), ("else", self.orelse)), ops[1:])
         t, e = _yield_types(self.then), _yield_types(self.orelse)
         if t != e:
             raise VerifyException(f"rlx.if: the branches yield different types: then "
                                   f"{_fmt(t)}, else {_fmt(e)}")
-        if [r.type for r in self.outs] != t:
-            raise VerifyException(f"rlx.if: results {_fmt(r.type for r in self.outs)} should "
-                                  f"be {_fmt(t)}")
+        _check_results(self, t)
 
 
 CONTROL_OPS = {c.name: c for c in (ScanOp, WhileOp, IfOp, YieldOp)}

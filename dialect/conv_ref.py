@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .conv_shapes import conv_out
+from .conv_shapes import conv_out2d, conv_transpose_out2d
 
 
 def _cols(x, kernel, stride, padding, dilation):
@@ -25,8 +25,7 @@ def _cols(x, kernel, stride, padding, dilation):
     kh, kw = kernel
     (sh, sw), (dh, dw) = stride, dilation
     xp = np.pad(x, ((0, 0), (0, 0), (padding[0], padding[1]), (padding[2], padding[3])))
-    oh = conv_out(h, padding[0], padding[1], kh, sh, dh)
-    ow = conv_out(w, padding[2], padding[3], kw, sw, dw)
+    oh, ow = conv_out2d(h, w, kernel, stride, padding, dilation)
     cols = np.empty((n, c, kh, kw, oh, ow), x.dtype)
     for i in range(kh):
         for j in range(kw):
@@ -49,8 +48,7 @@ def conv_transpose2d(y, w, stride, padding, dilation, groups, output_padding):
     n, ci, h, wd = y.shape
     _, cog, kh, kw = w.shape
     (sh, sw), (dh, dw) = stride, dilation
-    oh = (h - 1) * sh - padding[0] - padding[1] + dh * (kh - 1) + output_padding[0] + 1
-    ow = (wd - 1) * sw - padding[2] - padding[3] + dw * (kw - 1) + output_padding[1] + 1
+    oh, ow = conv_transpose_out2d(h, wd, (kh, kw), stride, padding, dilation, output_padding)
     hc = max((h - 1) * sh + dh * (kh - 1) + 1, padding[0] + oh)
     wc = max((wd - 1) * sw + dw * (kw - 1) + 1, padding[2] + ow)
     yg = y.reshape(n, groups, ci // groups, h, wd)

@@ -35,6 +35,14 @@ def _check_params(op, stride, padding, dilation, groups):
         raise ShapeError(f"{op}: groups must be >= 1, got {groups}")
 
 
+def _operands(op, types, what_b, stride, padding, dilation, groups):
+    """The two operands (input, `what_b`) of a conv-family op, checked with its params."""
+    a, b = types
+    _float_pair(op, a, b, "input", what_b)
+    _check_params(op, stride, padding, dilation, groups)
+    return a, b
+
+
 def _float_pair(op, a, b, what_a, what_b):
     if a.dtype != b.dtype or a.dtype not in ("f32", "f64"):
         raise ShapeError(f"{op}: {what_a} and {what_b} must be float tensors of one dtype, "
@@ -49,19 +57,29 @@ def conv_out(size, lo, hi, k, s, d):
     return (size + lo + hi - d * (k - 1) - 1) // s + 1
 
 
+def conv_out2d(h, w, kernel, stride, padding, dilation):
+    """(OH, OW) of conv2d on an (h, w) image (padding = top, bottom, left, right)."""
+    return (conv_out(h, padding[0], padding[1], kernel[0], stride[0], dilation[0]),
+            conv_out(w, padding[2], padding[3], kernel[1], stride[1], dilation[1]))
+
+
+def conv_transpose_out2d(h, w, kernel, stride, padding, dilation, output_padding):
+    """(OH, OW) of conv_transpose2d on an (h, w) input (the formula in the module doc)."""
+    return ((h - 1) * stride[0] - padding[0] - padding[1] + dilation[0] * (kernel[0] - 1)
+            + output_padding[0] + 1,
+            (w - 1) * stride[1] - padding[2] - padding[3] + dilation[1] * (kernel[1] - 1)
+            + output_padding[1] + 1)
+
+
 def _infer_conv2d(types, stride, padding, dilation, groups):
-    x, w = types
-    op = "conv2d"
-    _float_pair(op, x, w, "input", "weight")
-    _check_params(op, stride, padding, dilation, groups)
+    x, w = _operands("conv2d", types, "weight", stride, padding, dilation, groups)
     n, c, h, wd = x.shape
     o, cg, kh, kw = w.shape
     if c % groups or o % groups or c // groups != cg:
         raise ShapeError(f"conv2d: input {x.shape} (C={c}) and weight {w.shape} do not fit "
                          f"groups={groups}: weight must be (O, C/groups, kH, kW) with O and C "
                          f"divisible by groups")
-    oh = conv_out(h, padding[0], padding[1], kh, stride[0], dilation[0])
-    ow = conv_out(wd, padding[2], padding[3], kw, stride[1], dilation[1])
+    oh, ow = conv_out2d(h, wd, (kh, kw), stride, padding, dilation)
     if kh < 1 or kw < 1 or oh < 1 or ow < 1:
         raise ShapeError(f"conv2d: kernel {(kh, kw)} (dilation {tuple(dilation)}) does not fit "
                          f"input {x.shape} padded by {tuple(padding)}")
@@ -69,10 +87,7 @@ def _infer_conv2d(types, stride, padding, dilation, groups):
 
 
 def _infer_conv_transpose2d(types, stride, padding, dilation, groups, output_padding):
-    y, w = types
-    op = "conv_transpose2d"
-    _float_pair(op, y, w, "input", "weight")
-    _check_params(op, stride, padding, dilation, groups)
+    y, w = _operands("conv_transpose2d", types, "weight", stride, padding, dilation, groups)
     n, ci, h, wd = y.shape
     ci2, cog, kh, kw = w.shape
     if ci != ci2 or ci % groups:
@@ -81,10 +96,7 @@ def _infer_conv_transpose2d(types, stride, padding, dilation, groups, output_pad
     if len(output_padding) != 2 or not all(0 <= p < s for p, s in zip(output_padding, stride)):
         raise ShapeError(f"conv_transpose2d: output_padding {tuple(output_padding)} must be "
                          f"non-negative and smaller than the stride {tuple(stride)}")
-    oh = (h - 1) * stride[0] - padding[0] - padding[1] + dilation[0] * (kh - 1) \
-        + output_padding[0] + 1
-    ow = (wd - 1) * stride[1] - padding[2] - padding[3] + dilation[1] * (kw - 1) \
-        + output_padding[1] + 1
+    oh, ow = conv_transpose_out2d(h, wd, (kh, kw), stride, padding, dilation, output_padding)
     if kh < 1 or kw < 1 or h < 1 or wd < 1 or oh < 1 or ow < 1:
         raise ShapeError(f"conv_transpose2d: input {y.shape}, weight {w.shape} and padding "
                          f"{tuple(padding)} give an empty output ({oh}, {ow})")
@@ -92,17 +104,14 @@ def _infer_conv_transpose2d(types, stride, padding, dilation, groups, output_pad
 
 
 def _infer_filter_grad(types, stride, padding, dilation, groups, kernel):
-    x, dy = types
     op = "conv2d_filter_grad"
-    _float_pair(op, x, dy, "input", "output gradient")
-    _check_params(op, stride, padding, dilation, groups)
+    x, dy = _operands(op, types, "output gradient", stride, padding, dilation, groups)
     n, c, h, wd = x.shape
     n2, o, oh, ow = dy.shape
     if len(kernel) != 2 or min(kernel) < 1:
         raise ShapeError(f"{op}: kernel must be two positive ints, got {tuple(kernel)}")
     kh, kw = kernel
-    want = (conv_out(h, padding[0], padding[1], kh, stride[0], dilation[0]),
-            conv_out(wd, padding[2], padding[3], kw, stride[1], dilation[1]))
+    want = conv_out2d(h, wd, kernel, stride, padding, dilation)
     if n2 != n or c % groups or o % groups or (oh, ow) != want:
         raise ShapeError(f"{op}: output gradient {dy.shape} does not match conv2d of input "
                          f"{x.shape} with kernel {tuple(kernel)}, groups={groups} "

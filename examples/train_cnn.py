@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -27,7 +26,8 @@ from rlxc.optim import AdamW
 
 CLASSES = 10
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_mlp import load_digits_split  # noqa: E402  (the same split as the MLP example)
+# the same data split, accuracy and checkpoint check as the MLP example (examples/digits.py)
+from digits import evaluate_with_checkpoint, load_digits_split  # noqa: E402
 
 
 def cnn(batch: int, name: str, with_loss: bool, width: int = 16) -> Func:
@@ -41,11 +41,6 @@ def cnn(batch: int, name: str, with_loss: bool, width: int = 16) -> Func:
         logits = h.linear(s.param("f2_w", (64, CLASSES)), s.param("f2_b", (CLASSES,)))
         return logits.cross_entropy(s.input("y", (batch,), "i32")) if with_loss else logits
     return Func(name, build)
-
-
-def accuracy(f: Func, x, y, device) -> float:
-    logits = f.run_on(device, x=x)[0]
-    return float(np.mean(np.argmax(logits, axis=1) == y))
 
 
 def main(argv=None) -> int:
@@ -89,18 +84,8 @@ def main(argv=None) -> int:
           f"step compiled in {t_compile:.2f} s")
 
     evaluator = cnn(len(y_te), "digits_cnn_eval", False, args.width)
-    trained = trainer.func
-    acc = accuracy(evaluator.with_params(trained.params()), x_te, y_te, device)
-    print(f"test accuracy: {acc:.4f}")
-
-    out = args.out or tempfile.mkdtemp(prefix="rlxc-digits-cnn-")
-    os.makedirs(out, exist_ok=True)
-    path = os.path.join(out, "digits_cnn.safetensors")
-    trained.save_params(path)
-    reloaded = evaluator.load_params(path)
-    acc2 = accuracy(reloaded, x_te, y_te, device)
-    print(f"checkpoint {path}: reloaded test accuracy {acc2:.4f}")
-    assert acc2 == acc, f"accuracy changed after reload: {acc} -> {acc2}"
+    acc = evaluate_with_checkpoint(trainer.func, evaluator, x_te, y_te, device, args.out,
+                                   "digits_cnn")
     assert acc >= args.min_acc, f"test accuracy {acc:.4f} is below {args.min_acc}"
     return 0
 

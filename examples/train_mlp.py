@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -26,18 +25,9 @@ from rlxc.func import default_device
 from rlxc.optim import AdamW
 
 HIDDEN, CLASSES, FEATURES = 128, 10, 64
-
-
-def load_digits_split(seed: int = 0, test_fraction: float = 0.2):
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    x = (d.data / 16.0).astype(np.float32)
-    y = d.target.astype(np.int32)
-    perm = np.random.default_rng(seed).permutation(len(y))
-    n_test = int(len(y) * test_fraction)
-    te, tr = perm[:n_test], perm[n_test:]
-    return x[tr], y[tr], x[te], y[te]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# the data split, accuracy and checkpoint check shared with train_cnn.py (examples/digits.py)
+from digits import accuracy, evaluate_with_checkpoint, load_digits_split  # noqa: E402,F401
 
 
 def mlp(batch: int, name: str, with_loss: bool) -> Func:
@@ -48,11 +38,6 @@ def mlp(batch: int, name: str, with_loss: bool) -> Func:
         logits = h.linear(s.param("w2", (HIDDEN, CLASSES)), s.param("b2", (CLASSES,)))
         return logits.cross_entropy(s.input("y", (batch,), "i32")) if with_loss else logits
     return Func(name, build)
-
-
-def accuracy(f: Func, x, y, device) -> float:
-    logits = f.run_on(device, x=x)[0]
-    return float(np.mean(np.argmax(logits, axis=1) == y))
 
 
 def bar(done: int, total: int, loss: float, epoch: int, epochs: int, width: int = 40) -> None:
@@ -105,18 +90,8 @@ def main(argv=None) -> int:
           f"step compiled in {t_compile:.2f} s")
 
     evaluator = mlp(len(y_te), "digits_eval", with_loss=False)
-    trained = trainer.func
-    acc = accuracy(evaluator.with_params(trained.params()), x_te, y_te, device)
-    print(f"test accuracy: {acc:.4f}")
-
-    out = args.out or tempfile.mkdtemp(prefix="rlxc-digits-")
-    os.makedirs(out, exist_ok=True)
-    path = os.path.join(out, "digits_mlp.safetensors")
-    trained.save_params(path)
-    reloaded = evaluator.load_params(path)
-    acc2 = accuracy(reloaded, x_te, y_te, device)
-    print(f"checkpoint {path}: reloaded test accuracy {acc2:.4f}")
-    assert acc2 == acc, f"accuracy changed after reload: {acc} -> {acc2}"
+    acc = evaluate_with_checkpoint(trainer.func, evaluator, x_te, y_te, device, args.out,
+                                   "digits_mlp")
     assert acc > 0.9, f"test accuracy {acc:.3f} is too low"
     return 0
 

@@ -55,7 +55,9 @@ def gru():
     return gru_build().init_randn(seed=3, stddev=0.4)
 
 
-def test_scan_while_if_nested_match_the_interpreter():
+def nested_build(fori=True):
+    """A reverse scan whose body holds a cond, then a while_loop over its carry (and, with
+    `fori`, a fori_loop): the nesting the CPU and GPU tests both run."""
     def build(s):
         x = s.input("x", (5, 4))
         p = s.input("p", (), "i1")
@@ -67,9 +69,15 @@ def test_scan_while_if_nested_match_the_interpreter():
         c, ys = rlxc.scan(body, w, x, reverse=True)
         n, v = rlxc.while_loop(lambda q: q[1].abs().sum() < 50.0,
                                lambda q: (q[0] + 1, q[1] * 2.0 + 0.5), (s.scalar(0, "i32"), c))
+        if not fori:
+            return c, ys, n, v
         k = rlxc.fori_loop(0, 7, lambda i, a: a + i.cast("f32") * w, w)
         return c, ys, n, v, k
-    f = Func("nest", build)
+    return Func("nest", build)
+
+
+def test_scan_while_if_nested_match_the_interpreter():
+    f = nested_build()
     for p in (True, False):
         d = {"x": RNG.standard_normal((5, 4)).astype(F32), "w": RNG.standard_normal(4).astype(F32),
              "p": np.bool_(p)}

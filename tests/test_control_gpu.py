@@ -13,7 +13,7 @@ from rlxc.lowering.gpu import driver as gpu_driver
 from rlxc.lowering.gpu import nvptx
 from rlxc.lowering.gpu.emu import emulate
 
-from test_control_cpu import gru_build, gru_data
+from test_control_cpu import gru_build, gru_data, nested_build
 
 RNG = np.random.default_rng(5)
 PTXAS = nvptx.find_ptxas()
@@ -29,25 +29,9 @@ def _close(got, want, tol=1e-5):
                                    rtol=tol, atol=tol)
 
 
-def nested():
-    def build(s):
-        x = s.input("x", (5, 4))
-        p = s.input("p", (), "i1")
-        w = s.input("w", (4,))
-
-        def body(c, xt):
-            nc = rlxc.cond(p, lambda a: (a + w * xt).tanh(), lambda a: a * 0.5 - xt, c)
-            return nc, nc.sum()
-        c, ys = rlxc.scan(body, w, x, reverse=True)
-        n, v = rlxc.while_loop(lambda q: q[1].abs().sum() < 50.0,
-                               lambda q: (q[0] + 1, q[1] * 2.0 + 0.5), (s.scalar(0, "i32"), c))
-        return c, ys, n, v
-    return Func("nest", build)
-
-
 @pytest.mark.parametrize("p", [True, False])
 def test_emulated_scan_while_if_match_the_interpreter(p):
-    f = nested()
+    f = nested_build(fori=False)
     d = {"x": RNG.standard_normal((5, 4)).astype(np.float32),
          "w": RNG.standard_normal(4).astype(np.float32), "p": np.bool_(p)}
     _close(emulate(f.module, _args(f, d)), f.run_on("interp", **d))

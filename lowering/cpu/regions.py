@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import llvmlite.ir as ir
 
-from rlxc.dialect.module import Arg, finish_function, get_func, new_function, outputs, signature
+from rlxc.dialect.module import get_func, outputs, signature
 from rlxc.dialect.types import dtype_of, numel, shape_of
 from rlxc.lowering.cpu.loops import DTYPE_BYTES, CheckKernel, Program
+from rlxc.lowering.shared.segments import has_regions, segment_module
 
 I8 = ir.IntType(8)
 I32 = ir.IntType(32)
@@ -52,12 +53,6 @@ def _nbytes(v) -> int:
 
 def c64(v: int):
     return ir.Constant(I64, int(v))
-
-
-def has_regions(module) -> bool:
-    from rlxc.dialect.control import is_control
-
-    return any(is_control(op) for op in get_func(module).body.block.ops)
 
 
 class RegionLowering:
@@ -152,7 +147,7 @@ class RegionLowering:
                 res = [r for op in gops for r in op.results if r in exported]
                 if not res:
                     continue
-                fn, ws = self.function(_segment_module(gops, ins, res), self.fresh("seg"))
+                fn, ws = self.function(segment_module(gops, ins, res), self.fresh("seg"))
                 steps.append(("call", fn, ins, res))
                 scratch = max(scratch, ws)
             else:
@@ -239,16 +234,6 @@ class RegionLowering:
             else:
                 em.if_(op, regions[0][0], regions[1][0], ops, rp, ws)
         return emit, need
-
-
-def _segment_module(ops, ins, res):
-    args = [Arg(f"v{i}", "input", shape_of(v.type), dtype_of(v.type)) for i, v in enumerate(ins)]
-    mod, f, block = new_function("seg", args)
-    mapping = dict(zip(ins, block.args))
-    for op in ops:
-        block.add_op(op.clone(value_mapper=mapping))
-    finish_function(f, block, [mapping[r] for r in res])
-    return mod
 
 
 class Emitter:

@@ -26,8 +26,9 @@ of several (the message lists them all).
 """
 from __future__ import annotations
 
-from rlxc.dialect.module import Arg, finish_function, get_func, new_function, outputs, signature
+from rlxc.dialect.module import get_func, outputs, signature
 from rlxc.dialect.types import dtype_of, numel, shape_of
+from rlxc.lowering.shared.segments import has_regions, segment_module
 
 _BYTES = {"f32": 4, "f64": 8, "i1": 1, "i32": 4, "i64": 8}
 
@@ -38,12 +39,6 @@ def _nbytes(v) -> int:
 
 def _round(n: int) -> int:
     return (max(n, 1) + 255) // 256 * 256
-
-
-def has_regions(module) -> bool:
-    from rlxc.dialect.control import is_control
-
-    return any(is_control(op) for op in get_func(getattr(module, "module", module)).body.block.ops)
 
 
 class GpuRegions:
@@ -156,7 +151,7 @@ class GpuRegions:
             res = [r for r in defined if r in later]
             res.sort(key=lambda r: [x for op in cur for x in op.results].index(r))
             if res:
-                sub_steps, a_ids, o_ids = self.function(_segment(cur, ins, res),
+                sub_steps, a_ids, o_ids = self.function(segment_module(cur, ins, res),
                                                         self.fresh("seg"))
                 steps.extend(_copy(where[v], a, _nbytes(v)) for v, a in zip(ins, a_ids))
                 steps.extend(sub_steps)
@@ -223,16 +218,6 @@ class GpuRegions:
 def _copy(src, dst, nbytes, src_step=0, dst_step=0):
     return {"op": "copy", "src": src, "dst": dst, "nbytes": nbytes, "src_step": src_step,
             "dst_step": dst_step}
-
-
-def _segment(ops, ins, res):
-    args = [Arg(f"v{i}", "input", shape_of(v.type), dtype_of(v.type)) for i, v in enumerate(ins)]
-    mod, f, block = new_function("seg", args)
-    mapping = dict(zip(ins, block.args))
-    for op in ops:
-        block.add_op(op.clone(value_mapper=mapping))
-    finish_function(f, block, [mapping[r] for r in res])
-    return mod
 
 
 def link_text(modules) -> str:
