@@ -128,28 +128,16 @@ def _fold_batch(bvars, iv, M, opa, opb, epi):
         return None
     zero = {v: ix.ZERO for v in live}
     new_epi = None
-    if epi is not None:
-        memo: dict = {}
+    if epi is not None:   # the epilogue's reads must follow the folded rows too
+        from rlxc.lowering.cpu.loops import walk_expr
+        from rlxc.lowering.cpu.schedule import map_expr
 
-        def conv(e):
-            r = memo.get(id(e))
-            if r is not None:
-                return r
+        for e in walk_expr(epi):
             if isinstance(e, Load):
                 co = e.off.coeffs()
                 if any(co.get(v, 0) != co.get(iv, 0) * strides[v] for v in live):
-                    raise ValueError
-                r = Load(e.buf, ix.subst(e.off, {**zero, iv: ix.var(rows)}))
-            elif isinstance(e, Op):
-                r = Op(e.op, tuple(conv(x) for x in e.args), e.dtype, e.params)
-            else:
-                r = e
-            memo[id(e)] = r
-            return r
-        try:
-            new_epi = conv(epi)
-        except ValueError:
-            return None
+                    return None
+        new_epi = map_expr(epi, {**zero, iv: ix.var(rows)})
     a = MatOperand(opa.buf, ix.subst(opa.off, zero), opa.rs, opa.cs)
     return [], rows, a, new_epi
 
