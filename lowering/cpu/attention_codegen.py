@@ -25,6 +25,7 @@ import math
 import llvmlite.ir as ir
 
 from rlxc.lowering.cpu.attention_kernel import NV, QB, geometry
+from rlxc.lowering.cpu.sgemm_kernels import counted_loop
 
 
 F32 = ir.FloatType()
@@ -132,25 +133,6 @@ def _smax(b, x, y):
     return b.select(b.icmp_signed(">", x, y), x, y)
 
 
-def _loop(b, lo, hi, step, body, name):
-    """for (i = lo; i < hi; i += step) body(b, i)."""
-    fn = b.function
-    head = fn.append_basic_block(f"{name}.head")
-    bb = fn.append_basic_block(f"{name}.body")
-    done = fn.append_basic_block(f"{name}.done")
-    pre = b.block
-    b.branch(head)
-    b.position_at_end(head)
-    i = b.phi(I64, name=name)
-    i.add_incoming(lo, pre)
-    b.cbranch(b.icmp_signed("<", i, hi), bb, done)
-    b.position_at_end(bb)
-    body(b, i)
-    i.add_incoming(b.add(i, c64(step), flags=["nsw"]), b.block)
-    b.branch(head)
-    b.position_at_end(done)
-
-
 def emit_attention(g, k):
     vl, D, Sq, Sk, Skp = k.vl, k.D, k.Sq, k.Sk, k.Skp
     KT = NV * vl
@@ -193,7 +175,7 @@ def emit_attention(g, k):
             sb, sh, _, _ = k.mstrides
             mbase = b.add(b.mul(b.sdiv(bh, c64(k.H)), c64(sb)),
                           b.mul(b.srem(bh, c64(k.H)), c64(sh)))
-        _loop(b, r0, r1, R, lambda b, i0: tile(b, i0, qbase, ktbase, vbase, mbase), "rt")
+        counted_loop(b, r0, r1, R, lambda b, i0: tile(b, i0, qbase, ktbase, vbase, mbase), "rt")
 
     def tile(b, i0, qbase, ktbase, vbase, mbase):
         rows = [_smin(b, b.add(i0, c64(r)), c64(Sq - 1)) for r in range(R)]
@@ -208,8 +190,8 @@ def emit_attention(g, k):
         if k.kind == "sliding":
             s0 = _smax(b, b.sub(i0, c64(k.window - 1)), c64(0))
             kstart = b.mul(b.sdiv(s0, c64(KT)), c64(KT))
-        _loop(b, kstart, kend, KT, lambda b, j0: keys(b, j0, rows, qbase, ktbase, vbase, mbase),
-              "kt")
+        counted_loop(b, kstart, kend, KT,
+                     lambda b, j0: keys(b, j0, rows, qbase, ktbase, vbase, mbase), "kt")
         for r in range(R):
             den = b.load(L[r])
             den = b.select(b.fcmp_ordered("==", den, ir.Constant(F32, 0.0)),
@@ -294,7 +276,7 @@ def emit_attention(g, k):
                 qs = _splat(b, b.load(b.gep(q, [b.add(qrow[r], d)], inbounds=True), align=4), vl)
                 for j in range(NV):
                     b.store(_fma(b, qs, kv[j], b.load(S[r][j])), S[r][j])
-        _loop(b, c64(0), c64(D), 1, dot, "d")
+        counted_loop(b, c64(0), c64(D), 1, dot, "d")
         i0 = rows[0]
         if k.kind == "causal" or (k.kind == "" and Sk % KT):
             # only the tiles on the diagonal (or past Sk) need the mask
@@ -318,7 +300,7 @@ def emit_attention(g, k):
                                       align=4), DW)
                 for d in range(DV):
                     b.store(_fma(b, pr, vs[d], b.load(O[r][d])), O[r][d])
-        _loop(b, c64(0), cn, 1, pv, "c")
+        counted_loop(b, c64(0), cn, 1, pv, "c")
 
     def mask_bits(b, mbase, row, j0, j):
         _, _, si, sj = k.mstrides
@@ -340,7 +322,7 @@ def emit_attention(g, k):
                 x = b.insert_element(x, e, ir.Constant(I32, t))
         return b.icmp_unsigned("!=", x, ir.Constant(vt8, [0] * vl))
 
-    _loop(b, lo, hi, 1, item, "item")
+    counted_loop(b, lo, hi, 1, item, "item")
     b.ret_void()
     return fn
 

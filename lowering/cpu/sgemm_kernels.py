@@ -344,7 +344,7 @@ def _gep_any(b, p, i):
     return b.gep(p, [i])
 
 
-def _for(b: ir.IRBuilder, lo, hi, step: int | ir.Value, body, name="i"):
+def counted_loop(b: ir.IRBuilder, lo, hi, step: int | ir.Value, body, name="i"):
     """for (iv = lo; iv < hi; iv += step) body(b, iv)   (signed i64)."""
     fn = b.function
     head = fn.append_basic_block(name + ".head")
@@ -512,13 +512,13 @@ def _emit_pack_a(module, name, cfg: SgemmConfig) -> ir.Function:
                             out = _transpose_rows(b, vs, MR, VL)
                             b.store(out, _vec_ptr(b, _gep(b, dst, b.mul(k, _c64(MR))), out.type),
                                     align=4)
-                        _for(b, _c64(0), kv, VL, kbv, "pa.kv")
+                        counted_loop(b, _c64(0), kv, VL, kbv, "pa.kv")
 
                         def kb(b, k):
                             d = _gep(b, dst, b.mul(k, _c64(MR)))
                             for r in range(MR):
                                 b.store(b.load(_gep(b, rows[r], k)), _gep(b, d, _c64(r)))
-                        _for(b, kv, kc, 1, kb, "pa.k")
+                        counted_loop(b, kv, kc, 1, kb, "pa.k")
                     with o2:
                         def kb2(b, k):
                             s = _gep(b, src, b.mul(k, csa))
@@ -526,7 +526,7 @@ def _emit_pack_a(module, name, cfg: SgemmConfig) -> ir.Function:
                             for r in range(MR):
                                 b.store(b.load(_gep(b, s, b.mul(_c64(r), rsa))),
                                         _gep(b, d, _c64(r)))
-                        _for(b, _c64(0), kc, 1, kb2, "pa.k2")
+                        counted_loop(b, _c64(0), kc, 1, kb2, "pa.k2")
             with other:
                 def kb3(b, k):
                     s = _gep(b, src, b.mul(k, csa))
@@ -537,9 +537,9 @@ def _emit_pack_a(module, name, cfg: SgemmConfig) -> ir.Function:
                         rr = b.select(ok, _c64(r), _c64(0))
                         v = b.load(_gep(b, s, b.mul(rr, rsa)))
                         b.store(b.select(ok, v, zero), _gep(b, d, _c64(r)))
-                _for(b, _c64(0), kc, 1, kb3, "pa.k3")
+                counted_loop(b, _c64(0), kc, 1, kb3, "pa.k3")
 
-    _for(b, _c64(0), mc, MR, panel, "pa.i")
+    counted_loop(b, _c64(0), mc, MR, panel, "pa.i")
     b.ret_void()
     return fn
 
@@ -570,7 +570,7 @@ def _emit_pack_b(module, name, cfg: SgemmConfig) -> ir.Function:
                             for v in range(NV):
                                 x = b.load(_vec_ptr(b, _gep(b, s, _c64(v * VL)), vt), align=4)
                                 b.store(x, _vec_ptr(b, _gep(b, d, _c64(v * VL)), vt), align=64)
-                        _for(b, _c64(0), kc, 1, kb, "pb.k")
+                        counted_loop(b, _c64(0), kc, 1, kb, "pb.k")
                     with o2:
                         masks = [_lane_mask(b, v * VL, nr_cur, VL) for v in range(NV)]
 
@@ -580,7 +580,7 @@ def _emit_pack_b(module, name, cfg: SgemmConfig) -> ir.Function:
                             for v in range(NV):
                                 x = masked_load(b, _gep(b, s, _c64(v * VL)), VL, masks[v])
                                 b.store(x, _vec_ptr(b, _gep(b, d, _c64(v * VL)), vt), align=64)
-                        _for(b, _c64(0), kc, 1, kb2, "pb.k2")
+                        counted_loop(b, _c64(0), kc, 1, kb2, "pb.k2")
             with other:
                 # strided (e.g. transposed) B: gather NR columns per k
                 def kb3(b, k):
@@ -591,9 +591,9 @@ def _emit_pack_b(module, name, cfg: SgemmConfig) -> ir.Function:
                         cc = b.select(ok, _c64(c), _c64(0))
                         x = b.load(_gep(b, s, b.mul(cc, csb)))
                         b.store(b.select(ok, x, zero), _gep(b, d, _c64(c)))
-                _for(b, _c64(0), kc, 1, kb3, "pb.k3")
+                counted_loop(b, _c64(0), kc, 1, kb3, "pb.k3")
 
-    _for(b, _c64(0), nc, NR, panel, "pb.j")
+    counted_loop(b, _c64(0), nc, NR, panel, "pb.j")
     b.ret_void()
     return fn
 
@@ -781,7 +781,7 @@ def _emit_gemv_rows(module, name, cfg: SgemmConfig, epilogue, epi_types) -> ir.F
 
     def over_row(b, per_vec):
         """per_vec(b, j, mask) for every VL-vector of the row (masked tail)."""
-        _for(b, _c64(0), n_full, VL, lambda b, j: per_vec(b, j, None), "gv.j")
+        counted_loop(b, _c64(0), n_full, VL, lambda b, j: per_vec(b, j, None), "gv.j")
         with b.if_then(tail):
             per_vec(b, n_full, _lane_mask(b, 0, b.sub(N, n_full), VL))
 
@@ -802,8 +802,8 @@ def _emit_gemv_rows(module, name, cfg: SgemmConfig, epilogue, epi_types) -> ir.F
         over_row(b, vec)
 
     k_full = b.mul(b.sdiv(K, _c64(KB)), _c64(KB))
-    _for(b, _c64(0), k_full, KB, lambda b, k0: rows(b, k0, KB), "gv.k")
-    _for(b, k_full, K, 1, lambda b, k0: rows(b, k0, 1), "gv.kr")
+    counted_loop(b, _c64(0), k_full, KB, lambda b, k0: rows(b, k0, KB), "gv.k")
+    counted_loop(b, k_full, K, 1, lambda b, k0: rows(b, k0, 1), "gv.kr")
     if epilogue is not None:
         def epi(b, j, m):
             p = _gep(b, C, j)
@@ -881,7 +881,7 @@ def _emit_skinny(module, name, cfg: SgemmConfig, mr: int, epilogue, epi_types) -
                 _masked_store(b, x, p, m)
 
     n_full = b.mul(b.sdiv(N, _c64(W)), _c64(W))
-    _for(b, _c64(0), n_full, W, lambda b, j0: tile(b, j0, None), "skj")
+    counted_loop(b, _c64(0), n_full, W, lambda b, j0: tile(b, j0, None), "skj")
     with b.if_then(b.icmp_signed("<", n_full, N)):
         n_rem = b.sub(N, n_full)
         tile(b, n_full, [_lane_mask(b, v * VL, n_rem, VL) for v in range(NV)])
@@ -1030,7 +1030,7 @@ def _emit_narrow(module, name, cfg: SgemmConfig, nj: int, epilogue, epi_types) -
                 with b.if_then(b.icmp_signed("<", b.add(i, _c64(r)), M)):
                     store(b)
 
-    _for(b, _c64(0), M, R, tile, "ni")
+    counted_loop(b, _c64(0), M, R, tile, "ni")
     b.ret_void()
     return fn
 
@@ -1051,9 +1051,9 @@ def _emit_pack_bt(module, name, cfg: SgemmConfig) -> ir.Function:
 
         def copy(b, k):
             b.store(b.load(_gep(b, src, b.mul(k, rsb))), _gep(b, dst, k))
-        _for(b, _c64(0), kk, 1, copy, "pbk")
-        _for(b, kk, ldbt, 1, lambda b, k: b.store(zero, _gep(b, dst, k)), "pbz")
-    _for(b, _c64(0), nj, 1, row, "pbj")
+        counted_loop(b, _c64(0), kk, 1, copy, "pbk")
+        counted_loop(b, kk, ldbt, 1, lambda b, k: b.store(zero, _gep(b, dst, k)), "pbz")
+    counted_loop(b, _c64(0), nj, 1, row, "pbj")
     b.ret_void()
     return fn
 
@@ -1091,7 +1091,7 @@ def _emit_narrow_driver(module, name, cfg: SgemmConfig, epilogue, epi_types) -> 
             b.position_at_end(nxt)
         b.unreachable()
         b.position_at_end(done)
-    _for(b, _c64(0), K, KC, block, "npc")
+    counted_loop(b, _c64(0), K, KC, block, "npc")
     b.ret_void()
     return fn
 
@@ -1220,10 +1220,10 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
                             b.call(micro_da, [*margs, rsa, *epi_args])
                         else:
                             _dispatch(b, n_rem, [*margs, *epi_args])
-                    _for(b, _c64(0), mc, MR, ir_body, "ir")
-                _for(b, _c64(0), nc, NR, jr_body, "jr")
+                    counted_loop(b, _c64(0), mc, MR, ir_body, "ir")
+                counted_loop(b, _c64(0), nc, NR, jr_body, "jr")
             if micro_da is None:
-                _for(b, _c64(0), M, MC, ic_body, "ic")
+                counted_loop(b, _c64(0), M, MC, ic_body, "ic")
                 return
             # A read in place (no pack_a) when its rows are contiguous and every panel of
             # this block is full width (the one extra microkernel has no column edge)
@@ -1231,11 +1231,11 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
                         b.icmp_signed("==", b.srem(nc, _c64(NR)), _c64(0)))
             with b.if_else(da) as (t, o):
                 with t:
-                    _for(b, _c64(0), M, MC, lambda b, ic: ic_body(b, ic, True), "icd")
+                    counted_loop(b, _c64(0), M, MC, lambda b, ic: ic_body(b, ic, True), "icd")
                 with o:
-                    _for(b, _c64(0), M, MC, ic_body, "ic")
-        _for(b, _c64(0), k_end, kcb, pc_body, "pc")
-    _for(b, _c64(0), N, NC, jc_body, "jc")
+                    counted_loop(b, _c64(0), M, MC, ic_body, "ic")
+        counted_loop(b, _c64(0), k_end, kcb, pc_body, "pc")
+    counted_loop(b, _c64(0), N, NC, jc_body, "jc")
     b.ret_void()
     return fn
 
