@@ -83,31 +83,11 @@ def _unary(b, name, x):
     return emit(b, f"rlx.{name}", [x], "f32")
 
 
-# e^x for x <= 0 (or NaN): Cephes expf's reduction and polynomial (lowering/shared/mathlib.py),
-# without the overflow path; x < -87 gives 0 (so exp(-inf) = 0 exactly), NaN stays NaN
-_LOG2E, _MAGIC, _MAGIC_BITS = 1.4426950408889634, 12582912.0, 0x4B400000
-_LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4
-_EXP_Q = (5.0000001201e-1, 1.6666665459e-1, 4.1665795894e-2, 8.3334519073e-3,
-          1.3981999507e-3, 1.9875691500e-4)
-
-
 def _exp_nonpos(b, x, w):
-    it = I32 if w == 1 else ir.VectorType(I32, w)
-    tiny = b.fcmp_ordered("<", x, _fconst(w, -87.0))
-    xc = b.select(tiny, _fconst(w, -87.0), x)
-    t = _fma(b, xc, _fconst(w, _LOG2E), _fconst(w, _MAGIC))
-    nf = b.fsub(t, _fconst(w, _MAGIC))
-    r = _fma(b, nf, _fconst(w, -_LN2_HI), xc)
-    r = _fma(b, nf, _fconst(w, -_LN2_LO), r)
-    poly = _fconst(w, _EXP_Q[-1])
-    for c in reversed(_EXP_Q[:-1]):
-        poly = _fma(b, poly, r, _fconst(w, c))
-    p = b.fadd(_fma(b, b.fmul(r, r), poly, r), _fconst(w, 1.0))
-    n = b.add(b.bitcast(t, it), ir.Constant(it, 127 - _MAGIC_BITS) if w == 1 else
-              ir.Constant(it, [127 - _MAGIC_BITS] * w))
-    scale = b.bitcast(b.shl(n, ir.Constant(it, 23) if w == 1 else ir.Constant(it, [23] * w)),
-                      _vt(w))
-    return b.select(tiny, _fconst(w, 0.0), b.fmul(p, scale))
+    """e^x for x <= 0 (or NaN): mathlib's variant without the overflow path."""
+    from rlxc.lowering.shared.mathlib import exp_nonpos
+
+    return exp_nonpos(b, x)
 
 
 def _vload(b, base, off, w):

@@ -210,6 +210,27 @@ def _expm1(o, x):
     return o.sel(o.eq(x, o.f(0.0)), x, res)          # expm1(-0) = -0
 
 
+def _exp_nonpos(o, x):
+    """e^x for x <= 0 (or NaN), the exp above without its overflow path: one exponent-field
+    multiply instead of ldexp's two; x < -87 gives 0 (so e^-inf = 0 exactly, and no
+    subnormal results), NaN stays NaN.  The online softmax of the attention kernels calls
+    it on score - running max, which is never positive."""
+    tiny = o.lt(x, o.f(-87.0))
+    xc = o.sel(tiny, o.f(-87.0), x)
+    t = o.fma(xc, o.f(_LOG2E), o.f(_MAGIC))
+    nf = o.sub(t, o.f(_MAGIC))
+    r = o.fma(nf, o.f(-_LN2_HI), xc)
+    r = o.fma(nf, o.f(-_LN2_LO), r)
+    p = o.add(_expm1_poly(o, r), o.f(1.0))
+    scale = o.flt(o.shl(o.iadd(o.bits(t), o.i(127 - _MAGIC_BITS)), 23))
+    return o.sel(tiny, o.f(0.0), o.mul(p, scale))
+
+
+def exp_nonpos(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """Inline e^x for x <= 0 (float or <N x float>): see _exp_nonpos."""
+    return _exp_nonpos(_Ops(builder, x.type), x)
+
+
 # ---------------------------------------------------------------------------- log family
 _SQRT_HALF_BITS = 0x3F3504F3
 # log(1+f) = f - f^2/2 + f^3*P(f) on f in [sqrt(1/2)-1, sqrt(2)-1] (Cephes logf)
