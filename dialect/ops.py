@@ -63,6 +63,7 @@ from .shapes import (  # noqa: F401  (BINARY..REDUCE, normalize_axes: re-exporte
     REDUCE,
     SHAPES,
     UNARY,
+    check_u32,
     ShapeError,
     normalize_axes,
 )
@@ -129,8 +130,9 @@ class RlxOp(IRDLOperation):
     def verify_(self) -> None:
         types = [o.type for o in self.operands]
         try:
+            check_u32(self.name, [dtype_of(t) for t in types])
             shape, dtype = self.infer(types, **self.params())
-        except ShapeError as e:
+        except (ShapeError, TypeError) as e:
             raise VerifyException(str(e)) from e
         want = tensor_type(shape, dtype)
         got = self.results[0].type

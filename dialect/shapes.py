@@ -564,6 +564,14 @@ _shape("philox", "random", _infer_philox, {"word": "int", "stream": "int"}, cost
 U32_OPS = frozenset(n for n, s in SHAPES.items() if s.view) | {
     "rlx.gather", "rlx.concat", "rlx.select", "rlx.stop_gradient", "rlx.cast", "rlx.philox",
     "rlx.pad"}
+
+
+def check_u32(name: str, dtypes) -> None:
+    """TypeError unless op `name` accepts its operands' dtypes: u32 only reaches U32_OPS
+    (the tracer and the verifier, so IR read from text obeys it too)."""
+    if name not in U32_OPS and "u32" in dtypes:
+        raise TypeError(f"{name}: u32 tensors are random keys (bits), not numbers: only "
+                        "views, gather, concat, where, casts and rlxc.random take them")
 # ---------------------------------------------------------------- convolution (dialect/conv_shapes.py)
 
 from .conv_shapes import CONV_SHAPES  # noqa: E402

@@ -25,7 +25,7 @@ from rlxc.dialect.shapes import (
     SHAPES,
     ShapeError,
     TType,
-    U32_OPS,
+    check_u32,
     as_dims,
     as_int,
     broadcast_shapes,
@@ -127,9 +127,7 @@ class GraphScope:
         """Record one rlx op (its name, like "rlx.pad", or its class) on `operands`."""
         name = op if isinstance(op, str) else op.name
         spec = SHAPES[name]
-        if name not in U32_OPS and any(t.dtype == "u32" for t in operands):
-            raise TypeError(f"{name}: u32 tensors are random keys (bits), not numbers: only "
-                            "views, gather, concat, where, casts and rlxc.random take them")
+        check_u32(name, [t.dtype for t in operands])
         shape, dtype = spec.infer([t.value.type for t in operands], **params)
         _check_dtype(dtype)
         _check_size(name, shape, dtype)

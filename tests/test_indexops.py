@@ -395,3 +395,15 @@ def test_constant_splat_key_above_int32_max():
     outs = _all(f, x=np.ones(5000, np.float32))
     _same(outs)
     np.testing.assert_array_equal(outs[0][0][:64], philox_ref.uniform(key, (64,)))
+
+
+def test_u32_arithmetic_read_from_mlir_is_rejected_by_the_verifier():
+    """IR from text obeys the tracer's rule: u32 keys take no arithmetic (rlx.add here)."""
+    ok = rlxc.Func("k", lambda s: s.input("key", (2,), "u32").cast("i32") + 1)
+    text = ok.mlir()
+    assert "ui32" in text
+    bad = ("func.func @k(%key: tensor<2xui32>) -> tensor<2xui32> {\n"
+           "  %0 = \"rlx.add\"(%key, %key) : (tensor<2xui32>, tensor<2xui32>) -> tensor<2xui32>\n"
+           "  func.return %0 : tensor<2xui32>\n}\n")
+    with pytest.raises(Exception, match="rlx.add: u32 tensors are random keys"):
+        rlxc.Func.from_mlir("builtin.module {\n" + bad + "}\n")
