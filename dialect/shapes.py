@@ -35,6 +35,7 @@ from . import symdims as sd
 DTYPE_NAMES = ("f32", "f64", "i1", "i32", "i64", "u32")
 NP_DTYPES = {"f32": np.float32, "f64": np.float64, "i1": np.bool_, "i32": np.int32, "i64": np.int64,
              "u32": np.uint32}
+DTYPE_BYTES = {d: np.dtype(t).itemsize for d, t in NP_DTYPES.items()}   # i1: one byte
 FLOAT_DTYPES = ("f32", "f64")
 INT_DTYPES = ("i32", "i64")
 

@@ -77,3 +77,20 @@ def test_empty_scan_no_carries_int_rows_zero_trip_while_cpu_and_emulated():
     assert [w.shape for w in want] == [(3,), (0, 3), (4, 3), (3,)]
     _close(f.run_on("cpu", **d), want)
     _close(emulate(f.module, _args(f, d)), want)
+
+
+def test_emulated_scan_with_a_u32_key_capture():
+    """A region operand of dtype u32 (an RNG key captured by a scan body) has a byte size
+    on the GPU launch plan (one DTYPE_BYTES table for every backend; it lacked u32)."""
+    def build(s):
+        key = s.input("key", (2,), "u32")
+        x = s.input("x", (3, 4))
+
+        def body(c, row):
+            noise = rlxc.random.uniform(key, (4,))
+            return c + row * noise, c.sum()
+        return rlxc.scan(body, s.constant(np.zeros(4, np.float32)), x)
+
+    f = Func("keyscan", build)
+    d = {"key": np.array([7, 9], np.uint32), "x": RNG.standard_normal((3, 4)).astype(np.float32)}
+    _close(emulate(f.module, _args(f, d)), f.run_on("interp", **d))

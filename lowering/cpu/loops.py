@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from rlxc.lowering.cpu import indexing as ix
 
-DTYPE_BYTES = {"f32": 4, "f64": 8, "i1": 1, "i32": 4, "i64": 8, "u32": 4}
+from rlxc.dialect.shapes import DTYPE_BYTES  # noqa: E402,F401  (re-exported)
 
 
 @dataclass(eq=False)

@@ -39,7 +39,7 @@ from rlxc.lowering.shared.scalar import F32, F64, I1, I8, I32, I64  # noqa: E402
 
 # register type and storage type of each rlx dtype
 MEM_TYPE = {"f32": F32, "f64": F64, "i1": I8, "i32": I32, "i64": I64, "u32": I32}
-MEM_BYTES = {"f32": 4, "f64": 8, "i1": 1, "i32": 4, "i64": 8, "u32": 4}
+from rlxc.dialect.shapes import DTYPE_BYTES as MEM_BYTES  # noqa: E402
 
 
 def strides(shape) -> list[int]:

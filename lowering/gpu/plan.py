@@ -54,7 +54,7 @@ MULTI = ("multi",)      # site of a value inlined at several places
 HEAVY_OPS = ops_where(lambda s: s.root and s.family in ("reduce", "matmul"))
 REDUCE_OPS = ops_where(lambda s: s.family == "reduce")
 ROOT_OPS = ops_where(lambda s: s.root)
-DTYPE_BYTES = {"f32": 4, "f64": 8, "i1": 1, "i32": 4, "i64": 8, "u32": 4}
+from rlxc.dialect.shapes import DTYPE_BYTES  # noqa: E402,F401  (re-exported)
 ALIGN = 256
 
 

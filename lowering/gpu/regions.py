@@ -30,7 +30,7 @@ from rlxc.dialect.module import get_func, outputs, signature
 from rlxc.dialect.types import dtype_of, numel, shape_of
 from rlxc.lowering.shared.segments import has_regions, segment_module
 
-_BYTES = {"f32": 4, "f64": 8, "i1": 1, "i32": 4, "i64": 8}
+from rlxc.dialect.shapes import DTYPE_BYTES as _BYTES  # noqa: E402
 
 
 def _nbytes(v) -> int:
