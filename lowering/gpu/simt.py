@@ -236,6 +236,37 @@ class Simt:
             self._open_phase()
 
     @contextmanager
+    def uniform_range(self, bounds, name="u"):
+        """`for i in range(lo, hi)` with (lo, hi) = bounds(builder): i32 values computed
+        from block-uniform inputs only (ctaid, constants; no tid, no registers), so every
+        thread of the block runs the same trips; may hold barriers.  Yields i (i32)."""
+        b = self.b
+        if self.target == "host":
+            self._close_phase()    # the bounds are computed once per block, between phases
+        lo, hi = bounds(b)
+        pre = b.block
+        head = self.fn.append_basic_block(name + ".head")
+        body = self.fn.append_basic_block(name + ".body")
+        exit_ = self.fn.append_basic_block(name + ".exit")
+        b.branch(head)
+        b.position_at_end(head)
+        i = b.phi(I32, name=name)
+        i.add_incoming(lo, pre)
+        b.cbranch(b.icmp_signed("<", i, hi), body, exit_)
+        b.position_at_end(body)
+        if self.target == "host":
+            self._open_phase()
+        yield i
+        if self.target == "host":
+            self._close_phase()
+        nxt = b.add(i, c32(1))
+        i.add_incoming(nxt, b.block)
+        b.branch(head)
+        b.position_at_end(exit_)
+        if self.target == "host":
+            self._open_phase()
+
+    @contextmanager
     def if_then(self, cond, name="if"):
         """Per-thread `if cond:` (no barriers or shuffles inside)."""
         with self.b.if_then(cond):

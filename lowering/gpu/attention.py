@@ -1,0 +1,296 @@
+"""Fused GPU attention forward (flash-style): rlx.attention -> one kernel, online softmax.
+
+    rlx.attention(q, k, v [, mask]) {scale, softcap, kind, window}    f32, 1 <= D <= 256
+          │ kernels.build_kernels keeps the op (expand_module(keep=covers)); plan.py gives
+          │ it a kernel of kind "attention" and buffers to its operands' bases (the kernel
+          │ reads q, k, v, mask through views: a head transpose costs no copy)
+          ▼
+    grid = B*H*ceil(Sq/BQ) CTAs (one per (b, h, block of BQ query rows); late query
+    blocks first: causal rows differ in cost), block = BQ*TPR threads, TPR threads per
+    query row (thread t of row r: keys t, t+TPR, ... of a tile; columns t, t+TPR, ... of O)
+        Qs ← q[b, h, q0:q0+BQ, :]                     (rows clamped to Sq - 1)
+        m = -inf, l = 0, O[D/TPR] = 0                   (registers)
+        for tile in [lo, hi):    only the key tiles the causal/sliding rule lets the
+                                 block's rows see (uniform: the bounds come from ctaid)
+            Ks, Vs ← k, v[b, h, tile*BK : +BK, :]       (keys >= Sk: zeros)   barrier
+            s[u] = scale * Qs[r] . Ks[t + TPR*u]        (BK/TPR scores per thread)
+            s = softcap * tanh(s / softcap);  s = allowed ? s : -inf
+            mt = max over the row's TPR lanes (shfl.bfly);  mnew = max(m, mt)
+            mref = mnew == -inf ? 0 : mnew;  p = exp(s - mref);  alpha = exp(m - mref)
+            Ps[r][j] = p;  l = l*alpha + (sum of p over the row's lanes);  O *= alpha
+            barrier;  O[i] += sum_j Ps[r][j] * Vs[j][t + TPR*i];  barrier
+        out[b, h, q0 + r, t + TPR*i] = O[i] / (l == 0 ? 1 : l)   (fully masked row: zeros)
+
+Scores exist only as BQ x BK tiles (registers and Ps); no (Sq, Sk) buffer exists.
+Shared memory: Qs[BQ][D+1], Ks[BK][D+1] (the +1 pads spread a warp's rows over the
+banks), Vs[BK][D], Ps[BQ][BK+1]; (BQ, BK) is the largest of CONFIGS that fits
+SMEM_LIMIT.  NaN: a NaN score is skipped by the max but reaches p, l and O, so its
+row is NaN (as the reference); a masked NaN score is -inf.  The butterfly shuffles
+give every lane of a row the same m and l (fadd is commutative), so the TPR lanes
+agree without a broadcast.  Shapes outside `covers` (f64, D = 0 or > 256, Sk = 0)
+keep dialect/attention.py's expansion (matmul, softmax, matmul), as on the CPU.
+"""
+from __future__ import annotations
+
+import math
+
+import llvmlite.ir as ir
+
+from rlxc.dialect.types import dtype_of, numel, shape_of
+from rlxc.lowering.gpu import expr as E
+from rlxc.lowering.gpu import mathlib as gpu_math
+from rlxc.lowering.gpu.simt import c32
+
+F32 = ir.FloatType()
+I32 = ir.IntType(32)
+
+ENABLED = True        # tests switch the kernel off to compare with the expansion
+TPR = 8               # threads per query row
+MAX_D = 256
+SMEM_LIMIT = 46 * 1024          # static shared memory of one CTA (48 KiB is the cap)
+CONFIGS = ((32, 32), (32, 16), (16, 16), (8, 16), (8, 8))     # (BQ, BK), first that fits
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def smem_bytes(BQ: int, BK: int, D: int) -> int:
+    return 4 * (BQ * (D + 1) + BK * (D + 1) + BK * D + BQ * (BK + 1))
+
+
+def config(Sq: int, D: int):
+    """(BQ, BK) for q rows Sq and head dim D, or None when no tile fits shared memory.
+    A short sequence gets fewer rows per CTA (at least 4: one warp)."""
+    for BQ, BK in CONFIGS:
+        if smem_bytes(BQ, BK, D) <= SMEM_LIMIT:
+            while BQ > 4 and BQ // 2 >= Sq:
+                BQ //= 2
+            return BQ, BK
+    return None
+
+
+def covers(op) -> bool:
+    """Does the fused GPU kernel compute this rlx.attention (else: the expansion)?"""
+    q, k = (shape_of(o.type) for o in op.operands[:2])
+    return (ENABLED and dtype_of(op.operands[0].type) == "f32" and 1 <= q[3] <= MAX_D
+            and k[2] >= 1 and q[2] >= 1 and numel(q) > 0 and config(q[2], q[3]) is not None)
+
+
+def _fmax(b, x, y):
+    """x > y ? x : y (a NaN x yields y: NaN scores reach the output through p instead)."""
+    return b.select(b.fcmp_ordered(">", x, y), x, y)
+
+
+def gen_attention(mod, plan, k, target, setup, make_launch):
+    op = k.heavy
+    p = op.params()
+    q, kv, vv = op.operands[:3]
+    mask = op.operands[3] if p["kind"] == "tensor" else None
+    B, H, Sq, D = shape_of(q.type)
+    Sk = shape_of(kv.type)[2]
+    kind, window = p["kind"], int(p["window"])
+    scale, softcap = float(p["scale"]), float(p["softcap"] or 0.0)
+    BQ, BK = config(Sq, D)
+    nqb, nt = _cdiv(Sq, BQ), _cdiv(Sk, BK)
+    threads = BQ * TPR
+    SPT, DPT = BK // TPR, _cdiv(D, TPR)      # scores / output columns per thread
+    root = k.root
+    values = [root, q, kv, vv] + ([mask] if mask is not None else []) + k.reads
+    sm, ctx, ids = setup(mod, plan, k, target, threads, (B * H * nqb,), values)
+    it = ctx.itype
+    c = ctx.const
+    LDQ, LDK, LDV, LDP = D + 1, D + 1, D, BK + 1
+    Qs = sm.shared(F32, BQ * LDQ, "Qs")
+    Ks = sm.shared(F32, BK * LDK, "Ks")
+    Vs = sm.shared(F32, BK * LDV, "Vs")
+    Ps = sm.shared(F32, BQ * LDP, "Ps")
+    NEG = ir.Constant(F32, -math.inf)
+    ZERO = ir.Constant(F32, 0.0)
+    qshape, kshape = shape_of(q.type), shape_of(kv.type)
+
+    def ext(x):
+        return sm.b.zext(x, it) if it.width > 32 else x
+
+    def block(b):
+        """(b index, h index) as itype, q0 as i32: this CTA's (batch, head, first row)."""
+        x = sm.ctaid(0)
+        qb = b.sub(c32(nqb - 1), b.urem(x, c32(nqb)))
+        bh = b.udiv(x, c32(nqb))
+        return ext(b.udiv(bh, c32(H))), ext(b.urem(bh, c32(H))), b.mul(qb, c32(BQ))
+
+    def imin(b, x, y):
+        return b.select(b.icmp_signed("<", x, y), x, y)
+
+    def thread_row(b):
+        """(r, t, clamped global row) of this thread (i32)."""
+        tid = sm.tid()
+        r, t = b.udiv(tid, c32(TPR)), b.urem(tid, c32(TPR))
+        _, _, q0 = block(b)
+        return r, t, imin(b, b.add(q0, r), c32(Sq - 1))
+
+    def sld(base, off):
+        return sm.b.load(sm.b.gep(base, [off], source_etype=F32), typ=F32)
+
+    def sst(base, off, x):
+        sm.b.store(x, sm.b.gep(base, [off], source_etype=F32))
+
+    def coop(n, body):
+        """Every element e < n of a tile, spread over the block's threads: body(e)."""
+        b = sm.b
+        for u in range(_cdiv(n, threads)):
+            e = b.add(sm.tid(), c32(u * threads))
+            if (u + 1) * threads > n:
+                with b.if_then(b.icmp_unsigned("<", e, c32(n))):
+                    body(e)
+            else:
+                body(e)
+
+    def load(v, shp, dims):
+        ctx.memo = {}
+        (x,) = E.value(ctx, v, E.Index(ctx, shp, dims=dims))
+        return x
+
+    # ---- the query tile
+    def put_q(e):
+        b = sm.b
+        bi, hi, q0 = block(b)
+        r, d = b.udiv(e, c32(D)), b.urem(e, c32(D))
+        row = imin(b, b.add(q0, r), c32(Sq - 1))
+        sst(Qs, b.add(b.mul(r, c32(LDQ)), d), load(q, qshape, [bi, hi, ext(row), ext(d)]))
+    coop(BQ * D, put_q)
+
+    m_r, l_r, tmp = sm.reg(F32, "m", NEG), sm.reg(F32, "l", ZERO), sm.reg(F32, "tmp")
+    alpha_r = sm.reg(F32, "alpha")
+    s_r = [sm.reg(F32, f"s{u}") for u in range(SPT)]
+    o_r = [sm.reg(F32, f"o{i}", ZERO) for i in range(DPT)]
+
+    def bounds(b):
+        """[lo, hi) key tiles any row of this CTA may attend (uniform)."""
+        _, _, q0 = block(b)
+        lo, hi = c32(0), c32(nt)
+        if kind in ("causal", "sliding"):
+            last = imin(b, b.add(q0, c32(BQ - 1)), c32(Sq - 1))        # keys <= last row
+            hi = imin(b, b.udiv(b.add(last, c32(BK)), c32(BK)), c32(nt))
+        if kind == "sliding":                                          # keys > q0 - window
+            first = b.sub(q0, c32(window - 1))
+            first = b.select(b.icmp_signed("<", first, c32(0)), c32(0), first)
+            lo = imin(b, b.udiv(first, c32(BK)), hi)
+        return lo, hi
+
+    def shuffle(reg, fn):
+        for off in [TPR >> i for i in range(1, TPR.bit_length())]:
+            sm.shfl_xor(reg, off, tmp)
+            sm.set(reg, fn(sm.b, sm.get(reg), sm.get(tmp)))
+
+    with sm.uniform_range(bounds, "kt") as kt:
+        # ---- K, V tiles (keys past Sk read as zeros)
+        def put_kv(e):
+            b = sm.b
+            bi, hi, _ = block(b)
+            j, d = b.udiv(e, c32(D)), b.urem(e, c32(D))
+            key = b.add(b.mul(kt, c32(BK)), j)
+            ok = b.icmp_signed("<", key, c32(Sk))
+            dims = [bi, hi, ext(imin(b, key, c32(Sk - 1))), ext(d)]
+            kx, vx = load(kv, kshape, dims), load(vv, kshape, dims)
+            sst(Ks, b.add(b.mul(j, c32(LDK)), d), b.select(ok, kx, ZERO))
+            sst(Vs, b.add(b.mul(j, c32(LDV)), d), b.select(ok, vx, ZERO))
+        coop(BK * D, put_kv)
+        sm.barrier()
+
+        # ---- scores of this thread's keys, masked; the row's tile max
+        b = sm.b
+        r, t, row = thread_row(b)
+        qbase = b.mul(r, c32(LDQ))
+        js = [b.add(t, c32(TPR * u)) for u in range(SPT)]
+        acc = [ZERO] * SPT
+        for d in range(D):
+            qd = sld(Qs, b.add(qbase, c32(d)))
+            for u in range(SPT):
+                kd = sld(Ks, b.add(b.mul(js[u], c32(LDK)), c32(d)))
+                acc[u] = gpu_math.intrinsic(b, "llvm.fma.f32", F32, [qd, kd, acc[u]])
+        mx = NEG
+        bi, hi, _ = block(b)
+        for u in range(SPT):
+            s = b.fmul(acc[u], ir.Constant(F32, scale))
+            if softcap:
+                s = b.fmul(gpu_math.emit(b, "tanh", b.fmul(s, ir.Constant(F32, 1.0 / softcap))),
+                           ir.Constant(F32, softcap))
+            key = b.add(b.mul(kt, c32(BK)), js[u])
+            ok = b.icmp_signed("<", key, c32(Sk))
+            if kind in ("causal", "sliding"):
+                dlt = b.sub(row, key)
+                ok = b.and_(ok, b.icmp_signed(">=", dlt, c32(0)))
+                if kind == "sliding":
+                    ok = b.and_(ok, b.icmp_signed("<", dlt, c32(window)))
+            elif kind == "tensor":
+                ms = shape_of(mask.type)
+                mv = load(mask, ms, [bi, hi, ext(row), ext(imin(b, key, c32(Sk - 1)))])
+                ok = b.and_(ok, mv)
+            s = b.select(ok, s, NEG)
+            sm.set(s_r[u], s)
+            mx = _fmax(b, s, mx)
+        sm.set(alpha_r, mx)            # the tile max, reduced over the row's lanes
+        shuffle(alpha_r, _fmax)
+
+        # ---- online softmax update; p to Ps
+        b = sm.b
+        r, t, _ = thread_row(b)
+        mold = sm.get(m_r)
+        mnew = _fmax(b, sm.get(alpha_r), mold)
+        mref = b.select(b.fcmp_ordered("==", mnew, NEG), ZERO, mnew)
+        alpha = gpu_math.emit(b, "exp", b.fsub(mold, mref))
+        psum = ZERO
+        for u in range(SPT):
+            pu = gpu_math.emit(b, "exp", b.fsub(sm.get(s_r[u]), mref))
+            sst(Ps, b.add(b.mul(r, c32(LDP)), b.add(t, c32(TPR * u))), pu)
+            psum = b.fadd(psum, pu)
+        sm.set(m_r, mnew)
+        sm.set(alpha_r, alpha)
+        sm.set(s_r[0], psum)           # (the scores are spent: s0 carries the row sum)
+        shuffle(s_r[0], lambda b, x, y: b.fadd(x, y))
+        b = sm.b
+        alpha = sm.get(alpha_r)
+        sm.set(l_r, b.fadd(b.fmul(sm.get(l_r), alpha), sm.get(s_r[0])))
+        sm.barrier()
+
+        # ---- O = O * alpha + P V over this thread's columns
+        b = sm.b
+        r, t, _ = thread_row(b)
+        alpha = sm.get(alpha_r)
+        o = [b.fmul(sm.get(o_r[i]), alpha) for i in range(DPT)]
+        cols = [imin(b, b.add(t, c32(TPR * i)), c32(D - 1)) for i in range(DPT)]
+        pbase = b.mul(r, c32(LDP))
+        for j in range(BK):
+            pj = sld(Ps, b.add(pbase, c32(j)))
+            for i in range(DPT):
+                vj = sld(Vs, b.add(c32(j * LDV), cols[i]))
+                o[i] = gpu_math.intrinsic(b, "llvm.fma.f32", F32, [pj, vj, o[i]])
+        for i in range(DPT):
+            sm.set(o_r[i], o[i])
+        sm.barrier()                   # the next tile rewrites Ks, Vs, Ps
+
+    # ---- out = O / l (l == 0: a fully masked row, zeros)
+    b = sm.b
+    tid = sm.tid()
+    r, t = b.udiv(tid, c32(TPR)), b.urem(tid, c32(TPR))
+    bi, hi, q0 = block(b)
+    row = b.add(q0, r)
+    lv = sm.get(l_r)
+    den = b.select(b.fcmp_ordered("==", lv, ZERO), ir.Constant(F32, 1.0), lv)
+    oshape = shape_of(root.type)
+    for i in range(DPT):
+        col = b.add(t, c32(TPR * i))
+        ok = b.icmp_signed("<", row, c32(Sq))
+        if (i + 1) * TPR > D:
+            ok = b.and_(ok, b.icmp_signed("<", col, c32(D)))
+        with b.if_then(ok):
+            idx = E.Index(ctx, oshape, dims=[bi, hi, ext(row), ext(col)])
+            E.store(ctx, root, idx, [b.fdiv(sm.get(o_r[i]), den)])
+    sm.finish()
+    launch = make_launch(k, sm, ids)
+    launch["config"] = [BQ, BK, TPR]
+    return [launch]
+
+
+__all__ = ["covers", "config", "gen_attention", "smem_bytes"]
