@@ -198,3 +198,20 @@ def test_ptx_assembles(shape, mask, softcap):
     for name, info in art.kernels.items():
         print(f"{shape} {name}: {info}")
         assert info["spill_stores"] == 0 or D >= 256, info
+
+
+def test_key_tiles_outside_the_window_are_not_visited():
+    """Causal and sliding CTAs loop only over the key tiles their rows may see
+    (Simt.uniform_range): a NaN in v of a tile no row of a block sees never reaches it
+    (a visited tile's masked NaN would: 0 * NaN), so these rows stay finite."""
+    assert GA.config(64, 4) == (32, 32)
+    q, k, v = qkv(1, 1, 64, 64, 4, seed=5)
+    v[0, 0, 40] = np.nan                       # key tile 1
+    f = func([q.shape] * 3, "causal", name="gskip")
+    got = gpu_emu.emulate(f.module, [q, k, v])[0]
+    assert np.isfinite(got[0, 0, :32]).all() and np.isnan(got[0, 0, 40:]).all()
+    q, k, v = qkv(1, 1, 100, 100, 4, seed=6)
+    v[0, 0, 0] = np.nan                        # key tile 0
+    f = func([q.shape] * 3, ("sliding", 4), name="gskip2")
+    got = gpu_emu.emulate(f.module, [q, k, v])[0]
+    assert np.isnan(got[0, 0, :4]).all() and np.isfinite(got[0, 0, 64:]).all()

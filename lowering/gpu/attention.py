@@ -55,8 +55,14 @@ def _cdiv(a, b):
     return -(-a // b)
 
 
+def width(D: int) -> int:
+    """Shared-memory vector width: 16-byte loads along D when D % 4 == 0."""
+    return 4 if D % 4 == 0 else 1
+
+
 def smem_bytes(BQ: int, BK: int, D: int) -> int:
-    return 4 * (BQ * (D + 1) + BK * (D + 1) + BK * D + BQ * (BK + 1))
+    pad = width(D)
+    return 4 * (BQ * (D + pad) + BK * (D + pad) + BK * D + BQ * (BK + pad))
 
 
 def config(Sq: int, D: int):
@@ -73,6 +79,8 @@ def config(Sq: int, D: int):
 def covers(op) -> bool:
     """Does the fused GPU kernel compute this rlx.attention (else: the expansion)?"""
     q, k = (shape_of(o.type) for o in op.operands[:2])
+    if any(isinstance(d, str) for d in q + k):     # symbolic: the GPU runs specialized sizes
+        return False
     return (ENABLED and dtype_of(op.operands[0].type) == "f32" and 1 <= q[3] <= MAX_D
             and k[2] >= 1 and q[2] >= 1 and numel(q) > 0 and config(q[2], q[3]) is not None)
 
@@ -94,13 +102,14 @@ def gen_attention(mod, plan, k, target, setup, make_launch):
     BQ, BK = config(Sq, D)
     nqb, nt = _cdiv(Sq, BQ), _cdiv(Sk, BK)
     threads = BQ * TPR
-    SPT, DPT = BK // TPR, _cdiv(D, TPR)      # scores / output columns per thread
+    W = width(D)
+    SPT, NCH = BK // TPR, _cdiv(D, W * TPR)   # scores / W-column chunks of O per thread
     root = k.root
     values = [root, q, kv, vv] + ([mask] if mask is not None else []) + k.reads
     sm, ctx, ids = setup(mod, plan, k, target, threads, (B * H * nqb,), values)
     it = ctx.itype
     c = ctx.const
-    LDQ, LDK, LDV, LDP = D + 1, D + 1, D, BK + 1
+    LDQ, LDK, LDV, LDP = D + W, D + W, D, BK + W      # pads: rows on distinct banks
     Qs = sm.shared(F32, BQ * LDQ, "Qs")
     Ks = sm.shared(F32, BK * LDK, "Ks")
     Vs = sm.shared(F32, BK * LDV, "Vs")
@@ -131,6 +140,14 @@ def gen_attention(mod, plan, k, target, setup, make_launch):
 
     def sld(base, off):
         return sm.b.load(sm.b.gep(base, [off], source_etype=F32), typ=F32)
+
+    def vld(base, off, w):
+        """w floats at base[off:off+w] (one 16-byte load when w == 4)."""
+        b = sm.b
+        if w == 1:
+            return [sld(base, off)]
+        vec = b.load(b.gep(base, [off], source_etype=F32), typ=ir.VectorType(F32, 4), align=16)
+        return [b.extract_element(vec, c32(e)) for e in range(4)]
 
     def sst(base, off, x):
         sm.b.store(x, sm.b.gep(base, [off], source_etype=F32))
@@ -163,7 +180,7 @@ def gen_attention(mod, plan, k, target, setup, make_launch):
     m_r, l_r, tmp = sm.reg(F32, "m", NEG), sm.reg(F32, "l", ZERO), sm.reg(F32, "tmp")
     alpha_r = sm.reg(F32, "alpha")
     s_r = [sm.reg(F32, f"s{u}") for u in range(SPT)]
-    o_r = [sm.reg(F32, f"o{i}", ZERO) for i in range(DPT)]
+    o_r = [[sm.reg(F32, f"o{i}_{e}", ZERO) for e in range(W)] for i in range(NCH)]
 
     def bounds(b):
         """[lo, hi) key tiles any row of this CTA may attend (uniform)."""
@@ -204,11 +221,13 @@ def gen_attention(mod, plan, k, target, setup, make_launch):
         qbase = b.mul(r, c32(LDQ))
         js = [b.add(t, c32(TPR * u)) for u in range(SPT)]
         acc = [ZERO] * SPT
-        for d in range(D):
-            qd = sld(Qs, b.add(qbase, c32(d)))
+        kbase = [b.mul(j, c32(LDK)) for j in js]
+        for d0 in range(0, D, W):
+            qd = vld(Qs, b.add(qbase, c32(d0)), W)
             for u in range(SPT):
-                kd = sld(Ks, b.add(b.mul(js[u], c32(LDK)), c32(d)))
-                acc[u] = gpu_math.intrinsic(b, "llvm.fma.f32", F32, [qd, kd, acc[u]])
+                kd = vld(Ks, b.add(kbase[u], c32(d0)), W)
+                for e in range(W):
+                    acc[u] = gpu_math.intrinsic(b, "llvm.fma.f32", F32, [qd[e], kd[e], acc[u]])
         mx = NEG
         bi, hi, _ = block(b)
         for u in range(SPT):
@@ -258,16 +277,21 @@ def gen_attention(mod, plan, k, target, setup, make_launch):
         b = sm.b
         r, t, _ = thread_row(b)
         alpha = sm.get(alpha_r)
-        o = [b.fmul(sm.get(o_r[i]), alpha) for i in range(DPT)]
-        cols = [imin(b, b.add(t, c32(TPR * i)), c32(D - 1)) for i in range(DPT)]
+        o = [[b.fmul(sm.get(x), alpha) for x in row] for row in o_r]
+        cols = [b.mul(imin(b, b.add(t, c32(TPR * i)), c32(D // W - 1)), c32(W))
+                for i in range(NCH)]
         pbase = b.mul(r, c32(LDP))
-        for j in range(BK):
-            pj = sld(Ps, b.add(pbase, c32(j)))
-            for i in range(DPT):
-                vj = sld(Vs, b.add(c32(j * LDV), cols[i]))
-                o[i] = gpu_math.intrinsic(b, "llvm.fma.f32", F32, [pj, vj, o[i]])
-        for i in range(DPT):
-            sm.set(o_r[i], o[i])
+        for j0 in range(0, BK, W):
+            pj = vld(Ps, b.add(pbase, c32(j0)), W)
+            for e in range(W):
+                for i in range(NCH):
+                    vj = vld(Vs, b.add(c32((j0 + e) * LDV), cols[i]), W)
+                    for x in range(W):
+                        o[i][x] = gpu_math.intrinsic(b, "llvm.fma.f32", F32,
+                                                     [pj[e], vj[x], o[i][x]])
+        for i in range(NCH):
+            for x in range(W):
+                sm.set(o_r[i][x], o[i][x])
         sm.barrier()                   # the next tile rewrites Ks, Vs, Ps
 
     # ---- out = O / l (l == 0: a fully masked row, zeros)
@@ -279,14 +303,15 @@ def gen_attention(mod, plan, k, target, setup, make_launch):
     lv = sm.get(l_r)
     den = b.select(b.fcmp_ordered("==", lv, ZERO), ir.Constant(F32, 1.0), lv)
     oshape = shape_of(root.type)
-    for i in range(DPT):
-        col = b.add(t, c32(TPR * i))
+    for i in range(NCH):
+        chunk = b.add(t, c32(TPR * i))
         ok = b.icmp_signed("<", row, c32(Sq))
-        if (i + 1) * TPR > D:
-            ok = b.and_(ok, b.icmp_signed("<", col, c32(D)))
+        if (i + 1) * TPR > D // W:
+            ok = b.and_(ok, b.icmp_signed("<", chunk, c32(D // W)))
         with b.if_then(ok):
-            idx = E.Index(ctx, oshape, dims=[bi, hi, ext(row), ext(col)])
-            E.store(ctx, root, idx, [b.fdiv(sm.get(o_r[i]), den)])
+            idx = E.Index(ctx, oshape, dims=[bi, hi, ext(row), ext(b.mul(chunk, c32(W)))],
+                          lanes=W)
+            E.store(ctx, root, idx, [b.fdiv(sm.get(x), den) for x in o_r[i]])
     sm.finish()
     launch = make_launch(k, sm, ids)
     launch["config"] = [BQ, BK, TPR]
