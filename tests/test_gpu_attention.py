@@ -215,3 +215,26 @@ def test_key_tiles_outside_the_window_are_not_visited():
     f = func([q.shape] * 3, ("sliding", 4), name="gskip2")
     got = gpu_emu.emulate(f.module, [q, k, v])[0]
     assert np.isnan(got[0, 0, :4]).all() and np.isfinite(got[0, 0, 64:]).all()
+
+
+@pytest.mark.parametrize("shape,mask,softcap", [
+    ((1, 2, 11, 13, 4), "causal", 2.0),            # 16-byte (2 x f64) shared loads
+    ((2, 1, 9, 40, 3), ("sliding", 6), None),      # scalar path, two key tiles
+])
+def test_float64_kernel(shape, mask, softcap):
+    """f64 attention is the same kernel in double (64-bit shuffles as two 32-bit ones);
+    it matches the float64 reference to ~1e-12, and its PTX assembles."""
+    B, H, Sq, Sk, D = shape
+    r = np.random.default_rng(7)
+    q, k, v = (r.normal(size=s) for s in ((B, H, Sq, D), (B, H, Sk, D), (B, H, Sk, D)))
+    f = rlxc.Func("g64", lambda s: rlxc.attention(
+        s.input("q", q.shape, "f64"), s.input("k", k.shape, "f64"), s.input("v", v.shape, "f64"),
+        mask=mask, softcap=softcap))
+    _, plan, _ = gpu_kernels.build_kernels(f.module, "host")
+    assert kinds(plan) == ["attention"]
+    got = gpu_emu.emulate(f.module, [q, k, v])[0]
+    np.testing.assert_allclose(got, reference(q, k, v, allowed_of(mask, Sq, Sk), None, softcap),
+                               rtol=1e-12, atol=1e-13)
+    if PTXAS:
+        art = gpu_driver.compile_cuda(f.module, ptxas=PTXAS)
+        assert art.cubin[:4] == b"\x7fELF" and "shfl.sync.bfly.b32" in art.ptx

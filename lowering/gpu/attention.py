@@ -1,13 +1,14 @@
 """Fused GPU attention forward (flash-style): rlx.attention -> one kernel, online softmax.
 
-    rlx.attention(q, k, v [, mask]) {scale, softcap, kind, window}    f32, 1 <= D <= 256
+    rlx.attention(q, k, v [, mask]) {scale, softcap, kind, window}   f32|f64, 1 <= D <= 256
           │ kernels.build_kernels keeps the op (expand_module(keep=covers)); plan.py gives
           │ it a kernel of kind "attention" and buffers to its operands' bases (the kernel
           │ reads q, k, v, mask through views: a head transpose costs no copy)
           ▼
     grid = B*H*ceil(Sq/BQ) CTAs (one per (b, h, block of BQ query rows); late query
     blocks first: causal rows differ in cost), block = BQ*TPR threads, TPR threads per
-    query row (thread t of row r: keys t, t+TPR, ... of a tile; columns t, t+TPR, ... of O)
+    query row (thread t of row r: keys t, t+TPR, ... of a tile; W-column chunks
+    t, t+TPR, ... of O, W = 16 bytes of elements when D allows, else 1)
         Qs ← q[b, h, q0:q0+BQ, :]                     (rows clamped to Sq - 1)
         m = -inf, l = 0, O[D/TPR] = 0                   (registers)
         for tile in [lo, hi):    only the key tiles the causal/sliding rule lets the
@@ -18,17 +19,21 @@
             mt = max over the row's TPR lanes (shfl.bfly);  mnew = max(m, mt)
             mref = mnew == -inf ? 0 : mnew;  p = exp(s - mref);  alpha = exp(m - mref)
             Ps[r][j] = p;  l = l*alpha + (sum of p over the row's lanes);  O *= alpha
-            barrier;  O[i] += sum_j Ps[r][j] * Vs[j][t + TPR*i];  barrier
-        out[b, h, q0 + r, t + TPR*i] = O[i] / (l == 0 ? 1 : l)   (fully masked row: zeros)
+            barrier;  O[chunk] += sum_j Ps[r][j] * Vs[j][chunk];  barrier
+        out[b, h, q0 + r, chunk] = O[chunk] / (l == 0 ? 1 : l)  (fully masked row: zeros)
 
 Scores exist only as BQ x BK tiles (registers and Ps); no (Sq, Sk) buffer exists.
-Shared memory: Qs[BQ][D+1], Ks[BK][D+1] (the +1 pads spread a warp's rows over the
-banks), Vs[BK][D], Ps[BQ][BK+1]; (BQ, BK) is the largest of CONFIGS that fits
-SMEM_LIMIT.  NaN: a NaN score is skipped by the max but reaches p, l and O, so its
-row is NaN (as the reference); a masked NaN score is -inf.  The butterfly shuffles
-give every lane of a row the same m and l (fadd is commutative), so the TPR lanes
-agree without a broadcast.  Shapes outside `covers` (f64, D = 0 or > 256, Sk = 0)
-keep dialect/attention.py's expansion (matmul, softmax, matmul), as on the CPU.
+Shared memory: Qs[BQ][D+W], Ks[BK][D+W] (the pads spread a warp's rows over the
+banks and keep rows 16-byte aligned), Vs[BK][D], Ps[BQ][BK+W]; the dot products and
+P V read W elements per 16-byte load.  (BQ, BK) is the first of CONFIGS that fits
+SMEM_LIMIT (static shared memory).  NaN: a NaN score is skipped by the max but
+reaches p, l and O, so its row is NaN (as the reference); a masked NaN score is
+-inf; a NaN in v reaches the rows of the tiles that load it (0 * NaN), never those
+of skipped tiles.  The butterfly shuffles give every lane of a row the same m and l
+(fadd is commutative), so the TPR lanes agree without a broadcast.  f64 runs the
+same code in double (64-bit shuffles as two 32-bit ones).  Shapes outside `covers`
+(D = 0 or > 256, Sk = 0, symbolic sizes) keep dialect/attention.py's expansion
+(matmul, softmax, matmul), as on the CPU.
 """
 from __future__ import annotations
 
@@ -42,6 +47,7 @@ from rlxc.lowering.gpu import mathlib as gpu_math
 from rlxc.lowering.gpu.simt import c32
 
 F32 = ir.FloatType()
+TYPES = {"f32": (F32, 4), "f64": (ir.DoubleType(), 8)}     # register type, bytes
 I32 = ir.IntType(32)
 
 ENABLED = True        # tests switch the kernel off to compare with the expansion
@@ -55,21 +61,22 @@ def _cdiv(a, b):
     return -(-a // b)
 
 
-def width(D: int) -> int:
-    """Shared-memory vector width: 16-byte loads along D when D % 4 == 0."""
-    return 4 if D % 4 == 0 else 1
+def width(D: int, esz: int = 4) -> int:
+    """Shared-memory vector width: 16-byte loads along D when D is a multiple of it."""
+    w = 16 // esz
+    return w if D % w == 0 else 1
 
 
-def smem_bytes(BQ: int, BK: int, D: int) -> int:
-    pad = width(D)
-    return 4 * (BQ * (D + pad) + BK * (D + pad) + BK * D + BQ * (BK + pad))
+def smem_bytes(BQ: int, BK: int, D: int, esz: int = 4) -> int:
+    pad = width(D, esz)
+    return esz * (BQ * (D + pad) + BK * (D + pad) + BK * D + BQ * (BK + pad))
 
 
-def config(Sq: int, D: int):
+def config(Sq: int, D: int, esz: int = 4):
     """(BQ, BK) for q rows Sq and head dim D, or None when no tile fits shared memory.
     A short sequence gets fewer rows per CTA (at least 4: one warp)."""
     for BQ, BK in CONFIGS:
-        if smem_bytes(BQ, BK, D) <= SMEM_LIMIT:
+        if smem_bytes(BQ, BK, D, esz) <= SMEM_LIMIT:
             while BQ > 4 and BQ // 2 >= Sq:
                 BQ //= 2
             return BQ, BK
@@ -81,8 +88,9 @@ def covers(op) -> bool:
     q, k = (shape_of(o.type) for o in op.operands[:2])
     if any(isinstance(d, str) for d in q + k):     # symbolic: the GPU runs specialized sizes
         return False
-    return (ENABLED and dtype_of(op.operands[0].type) == "f32" and 1 <= q[3] <= MAX_D
-            and k[2] >= 1 and q[2] >= 1 and numel(q) > 0 and config(q[2], q[3]) is not None)
+    dt = dtype_of(op.operands[0].type)
+    return (ENABLED and dt in TYPES and 1 <= q[3] <= MAX_D and k[2] >= 1 and q[2] >= 1
+            and numel(q) > 0 and config(q[2], q[3], TYPES[dt][1]) is not None)
 
 
 def _fmax(b, x, y):
@@ -99,10 +107,12 @@ def gen_attention(mod, plan, k, target, setup, make_launch):
     Sk = shape_of(kv.type)[2]
     kind, window = p["kind"], int(p["window"])
     scale, softcap = float(p["scale"]), float(p["softcap"] or 0.0)
-    BQ, BK = config(Sq, D)
+    T, esz = TYPES[dtype_of(q.type)]
+    fma = f"llvm.fma.{'f32' if esz == 4 else 'f64'}"
+    BQ, BK = config(Sq, D, esz)
     nqb, nt = _cdiv(Sq, BQ), _cdiv(Sk, BK)
     threads = BQ * TPR
-    W = width(D)
+    W = width(D, esz)
     SPT, NCH = BK // TPR, _cdiv(D, W * TPR)   # scores / W-column chunks of O per thread
     root = k.root
     values = [root, q, kv, vv] + ([mask] if mask is not None else []) + k.reads
@@ -110,12 +120,12 @@ def gen_attention(mod, plan, k, target, setup, make_launch):
     it = ctx.itype
     c = ctx.const
     LDQ, LDK, LDV, LDP = D + W, D + W, D, BK + W      # pads: rows on distinct banks
-    Qs = sm.shared(F32, BQ * LDQ, "Qs")
-    Ks = sm.shared(F32, BK * LDK, "Ks")
-    Vs = sm.shared(F32, BK * LDV, "Vs")
-    Ps = sm.shared(F32, BQ * LDP, "Ps")
-    NEG = ir.Constant(F32, -math.inf)
-    ZERO = ir.Constant(F32, 0.0)
+    Qs = sm.shared(T, BQ * LDQ, "Qs")
+    Ks = sm.shared(T, BK * LDK, "Ks")
+    Vs = sm.shared(T, BK * LDV, "Vs")
+    Ps = sm.shared(T, BQ * LDP, "Ps")
+    NEG = ir.Constant(T, -math.inf)
+    ZERO = ir.Constant(T, 0.0)
     qshape, kshape = shape_of(q.type), shape_of(kv.type)
 
     def ext(x):
@@ -139,18 +149,18 @@ def gen_attention(mod, plan, k, target, setup, make_launch):
         return r, t, imin(b, b.add(q0, r), c32(Sq - 1))
 
     def sld(base, off):
-        return sm.b.load(sm.b.gep(base, [off], source_etype=F32), typ=F32)
+        return sm.b.load(sm.b.gep(base, [off], source_etype=T), typ=T)
 
     def vld(base, off, w):
-        """w floats at base[off:off+w] (one 16-byte load when w == 4)."""
+        """w elements at base[off:off+w] (one 16-byte load when w > 1)."""
         b = sm.b
         if w == 1:
             return [sld(base, off)]
-        vec = b.load(b.gep(base, [off], source_etype=F32), typ=ir.VectorType(F32, 4), align=16)
-        return [b.extract_element(vec, c32(e)) for e in range(4)]
+        vec = b.load(b.gep(base, [off], source_etype=T), typ=ir.VectorType(T, w), align=16)
+        return [b.extract_element(vec, c32(e)) for e in range(w)]
 
     def sst(base, off, x):
-        sm.b.store(x, sm.b.gep(base, [off], source_etype=F32))
+        sm.b.store(x, sm.b.gep(base, [off], source_etype=T))
 
     def coop(n, body):
         """Every element e < n of a tile, spread over the block's threads: body(e)."""
@@ -177,10 +187,10 @@ def gen_attention(mod, plan, k, target, setup, make_launch):
         sst(Qs, b.add(b.mul(r, c32(LDQ)), d), load(q, qshape, [bi, hi, ext(row), ext(d)]))
     coop(BQ * D, put_q)
 
-    m_r, l_r, tmp = sm.reg(F32, "m", NEG), sm.reg(F32, "l", ZERO), sm.reg(F32, "tmp")
-    alpha_r = sm.reg(F32, "alpha")
-    s_r = [sm.reg(F32, f"s{u}") for u in range(SPT)]
-    o_r = [[sm.reg(F32, f"o{i}_{e}", ZERO) for e in range(W)] for i in range(NCH)]
+    m_r, l_r, tmp = sm.reg(T, "m", NEG), sm.reg(T, "l", ZERO), sm.reg(T, "tmp")
+    alpha_r = sm.reg(T, "alpha")
+    s_r = [sm.reg(T, f"s{u}") for u in range(SPT)]
+    o_r = [[sm.reg(T, f"o{i}_{e}", ZERO) for e in range(W)] for i in range(NCH)]
 
     def bounds(b):
         """[lo, hi) key tiles any row of this CTA may attend (uniform)."""
@@ -227,14 +237,14 @@ def gen_attention(mod, plan, k, target, setup, make_launch):
             for u in range(SPT):
                 kd = vld(Ks, b.add(kbase[u], c32(d0)), W)
                 for e in range(W):
-                    acc[u] = gpu_math.intrinsic(b, "llvm.fma.f32", F32, [qd[e], kd[e], acc[u]])
+                    acc[u] = gpu_math.intrinsic(b, fma, T, [qd[e], kd[e], acc[u]])
         mx = NEG
         bi, hi, _ = block(b)
         for u in range(SPT):
-            s = b.fmul(acc[u], ir.Constant(F32, scale))
+            s = b.fmul(acc[u], ir.Constant(T, scale))
             if softcap:
-                s = b.fmul(gpu_math.emit(b, "tanh", b.fmul(s, ir.Constant(F32, 1.0 / softcap))),
-                           ir.Constant(F32, softcap))
+                s = b.fmul(gpu_math.emit(b, "tanh", b.fmul(s, ir.Constant(T, 1.0 / softcap))),
+                           ir.Constant(T, softcap))
             key = b.add(b.mul(kt, c32(BK)), js[u])
             ok = b.icmp_signed("<", key, c32(Sk))
             if kind in ("causal", "sliding"):
@@ -287,7 +297,7 @@ def gen_attention(mod, plan, k, target, setup, make_launch):
                 for i in range(NCH):
                     vj = vld(Vs, b.add(c32((j0 + e) * LDV), cols[i]), W)
                     for x in range(W):
-                        o[i][x] = gpu_math.intrinsic(b, "llvm.fma.f32", F32,
+                        o[i][x] = gpu_math.intrinsic(b, fma, T,
                                                      [pj[e], vj[x], o[i][x]])
         for i in range(NCH):
             for x in range(W):
@@ -301,7 +311,7 @@ def gen_attention(mod, plan, k, target, setup, make_launch):
     bi, hi, q0 = block(b)
     row = b.add(q0, r)
     lv = sm.get(l_r)
-    den = b.select(b.fcmp_ordered("==", lv, ZERO), ir.Constant(F32, 1.0), lv)
+    den = b.select(b.fcmp_ordered("==", lv, ZERO), ir.Constant(T, 1.0), lv)
     oshape = shape_of(root.type)
     for i in range(NCH):
         chunk = b.add(t, c32(TPR * i))
