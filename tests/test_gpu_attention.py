@@ -138,6 +138,22 @@ def test_operands_read_through_a_head_transpose():
                                rtol=2e-5, atol=2e-6)
 
 
+def test_shared_kv_heads_read_through_a_broadcast():
+    """Grouped keys/values: k, v (B, 1, S, D) broadcast to H heads are read in place."""
+    B, H, S, D = 2, 3, 11, 4
+    q = RNG.normal(size=(B, H, S, D)).astype(np.float32)
+    k, v = (RNG.normal(size=(B, 1, S, D)).astype(np.float32) for _ in range(2))
+    f = rlxc.Func("gqa", lambda s: rlxc.attention(
+        s.input("q", q.shape), *[s.input(n, (B, 1, S, D)).broadcast_to((B, H, S, D))
+                                 for n in "kv"], mask=("sliding", 4)))
+    _, plan, _ = gpu_kernels.build_kernels(f.module, "host")
+    assert kinds(plan) == ["attention"]
+    got = gpu_emu.emulate(f.module, [q, k, v])[0]
+    kb, vb = (np.broadcast_to(x, q.shape) for x in (k, v))
+    np.testing.assert_allclose(got, reference(q, kb, vb, allowed_of(("sliding", 4), S, S)),
+                               rtol=2e-5, atol=2e-6)
+
+
 def test_long_sequence_plan_has_no_score_buffer(monkeypatch):
     """(1, 4, 2048, 64) causal: every buffer of the fused plan is at most q's size; the
     expansion it replaces needs (query block x Sk) score buffers (regression)."""
