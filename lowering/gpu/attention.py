@@ -173,19 +173,35 @@ def gen_attention(mod, plan, k, target, setup, make_launch):
             else:
                 body(e)
 
-    def load(v, shp, dims):
+    def vst(base, off, xs):
+        """xs to base[off:off+len(xs)] (one 16-byte store when several)."""
+        b = sm.b
+        if len(xs) == 1:
+            return sst(base, off, xs[0])
+        vec = ir.Constant(ir.VectorType(T, len(xs)), ir.Undefined)
+        for e, x in enumerate(xs):
+            vec = b.insert_element(vec, x, c32(e))
+        b.store(vec, b.gep(base, [off], source_etype=T), align=16)
+
+    def load(v, shp, dims, lanes=1):
         ctx.memo = {}
-        (x,) = E.value(ctx, v, E.Index(ctx, shp, dims=dims))
-        return x
+        return E.value(ctx, v, E.Index(ctx, shp, dims=dims, lanes=lanes))
+
+    def lanes_of(*vs):
+        """Global loads of W consecutive d per thread when every operand is a buffer of
+        its own (row-major: its rows are 16-byte aligned); through a view, one."""
+        return W if all(v in plan.materialized for v in vs) else 1
 
     # ---- the query tile
+    GQ = lanes_of(q)
+
     def put_q(e):
         b = sm.b
         bi, hi, q0 = block(b)
-        r, d = b.udiv(e, c32(D)), b.urem(e, c32(D))
+        r, d = b.udiv(e, c32(D // GQ)), b.mul(b.urem(e, c32(D // GQ)), c32(GQ))
         row = imin(b, b.add(q0, r), c32(Sq - 1))
-        sst(Qs, b.add(b.mul(r, c32(LDQ)), d), load(q, qshape, [bi, hi, ext(row), ext(d)]))
-    coop(BQ * D, put_q)
+        vst(Qs, b.add(b.mul(r, c32(LDQ)), d), load(q, qshape, [bi, hi, ext(row), ext(d)], GQ))
+    coop(BQ * D // GQ, put_q)
 
     m_r, l_r, tmp = sm.reg(T, "m", NEG), sm.reg(T, "l", ZERO), sm.reg(T, "tmp")
     alpha_r = sm.reg(T, "alpha")
@@ -210,19 +226,20 @@ def gen_attention(mod, plan, k, target, setup, make_launch):
             sm.shfl_xor(reg, off, tmp)
             sm.set(reg, fn(sm.b, sm.get(reg), sm.get(tmp)))
 
+    GKV = lanes_of(kv, vv)
     with sm.uniform_range(bounds, "kt") as kt:
         # ---- K, V tiles (keys past Sk read as zeros)
         def put_kv(e):
             b = sm.b
             bi, hi, _ = block(b)
-            j, d = b.udiv(e, c32(D)), b.urem(e, c32(D))
+            j, d = b.udiv(e, c32(D // GKV)), b.mul(b.urem(e, c32(D // GKV)), c32(GKV))
             key = b.add(b.mul(kt, c32(BK)), j)
             ok = b.icmp_signed("<", key, c32(Sk))
             dims = [bi, hi, ext(imin(b, key, c32(Sk - 1))), ext(d)]
-            kx, vx = load(kv, kshape, dims), load(vv, kshape, dims)
-            sst(Ks, b.add(b.mul(j, c32(LDK)), d), b.select(ok, kx, ZERO))
-            sst(Vs, b.add(b.mul(j, c32(LDV)), d), b.select(ok, vx, ZERO))
-        coop(BK * D, put_kv)
+            kx, vx = load(kv, kshape, dims, GKV), load(vv, kshape, dims, GKV)
+            vst(Ks, b.add(b.mul(j, c32(LDK)), d), [b.select(ok, x, ZERO) for x in kx])
+            vst(Vs, b.add(b.mul(j, c32(LDV)), d), [b.select(ok, x, ZERO) for x in vx])
+        coop(BK * D // GKV, put_kv)
         sm.barrier()
 
         # ---- scores of this thread's keys, masked; the row's tile max
@@ -254,7 +271,7 @@ def gen_attention(mod, plan, k, target, setup, make_launch):
                     ok = b.and_(ok, b.icmp_signed("<", dlt, c32(window)))
             elif kind == "tensor":
                 ms = shape_of(mask.type)
-                mv = load(mask, ms, [bi, hi, ext(row), ext(imin(b, key, c32(Sk - 1)))])
+                (mv,) = load(mask, ms, [bi, hi, ext(row), ext(imin(b, key, c32(Sk - 1)))])
                 ok = b.and_(ok, mv)
             s = b.select(ok, s, NEG)
             sm.set(s_r[u], s)
