@@ -200,6 +200,7 @@ def test_grad_through_fused_forward():
     ((1, 4, 300, 200, 128), "tensor", 5.0),
     ((1, 2, 100, 100, 256), ("sliding", 16), None),
     ((1, 1, 7, 5, 3), None, None),
+    ((16, 16, 65536, 1, 128), "causal", None),      # 2^31 elements: 64-bit indices
 ])
 def test_ptx_assembles(shape, mask, softcap):
     B, H, Sq, Sk, D = shape
