@@ -176,8 +176,9 @@ def test_covers_falls_back_to_the_expansion():
     f = func([(1, 1, 4, 300)] * 3, name="bigd")   # D > 256: expansion
     _, plan, _ = gpu_kernels.build_kernels(f.module, "host")
     assert "attention" not in kinds(plan) and "matmul" in kinds(plan)
-    assert GA.config(4096, 64) == (32, 32) and GA.config(3, 64)[0] == 4
-    assert GA.smem_bytes(*GA.config(1, 256), 256) <= GA.SMEM_LIMIT
+    assert GA.config(4096, 64) == (64, 32, 2) and GA.config(3, 64) == (4, 32, 1)
+    BQ, BK, _ = GA.config(1, 256)
+    assert GA.smem_bytes(BQ, BK, 256) <= GA.SMEM_LIMIT
 
 
 def test_grad_through_fused_forward():
@@ -221,14 +222,14 @@ def test_key_tiles_outside_the_window_are_not_visited():
     """Causal and sliding CTAs loop only over the key tiles their rows may see
     (Simt.uniform_range): a NaN in v of a tile no row of a block sees never reaches it
     (a visited tile's masked NaN would: 0 * NaN), so these rows stay finite."""
-    assert GA.config(64, 4) == (32, 32)
-    q, k, v = qkv(1, 1, 64, 64, 4, seed=5)
-    v[0, 0, 40] = np.nan                       # key tile 1
+    assert GA.config(128, 4) == (64, 32, 2)    # query blocks of 64 rows, key tiles of 32
+    q, k, v = qkv(1, 1, 128, 128, 4, seed=5)
+    v[0, 0, 80] = np.nan                       # key tile 2: rows 0..63 never load it
     f = func([q.shape] * 3, "causal", name="gskip")
     got = gpu_emu.emulate(f.module, [q, k, v])[0]
-    assert np.isfinite(got[0, 0, :32]).all() and np.isnan(got[0, 0, 40:]).all()
-    q, k, v = qkv(1, 1, 100, 100, 4, seed=6)
-    v[0, 0, 0] = np.nan                        # key tile 0
+    assert np.isfinite(got[0, 0, :64]).all() and np.isnan(got[0, 0, 80:]).all()
+    q, k, v = qkv(1, 1, 160, 160, 4, seed=6)
+    v[0, 0, 0] = np.nan                        # key tile 0: rows 64.. start at tile 1
     f = func([q.shape] * 3, ("sliding", 4), name="gskip2")
     got = gpu_emu.emulate(f.module, [q, k, v])[0]
     assert np.isnan(got[0, 0, :4]).all() and np.isfinite(got[0, 0, 64:]).all()

@@ -6,9 +6,10 @@
           │ reads q, k, v, mask through views: a head transpose costs no copy)
           ▼
     grid = B*H*ceil(Sq/BQ) CTAs (one per (b, h, block of BQ query rows); late query
-    blocks first: causal rows differ in cost), block = BQ*TPR threads, TPR threads per
-    query row (thread t of row r: keys t, t+TPR, ... of a tile; W-column chunks
-    t, t+TPR, ... of O, W = 16 bytes of elements when D allows, else 1)
+    blocks first: causal rows differ in cost), block = BQ/RPT*TPR threads: TPR threads
+    share RPT query rows (BQ/RPT apart); thread t: keys t, t+TPR, ... of a tile and
+    W-column chunks t, t+TPR, ... of O (W = 16 bytes of elements when D allows, else 1),
+    for each of its rows, so one K or V element read from shared memory feeds RPT FMAs
         Qs ← q[b, h, q0:q0+BQ, :]                     (rows clamped to Sq - 1)
         m = -inf, l = 0, O[D/TPR] = 0                   (registers)
         for tile in [lo, hi):    only the key tiles the causal/sliding rule lets the
@@ -54,7 +55,7 @@ ENABLED = True        # tests switch the kernel off to compare with the expansio
 TPR = 8               # threads per query row
 MAX_D = 256
 SMEM_LIMIT = 46 * 1024          # static shared memory of one CTA (48 KiB is the cap)
-CONFIGS = ((32, 32), (32, 16), (16, 16), (8, 16), (8, 8))     # (BQ, BK), first that fits
+CONFIGS = ((64, 32), (32, 32), (32, 16), (16, 16), (8, 16), (8, 8))   # (BQ, BK): first fit
 
 
 def _cdiv(a, b):
@@ -73,13 +74,15 @@ def smem_bytes(BQ: int, BK: int, D: int, esz: int = 4) -> int:
 
 
 def config(Sq: int, D: int, esz: int = 4):
-    """(BQ, BK) for q rows Sq and head dim D, or None when no tile fits shared memory.
-    A short sequence gets fewer rows per CTA (at least 4: one warp)."""
+    """(BQ, BK, RPT) for q rows Sq and head dim D, or None when no tile fits shared
+    memory.  A short sequence gets fewer rows per CTA (at least 4: one warp); a CTA of
+    16 rows or more gives each thread RPT = 2 rows (each K/V element read from shared
+    memory feeds two rows' FMAs)."""
     for BQ, BK in CONFIGS:
         if smem_bytes(BQ, BK, D, esz) <= SMEM_LIMIT:
             while BQ > 4 and BQ // 2 >= Sq:
                 BQ //= 2
-            return BQ, BK
+            return BQ, BK, (2 if BQ >= 16 else 1)
     return None
 
 
@@ -109,9 +112,10 @@ def gen_attention(mod, plan, k, target, setup, make_launch):
     scale, softcap = float(p["scale"]), float(p["softcap"] or 0.0)
     T, esz = TYPES[dtype_of(q.type)]
     fma = f"llvm.fma.{'f32' if esz == 4 else 'f64'}"
-    BQ, BK = config(Sq, D, esz)
+    BQ, BK, RPT = config(Sq, D, esz)
+    G = BQ // RPT                             # thread rows: thread row g has rows g + G*k
     nqb, nt = _cdiv(Sq, BQ), _cdiv(Sk, BK)
-    threads = BQ * TPR
+    threads = G * TPR
     W = width(D, esz)
     SPT, NCH = BK // TPR, _cdiv(D, W * TPR)   # scores / W-column chunks of O per thread
     root = k.root
@@ -141,12 +145,13 @@ def gen_attention(mod, plan, k, target, setup, make_launch):
     def imin(b, x, y):
         return b.select(b.icmp_signed("<", x, y), x, y)
 
-    def thread_row(b):
-        """(r, t, clamped global row) of this thread (i32)."""
+    def thread_rows(b):
+        """(t, local rows, clamped global rows) of this thread (i32): RPT rows, G apart."""
         tid = sm.tid()
-        r, t = b.udiv(tid, c32(TPR)), b.urem(tid, c32(TPR))
+        g, t = b.udiv(tid, c32(TPR)), b.urem(tid, c32(TPR))
         _, _, q0 = block(b)
-        return r, t, imin(b, b.add(q0, r), c32(Sq - 1))
+        rs = [b.add(g, c32(G * kk)) for kk in range(RPT)]
+        return t, rs, [imin(b, b.add(q0, r), c32(Sq - 1)) for r in rs]
 
     def sld(base, off):
         return sm.b.load(sm.b.gep(base, [off], source_etype=T), typ=T)
@@ -203,10 +208,14 @@ def gen_attention(mod, plan, k, target, setup, make_launch):
         vst(Qs, b.add(b.mul(r, c32(LDQ)), d), load(q, qshape, [bi, hi, ext(row), ext(d)], GQ))
     coop(BQ * D // GQ, put_q)
 
-    m_r, l_r, tmp = sm.reg(T, "m", NEG), sm.reg(T, "l", ZERO), sm.reg(T, "tmp")
-    alpha_r = sm.reg(T, "alpha")
-    s_r = [sm.reg(T, f"s{u}") for u in range(SPT)]
-    o_r = [[sm.reg(T, f"o{i}_{e}", ZERO) for e in range(W)] for i in range(NCH)]
+    R = range(RPT)
+    tmp = sm.reg(T, "tmp")
+    m_r = [sm.reg(T, f"m{kk}", NEG) for kk in R]
+    l_r = [sm.reg(T, f"l{kk}", ZERO) for kk in R]
+    alpha_r = [sm.reg(T, f"alpha{kk}") for kk in R]
+    s_r = [[sm.reg(T, f"s{kk}_{u}") for u in range(SPT)] for kk in R]
+    o_r = [[[sm.reg(T, f"o{kk}_{i}_{e}", ZERO) for e in range(W)] for i in range(NCH)]
+           for kk in R]
 
     def bounds(b):
         """[lo, hi) key tiles any row of this CTA may attend (uniform)."""
@@ -242,106 +251,115 @@ def gen_attention(mod, plan, k, target, setup, make_launch):
         coop(BK * D // GKV, put_kv)
         sm.barrier()
 
-        # ---- scores of this thread's keys, masked; the row's tile max
+        # ---- scores of this thread's keys for its rows, masked; each row's tile max
         b = sm.b
-        r, t, row = thread_row(b)
-        qbase = b.mul(r, c32(LDQ))
+        t, rs, rows = thread_rows(b)
+        qbase = [b.mul(r, c32(LDQ)) for r in rs]
         js = [b.add(t, c32(TPR * u)) for u in range(SPT)]
-        acc = [ZERO] * SPT
+        acc = [[ZERO] * SPT for kk in R]
         kbase = [b.mul(j, c32(LDK)) for j in js]
         for d0 in range(0, D, W):
-            qd = vld(Qs, b.add(qbase, c32(d0)), W)
+            qd = [vld(Qs, b.add(qb, c32(d0)), W) for qb in qbase]
             for u in range(SPT):
                 kd = vld(Ks, b.add(kbase[u], c32(d0)), W)
-                for e in range(W):
-                    acc[u] = gpu_math.intrinsic(b, fma, T, [qd[e], kd[e], acc[u]])
-        mx = NEG
+                for kk in R:
+                    for e in range(W):
+                        acc[kk][u] = gpu_math.intrinsic(b, fma, T, [qd[kk][e], kd[e], acc[kk][u]])
         bi, hi, _ = block(b)
-        for u in range(SPT):
-            s = b.fmul(acc[u], ir.Constant(T, scale))
-            if softcap:
-                s = b.fmul(gpu_math.emit(b, "tanh", b.fmul(s, ir.Constant(T, 1.0 / softcap))),
-                           ir.Constant(T, softcap))
-            key = b.add(b.mul(kt, c32(BK)), js[u])
-            ok = b.icmp_signed("<", key, c32(Sk))
-            if kind in ("causal", "sliding"):
-                dlt = b.sub(row, key)
-                ok = b.and_(ok, b.icmp_signed(">=", dlt, c32(0)))
-                if kind == "sliding":
-                    ok = b.and_(ok, b.icmp_signed("<", dlt, c32(window)))
-            elif kind == "tensor":
-                ms = shape_of(mask.type)
-                (mv,) = load(mask, ms, [bi, hi, ext(row), ext(imin(b, key, c32(Sk - 1)))])
-                ok = b.and_(ok, mv)
-            s = b.select(ok, s, NEG)
-            sm.set(s_r[u], s)
-            mx = _fmax(b, s, mx)
-        sm.set(alpha_r, mx)            # the tile max, reduced over the row's lanes
-        shuffle(alpha_r, _fmax)
+        for kk in R:
+            mx = NEG
+            for u in range(SPT):
+                s = b.fmul(acc[kk][u], ir.Constant(T, scale))
+                if softcap:
+                    s = b.fmul(gpu_math.emit(b, "tanh", b.fmul(s, ir.Constant(T, 1.0 / softcap))),
+                               ir.Constant(T, softcap))
+                key = b.add(b.mul(kt, c32(BK)), js[u])
+                ok = b.icmp_signed("<", key, c32(Sk))
+                if kind in ("causal", "sliding"):
+                    dlt = b.sub(rows[kk], key)
+                    ok = b.and_(ok, b.icmp_signed(">=", dlt, c32(0)))
+                    if kind == "sliding":
+                        ok = b.and_(ok, b.icmp_signed("<", dlt, c32(window)))
+                elif kind == "tensor":
+                    ms = shape_of(mask.type)
+                    (mv,) = load(mask, ms, [bi, hi, ext(rows[kk]),
+                                            ext(imin(b, key, c32(Sk - 1)))])
+                    ok = b.and_(ok, mv)
+                s = b.select(ok, s, NEG)
+                sm.set(s_r[kk][u], s)
+                mx = _fmax(b, s, mx)
+            sm.set(alpha_r[kk], mx)    # the tile max, reduced over the row's lanes
+        for kk in R:
+            shuffle(alpha_r[kk], _fmax)
 
         # ---- online softmax update; p to Ps
         b = sm.b
-        r, t, _ = thread_row(b)
-        mold = sm.get(m_r)
-        mnew = _fmax(b, sm.get(alpha_r), mold)
-        mref = b.select(b.fcmp_ordered("==", mnew, NEG), ZERO, mnew)
-        alpha = gpu_math.emit(b, "exp", b.fsub(mold, mref))
-        psum = ZERO
-        for u in range(SPT):
-            pu = gpu_math.emit(b, "exp", b.fsub(sm.get(s_r[u]), mref))
-            sst(Ps, b.add(b.mul(r, c32(LDP)), b.add(t, c32(TPR * u))), pu)
-            psum = b.fadd(psum, pu)
-        sm.set(m_r, mnew)
-        sm.set(alpha_r, alpha)
-        sm.set(s_r[0], psum)           # (the scores are spent: s0 carries the row sum)
-        shuffle(s_r[0], lambda b, x, y: b.fadd(x, y))
+        t, rs, _ = thread_rows(b)
+        for kk in R:
+            mold = sm.get(m_r[kk])
+            mnew = _fmax(b, sm.get(alpha_r[kk]), mold)
+            mref = b.select(b.fcmp_ordered("==", mnew, NEG), ZERO, mnew)
+            alpha = gpu_math.emit(b, "exp", b.fsub(mold, mref))
+            psum = ZERO
+            for u in range(SPT):
+                pu = gpu_math.emit(b, "exp", b.fsub(sm.get(s_r[kk][u]), mref))
+                sst(Ps, b.add(b.mul(rs[kk], c32(LDP)), b.add(t, c32(TPR * u))), pu)
+                psum = b.fadd(psum, pu)
+            sm.set(m_r[kk], mnew)
+            sm.set(alpha_r[kk], alpha)
+            sm.set(s_r[kk][0], psum)   # (the scores are spent: s0 carries the row sum)
+        for kk in R:
+            shuffle(s_r[kk][0], lambda b, x, y: b.fadd(x, y))
         b = sm.b
-        alpha = sm.get(alpha_r)
-        sm.set(l_r, b.fadd(b.fmul(sm.get(l_r), alpha), sm.get(s_r[0])))
+        for kk in R:
+            sm.set(l_r[kk], b.fadd(b.fmul(sm.get(l_r[kk]), sm.get(alpha_r[kk])),
+                                   sm.get(s_r[kk][0])))
         sm.barrier()
 
-        # ---- O = O * alpha + P V over this thread's columns
+        # ---- O = O * alpha + P V over this thread's columns, for each of its rows
         b = sm.b
-        r, t, _ = thread_row(b)
-        alpha = sm.get(alpha_r)
-        o = [[b.fmul(sm.get(x), alpha) for x in row] for row in o_r]
+        t, rs, _ = thread_rows(b)
+        o = [[[b.fmul(sm.get(x), sm.get(alpha_r[kk])) for x in ch] for ch in o_r[kk]]
+             for kk in R]
         cols = [b.mul(imin(b, b.add(t, c32(TPR * i)), c32(D // W - 1)), c32(W))
                 for i in range(NCH)]
-        pbase = b.mul(r, c32(LDP))
+        pbase = [b.mul(r, c32(LDP)) for r in rs]
         for j0 in range(0, BK, W):
-            pj = vld(Ps, b.add(pbase, c32(j0)), W)
+            pj = [vld(Ps, b.add(pb, c32(j0)), W) for pb in pbase]
             for e in range(W):
                 for i in range(NCH):
                     vj = vld(Vs, b.add(c32((j0 + e) * LDV), cols[i]), W)
-                    for x in range(W):
-                        o[i][x] = gpu_math.intrinsic(b, fma, T,
-                                                     [pj[e], vj[x], o[i][x]])
-        for i in range(NCH):
-            for x in range(W):
-                sm.set(o_r[i][x], o[i][x])
+                    for kk in R:
+                        for x in range(W):
+                            o[kk][i][x] = gpu_math.intrinsic(b, fma, T,
+                                                             [pj[kk][e], vj[x], o[kk][i][x]])
+        for kk in R:
+            for i in range(NCH):
+                for x in range(W):
+                    sm.set(o_r[kk][i][x], o[kk][i][x])
         sm.barrier()                   # the next tile rewrites Ks, Vs, Ps
 
     # ---- out = O / l (l == 0: a fully masked row, zeros)
     b = sm.b
-    tid = sm.tid()
-    r, t = b.udiv(tid, c32(TPR)), b.urem(tid, c32(TPR))
+    t, rs, _ = thread_rows(b)
     bi, hi, q0 = block(b)
-    row = b.add(q0, r)
-    lv = sm.get(l_r)
-    den = b.select(b.fcmp_ordered("==", lv, ZERO), ir.Constant(T, 1.0), lv)
     oshape = shape_of(root.type)
-    for i in range(NCH):
-        chunk = b.add(t, c32(TPR * i))
-        ok = b.icmp_signed("<", row, c32(Sq))
-        if (i + 1) * TPR > D // W:
-            ok = b.and_(ok, b.icmp_signed("<", chunk, c32(D // W)))
-        with b.if_then(ok):
-            idx = E.Index(ctx, oshape, dims=[bi, hi, ext(row), ext(b.mul(chunk, c32(W)))],
-                          lanes=W)
-            E.store(ctx, root, idx, [b.fdiv(sm.get(x), den) for x in o_r[i]])
+    for kk in R:
+        row = b.add(q0, rs[kk])
+        lv = sm.get(l_r[kk])
+        den = b.select(b.fcmp_ordered("==", lv, ZERO), ir.Constant(T, 1.0), lv)
+        for i in range(NCH):
+            chunk = b.add(t, c32(TPR * i))
+            ok = b.icmp_signed("<", row, c32(Sq))
+            if (i + 1) * TPR > D // W:
+                ok = b.and_(ok, b.icmp_signed("<", chunk, c32(D // W)))
+            with b.if_then(ok):
+                idx = E.Index(ctx, oshape, dims=[bi, hi, ext(row), ext(b.mul(chunk, c32(W)))],
+                              lanes=W)
+                E.store(ctx, root, idx, [b.fdiv(sm.get(x), den) for x in o_r[kk][i]])
     sm.finish()
     launch = make_launch(k, sm, ids)
-    launch["config"] = [BQ, BK, TPR]
+    launch["config"] = [BQ, BK, TPR, RPT]
     return [launch]
 
 
