@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import rlxc
-from rlxc.dialect.types import numel, shape_of
+from rlxc.dialect.types import numel
 from rlxc.lowering.gpu import attention as GA
 from rlxc.lowering.gpu import driver as gpu_driver
 from rlxc.lowering.gpu import emu as gpu_emu

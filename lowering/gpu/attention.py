@@ -49,7 +49,6 @@ from rlxc.lowering.gpu.simt import c32
 
 F32 = ir.FloatType()
 TYPES = {"f32": (F32, 4), "f64": (ir.DoubleType(), 8)}     # register type, bytes
-I32 = ir.IntType(32)
 
 ENABLED = True        # tests switch the kernel off to compare with the expansion
 TPR = 8               # threads per query row
@@ -92,8 +91,9 @@ def covers(op) -> bool:
     if any(isinstance(d, str) for d in q + k):     # symbolic: the GPU runs specialized sizes
         return False
     dt = dtype_of(op.operands[0].type)
-    return (ENABLED and dt in TYPES and 1 <= q[3] <= MAX_D and k[2] >= 1 and q[2] >= 1
-            and numel(q) > 0 and config(q[2], q[3], TYPES[dt][1]) is not None)
+    cfg = config(q[2], q[3], TYPES[dt][1]) if dt in TYPES and q[3] >= 1 else None
+    return (ENABLED and cfg is not None and q[3] <= MAX_D and k[2] >= 1 and q[2] >= 1
+            and numel(q) > 0 and q[0] * q[1] * -(-q[2] // cfg[0]) < 2 ** 31)   # grid.x
 
 
 def _fmax(b, x, y):
