@@ -16,6 +16,8 @@
           │                then the fused epilogue (root tree with the row's result)
           │   matmul       gpu_matmul: tiled shared-memory SGEMM + fused epilogue
           │   scatter      memset 0, then a thread per update: atomic add
+          │   attention    gpu_attention: flash-style, online softmax, K/V tiles in
+          │                shared memory, no (Sq, Sk) buffer
           ▼
     llvmlite module ──nvptx.emit_ptx──► PTX ──nvptx.assemble (ptxas)──► cubin + resources
           ▼
@@ -36,6 +38,7 @@ from rlxc.dialect.types import dtype_of, numel, shape_of
 
 from rlxc.lowering.gpu import expr as E
 from rlxc.lowering.gpu import scalar as S
+from rlxc.lowering.gpu import attention as gpu_attention
 from rlxc.lowering.gpu import matmul as gpu_matmul
 from rlxc.lowering.gpu import nvptx
 from rlxc.lowering.gpu.plan import GpuPlan, Kernel, plan_module
@@ -337,6 +340,8 @@ GENERATORS = {
     "matmul": lambda mod, plan, k, target: gpu_matmul.gen_matmul(mod, plan, k, target,
                                                                  _setup, _launch),
     "scatter": gen_scatter,
+    "attention": lambda mod, plan, k, target: gpu_attention.gen_attention(mod, plan, k, target,
+                                                                       _setup, _launch),
 }
 
 
@@ -348,7 +353,9 @@ def build_kernels(module, target: str = "gpu"):
     from rlxc.dialect.conv_decompose import decompose_conv
 
     module = decompose_conv(getattr(module, "module", module))   # convolutions -> GEMMs
-    module = expand_module(module)   # rlx.attention, unfused
+    # rlx.attention: the fused flash-style kernel (gpu/attention.py) where it covers the
+    # op, else the query-blocked matmul-softmax-matmul expansion
+    module = expand_module(module, keep=gpu_attention.covers)
     plan = plan_module(rewrite_empty(module, checked_indices=False))
     if target == "gpu":
         mod = nvptx.new_module(plan.func.sym_name.data)

@@ -31,7 +31,8 @@ backend's fusion.py/buffers.py were not available when it was written, and
 the GPU kernels need the reduction structure that its loop IR flattens).
 Kernel kinds: "elementwise" (grid-stride loop over the root's elements),
 "reduce" (root is a reduction or has one fused), "matmul" (likewise),
-"scatter" (zero-filled output, atomic adds).
+"scatter" (zero-filled output, atomic adds), "attention" (gpu/attention.py: the
+fused flash-style kernel; its operands' bases, seen through views, get buffers).
 """
 from __future__ import annotations
 
@@ -79,7 +80,7 @@ class Buffer:
 
 @dataclass
 class Kernel:
-    kind: str                   # "elementwise" | "reduce" | "matmul" | "scatter"
+    kind: str                   # "elementwise" | "reduce" | "matmul" | "scatter" | "attention"
     root: object                # the SSA value it writes
     heavy: object | None        # the matmul / reduction / scatter op computed inside
     reads: list = field(default_factory=list)   # materialized SSA values it reads
@@ -135,6 +136,14 @@ def matmul_operand_base(v):
     return v
 
 
+def view_base(v):
+    """Follow single-operand views (transpose, reshape, broadcast_to, slice) down from an
+    operand: the value whose buffer a kernel reads through index maps."""
+    while op_of(v) is not None and op_of(v).name in FREE_VIEWS and len(op_of(v).operands) == 1:
+        v = op_of(v).operands[0]
+    return v
+
+
 def plan_module(module) -> GpuPlan:
     """Fusion groups and buffer plan of an rlx module (or a Func's module)."""
     module = getattr(module, "module", module)
@@ -155,6 +164,8 @@ def plan_module(module) -> GpuPlan:
         v = op.results[0]
         if op.name == "rlx.matmul":
             forced.update(matmul_operand_base(o) for o in op.operands)
+        if op.name == "rlx.attention":   # gpu/attention.py reads its operands through views
+            forced.update(view_base(o) for o in op.operands)
         if op.name in ROOT_OPS:
             forced.add(v)
         if op.name == "rlx.constant" and not _is_splat_const(op):
@@ -235,6 +246,8 @@ def plan_module(module) -> GpuPlan:
             kind = "reduce"
         elif hop.name == "rlx.scatter_add":
             kind = "scatter"
+        elif hop.name == "rlx.attention":
+            kind = "attention"
         else:
             kind = "elementwise"
         k = Kernel(kind, v, heavy if heavy is not None else (op if kind != "elementwise" else None))

@@ -33,6 +33,7 @@ I1 = ir.IntType(1)
 I32 = ir.IntType(32)
 I64 = ir.IntType(64)
 F32 = ir.FloatType()
+F64 = ir.DoubleType()
 VOID = ir.VoidType()
 
 
@@ -185,16 +186,25 @@ class Simt:
 
     def shfl_xor(self, src: Reg, mask: int, dst: Reg):
         """dst = src of lane (lane ^ mask) in this warp; every lane of the warp takes part."""
-        assert src is not dst and src.ty in (F32, I32)
+        assert src is not dst and src.ty in (F32, I32, F64, I64)
         if self.target == "gpu":
-            suffix = "f32" if src.ty == F32 else "i32"
+            wide = src.ty in (F64, I64)      # 64 bits: two 32-bit shuffles
+            ty = I32 if wide else src.ty
+            suffix = "f32" if ty == F32 else "i32"
             name = f"llvm.nvvm.shfl.sync.bfly.{suffix}"
             fn = self.module.globals.get(name)
             if fn is None:
-                fn = ir.Function(self.module, ir.FunctionType(src.ty, [I32, src.ty, I32, I32]),
-                                 name)
-            v = self.b.call(fn, [c32(-1), self.get(src), c32(mask), c32(31)])
-            self.set(dst, v)
+                fn = ir.Function(self.module, ir.FunctionType(ty, [I32, ty, I32, I32]), name)
+            b = self.b
+            if not wide:
+                self.set(dst, b.call(fn, [c32(-1), self.get(src), c32(mask), c32(31)]))
+                return
+            x = b.bitcast(self.get(src), I64)
+            lo = b.call(fn, [c32(-1), b.trunc(x, I32), c32(mask), c32(31)])
+            hi = b.call(fn, [c32(-1), b.trunc(b.lshr(x, ir.Constant(I64, 32)), I32),
+                             c32(mask), c32(31)])
+            v = b.or_(b.shl(b.zext(hi, I64), ir.Constant(I64, 32)), b.zext(lo, I64))
+            self.set(dst, b.bitcast(v, src.ty))
         else:
             self._close_phase()
             self._open_phase()
@@ -222,6 +232,37 @@ class Simt:
         i = b.phi(I32, name=name)
         i.add_incoming(c32(0), pre)
         b.cbranch(b.icmp_signed("<", i, c32(n)), body, exit_)
+        b.position_at_end(body)
+        if self.target == "host":
+            self._open_phase()
+        yield i
+        if self.target == "host":
+            self._close_phase()
+        nxt = b.add(i, c32(1))
+        i.add_incoming(nxt, b.block)
+        b.branch(head)
+        b.position_at_end(exit_)
+        if self.target == "host":
+            self._open_phase()
+
+    @contextmanager
+    def uniform_range(self, bounds, name="u"):
+        """`for i in range(lo, hi)` with (lo, hi) = bounds(builder): i32 values computed
+        from block-uniform inputs only (ctaid, constants; no tid, no registers), so every
+        thread of the block runs the same trips; may hold barriers.  Yields i (i32)."""
+        b = self.b
+        if self.target == "host":
+            self._close_phase()    # the bounds are computed once per block, between phases
+        lo, hi = bounds(b)
+        pre = b.block
+        head = self.fn.append_basic_block(name + ".head")
+        body = self.fn.append_basic_block(name + ".body")
+        exit_ = self.fn.append_basic_block(name + ".exit")
+        b.branch(head)
+        b.position_at_end(head)
+        i = b.phi(I32, name=name)
+        i.add_incoming(lo, pre)
+        b.cbranch(b.icmp_signed("<", i, hi), body, exit_)
         b.position_at_end(body)
         if self.target == "host":
             self._open_phase()
