@@ -86,6 +86,18 @@ def test_gpu_new_size_compiles_nothing_and_grids_follow_the_size(emu_cuda):
     assert grids[200][0][1] == 4 and grids[3][0][1] == 1
 
 
+def test_gpu_reduction_strategy_is_chosen_once(emu_cuda):
+    """A sum over 2*B elements crosses the warp/block threshold between the samples:
+    the strategy of the first sample serves every size (no fallback)."""
+    from rlxc.dynone import fallback_reason
+
+    f = rlxc.Func("wide", lambda s: (s.input("x", ("B", 2)) * 2.0).sum())
+    for B in (1, 3, 1500):
+        x = {"x": np.random.default_rng(B).normal(size=(B, 2)).astype(np.float32)}
+        _close(f.run_on("cuda", **x), f.run_on("interp", **x), f"B={B}")
+    assert fallback_reason(f) is None
+
+
 def test_gpu_size_checks(emu_cuda):
     f = rlxc.Func("two", lambda s: s.input("x", ("B", 3)) + s.input("y", ("B", 3)))
     a, b = np.ones((4, 3), np.float32), np.ones((2, 3), np.float32)

@@ -5,8 +5,9 @@
           │ sizes (lowering/cpu/dynsizes.samples: a base, one step per symbol, a check
           │ point), in size-generic mode (kernels.build_kernels(dims=...)): every kernel
           │ takes one i64 per symbol, grid-stride steps and round counts come from the
-          │ launch's grid (nctaid), each launch records its grid rule, and the matmul
-          │ tile config does not depend on the sizes
+          │ launch's grid (nctaid), each launch records its grid rule, the reduction
+          │ strategies are chosen once (at the first sample) and the matmul tile
+          │ config does not depend on the sizes
           │ merge the LLVM IR texts token by token: everything must be identical except
           │ integer/float literals, and each literal that differs is fitted as
           │ c0 + sum k_s * s (symint.SymInt, checked at the check point) and replaced by
@@ -286,11 +287,11 @@ def build_dynamic(module, name: str, arch: str = "sm_90", target: str = "gpu"):
     if not syms:
         raise DynamicSizeError("the module has no size symbols")
     envs = samples(syms)
-    texts, recs, consts = [], [], []
+    texts, recs, consts, decisions = [], [], [], {}
     for env in envs:
         try:
             mod = cleanup(specialize(module, env))
-            m, plan, steps = build_kernels(mod, target, dims=syms)
+            m, plan, steps = build_kernels(mod, target, dims=syms, decisions=decisions)
         except NotImplementedError as e:
             raise DynamicSizeError(str(e)) from None
         if target == "host":

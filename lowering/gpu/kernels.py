@@ -25,7 +25,9 @@
 
 Every kernel takes the pointers of the buffers it touches (output first) and
 nothing else: shapes are static, so sizes, strides and grid-stride trip counts
-are constants.  With target="host" the same generators build an emulation
+are constants.  A size-generic build (`dims`, gpu/dynplan.py) adds one i64 size
+argument per symbol and takes grid-stride steps and round counts from the
+launch's grid (nctaid), so the launch grid may be chosen per call.  With target="host" the same generators build an emulation
 (simt.py) that tests run on the CPU against the interpreter.
 """
 from __future__ import annotations
@@ -92,6 +94,18 @@ def _rounds(sm, n: int, per_round: int, grid: int):
         step = b.mul(sm.nctaid(0), c32(per_round))
         return b.udiv(b.add(c32(n), b.sub(step, c32(1))), step)
     return at_entry(sm, calc)
+
+
+def _decide(plan, k, what: str, choose):
+    """A choice made from the sizes; a size-generic build makes it once, at its first
+    sample, and every other sample reuses it (each choice is right at any size)."""
+    dec = getattr(plan, "decisions", None)
+    if dec is None:
+        return choose()
+    key = (k.name, what)
+    if key not in dec:
+        dec[key] = choose()
+    return dec[key]
 
 
 def _grid_row(sm, grid: int):
@@ -226,7 +240,7 @@ def gen_reduce(mod, plan, k, target):
     op = k.heavy
     x, s, axes, kept, M, K = _reduce_geometry(op)
     dt = dtype_of(x.type)
-    strategy = reduce_strategy(op)
+    strategy = _decide(plan, k, "strategy", lambda: reduce_strategy(op))
     values = [k.root, x] + k.reads
     ident = S.nan_identity(op.name, dt)
     rty = S.REG_TYPE[dt]
@@ -249,7 +263,8 @@ def gen_reduce(mod, plan, k, target):
         block, rows_per_block = THREADS, THREADS // 32
         grid = GridDim(M, rows_per_block)
     else:
-        block, rows_per_block = 1024 if K >= 65536 else THREADS, 1
+        block, rows_per_block = _decide(plan, k, "block", lambda: 1024 if K >= 65536
+                                        else THREADS), 1
         grid = GridDim(M, 1)
     sm, ctx, ids = _setup(mod, plan, k, target, block, (grid,), values)
     rounds = _rounds(sm, M, rows_per_block, grid)
@@ -390,11 +405,13 @@ GENERATORS = {
 }
 
 
-def build_kernels(module, target: str = "gpu", dims: list | None = None):
+def build_kernels(module, target: str = "gpu", dims: list | None = None,
+                  decisions: dict | None = None):
     """(llvmlite module, GpuPlan, launches) for an rlx module (or Func).  `dims`: the
     size symbols of a size-generic build (dynplan.py): every kernel takes one i64 per
     symbol, grid-stride steps and round counts come from the launch's grid, and each
-    launch records its grid rule."""
+    launch records its grid rule; `decisions` (a dict shared by the builds at every
+    sample) fixes the size-dependent choices at the first build's."""
     from rlxc.dialect.attention import expand_module
     from rlxc.lowering.shared.empty import rewrite_empty
 
@@ -404,6 +421,7 @@ def build_kernels(module, target: str = "gpu", dims: list | None = None):
     module = expand_module(module)   # rlx.attention, unfused
     plan = plan_module(rewrite_empty(module, checked_indices=False))
     plan.dims = dims
+    plan.decisions = decisions if dims is not None else None
     if target == "gpu":
         mod = nvptx.new_module(plan.func.sym_name.data)
     else:

@@ -20,8 +20,10 @@
 
 Rules the generators follow so both targets are right: a value computed in one
 phase reaches the next only through a register; loops that contain a barrier
-or a shuffle are uniform (`uniform_loop`, a Python-int trip count); grid and
-block sizes are compile-time constants (sm.grid, sm.block).
+or a shuffle are uniform (`uniform_loop`, a Python-int trip count, or a uniform
+i32 value); block sizes are compile-time constants (sm.block), and so are grid
+sizes (sm.grid) except in size-generic kernels (`dims`), which read the launch's
+grid (`nctaid`; host blocks get it as arguments).
 """
 from __future__ import annotations
 
