@@ -148,3 +148,40 @@ def test_gpu_dynamic_ptx_assembles():
         pytest.skip("no ptxas found: PTX emitted, not assembled")
     assert blobs.get("cubin"), "ptxas did not produce a cubin"
     assert all(meta["kernels"][s["kernel"]].get("spill_stores", 0) == 0 for s in launches)
+
+
+def test_gpu_buffer_plan_is_a_size_function():
+    """Offsets, sizes and region ends are evaluated per call: at every size each buffer
+    lies inside its region and starts 16-byte aligned (the widest vector access)."""
+    from rlxc.lowering.gpu.dynplan import compile_dynamic_cuda
+    from rlxc.runtime.dyncpu import size_of
+
+    meta, _ = compile_dynamic_cuda(_func("softmax_ce", "hvp").module, "ce", target="host")
+    assert any(not isinstance(b["nbytes"], int) for b in meta["buffers"])
+    for B in (1, 2, 7, 64, 1000):
+        env = {"B": B}
+        for b in meta["buffers"]:
+            off, n = size_of(b["offset"], env), size_of(b["nbytes"], env)
+            end = max(size_of(e, env) for e in meta["regions"][b["region"]])
+            assert off % 16 == 0 and 0 <= off and off + n <= end, (B, b)
+
+
+def test_gpu_batched_matmul_dynamic_batch_and_label_check(emu_cuda):
+    def bmm(s):
+        a, b = s.input("a", ("B", 5, 6)), s.input("b", ("B", 6, 3))
+        y = s.input("y", ("B",), "i32")
+        z = a.matmul(b).sum(1)
+        return z.cross_entropy(y), z
+    f = rlxc.Func("bmm", bmm)
+    r = np.random.default_rng(0)
+    for B in (1, 7, 70):
+        x = {"a": r.normal(size=(B, 5, 6)).astype(np.float32),
+             "b": r.normal(size=(B, 6, 3)).astype(np.float32),
+             "y": (np.arange(B) % 3).astype(np.int32)}
+        _close(f.run_on("cuda", **x), f.run_on("interp", **x), f"B={B}")
+    from rlxc.dynone import fallback_reason
+
+    assert fallback_reason(f) is None
+    x["y"][3] = 3
+    with pytest.raises(IndexError, match="out of range"):
+        f.run_on("cuda", **x)

@@ -34,6 +34,7 @@ from rlxc.lowering.cpu.dynsizes import _Merger, max_one, module_symbols, samples
 from rlxc.lowering.cpu.symint import DynamicSizeError, SymInt, always_le
 
 ALIGN = 256
+VEC = 16                         # bytes of the widest vector load/store (<4 x float>)
 INDEX_LIMIT = 2 ** 31 - 1024     # elements per tensor with 32-bit index arithmetic
 FORMAT = "rlxc-cuda-dyn-1"
 
@@ -44,11 +45,13 @@ _TYPE = re.compile(r'i\d+|float|double|half')
 
 
 def up(x):
-    """A multiple-of-256 upper bound of x for every size >= 1, still linear."""
+    """An upper bound of x for every size >= 1, still linear: the constant rounded up
+    to 256 bytes, each size's coefficient to 16 (the widest vector access), so every
+    offset is 16-byte aligned at any size (and 256-aligned where no size enters)."""
     if not isinstance(x, SymInt):
         return max(ALIGN, (int(x) + ALIGN - 1) // ALIGN * ALIGN)
     return SymInt(0, ()) + ((x.const + ALIGN - 1) // ALIGN * ALIGN) + \
-        sum((SymInt(0, ((s, (k + ALIGN - 1) // ALIGN * ALIGN),)) for s, k in x.coef), 0)
+        sum((SymInt(0, ((s, (k + VEC - 1) // VEC * VEC),)) for s, k in x.coef), 0)
 
 
 def js(x):
@@ -76,7 +79,6 @@ class _TextMerge:
             ln = row[0]
             if ln.startswith("define "):
                 fn_start, fn_vals = len(out), {}
-                self.fn_line = ln
             if all(r == ln for r in row):
                 out.append(ln)
             else:
