@@ -60,11 +60,12 @@ def test_gpu_new_size_compiles_nothing_and_grids_follow_the_size(emu_cuda):
     import rlxc.dyncuda as dyncuda
 
     f = _func("mlp", "grad")
-    j = f.jit_on("cuda")
     before_static = backends.STATS["compiles"]
+    built = dyncuda.STATS["compiles"] + dyncuda.STATS["disk_hits"]
+    j = f.jit_on("cuda")
     x = _inputs(f, 8)
     _close(j.run(**x), f.run_on("interp", **x), "B=8")
-    assert dyncuda.STATS["compiles"] >= 1
+    assert dyncuda.STATS["compiles"] + dyncuda.STATS["disk_hits"] == built + 1
     n = dyncuda.STATS["compiles"]
     prog = j._one.program
     cache = os.environ.get("RLXC_CACHE_DIR", "")
@@ -84,6 +85,13 @@ def test_gpu_new_size_compiles_nothing_and_grids_follow_the_size(emu_cuda):
     assert grids[200] != grids[3], "launch grids must follow the sizes"
     # the first matmul's row tiles: ceil(B / 64) blocks along y
     assert grids[200][0][1] == 4 and grids[3][0][1] == 1
+    # another process (a fresh memory cache): the disk entry serves, at a new size too
+    dyncuda._progs.clear()
+    hits = dyncuda.STATS["disk_hits"]
+    x = _inputs(f, 11)
+    _close(f.run_on("cuda", **x), f.run_on("interp", **x), "B=11 from the disk cache")
+    assert dyncuda.STATS["disk_hits"] == hits + 1 and dyncuda.STATS["compiles"] == n
+    assert _files(cache) == files
 
 
 def test_gpu_reduction_strategy_is_chosen_once(emu_cuda):

@@ -27,8 +27,9 @@ Every kernel takes the pointers of the buffers it touches (output first) and
 nothing else: shapes are static, so sizes, strides and grid-stride trip counts
 are constants.  A size-generic build (`dims`, gpu/dynplan.py) adds one i64 size
 argument per symbol and takes grid-stride steps and round counts from the
-launch's grid (nctaid), so the launch grid may be chosen per call.  With target="host" the same generators build an emulation
-(simt.py) that tests run on the CPU against the interpreter.
+launch's grid (nctaid), so the launch grid may be chosen per call.  With
+target="host" the same generators build an emulation (simt.py) that tests run
+on the CPU against the interpreter.
 """
 from __future__ import annotations
 
