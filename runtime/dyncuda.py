@@ -16,15 +16,18 @@ NumPy, ctypes and the standard library only.
 """
 from __future__ import annotations
 
+from collections import namedtuple
+
 import numpy as np
 
 from . import cuda as rt
 from .dims import bind_sizes
-from .dyncpu import _Spec, size_of
+from .dyncpu import size_of
 from .errors import ArtifactError, RlxError
 from .signature import NP_DTYPES, coerce
 
 FORMAT = "rlxc-cuda-dyn-1"
+_Spec = namedtuple("_Spec", "name kind shape dtype")   # what runtime/dims.bind_sizes reads
 NP_BYTES = {"f32": 4, "f64": 8, "i1": 1, "i32": 4, "i64": 8, "u32": 4}
 
 

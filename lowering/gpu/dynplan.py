@@ -12,7 +12,7 @@
           │ integer/float literals, and each literal that differs is fitted as
           │ c0 + sum k_s * s (symint.SymInt, checked at the check point) and replaced by
           │ a value computed from the size arguments at the top of its function
-          │ merge the plans (dynsizes._Merger): buffer sizes, grid rules, shapes linear
+          │ merge the plans (dynsizes.Merger): buffer sizes, grid rules, shapes linear
           │ place buffers: offsets are linear functions, no two live work buffers
           │ overlap at ANY sizes >= 1 (the CPU's pairwise linear test, symint.always_le)
           ▼
@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 import struct
 
-from rlxc.lowering.cpu.dynsizes import _Merger, max_one, module_symbols, samples
+from rlxc.lowering.cpu.dynsizes import Merger, max_one, module_symbols, samples
 from rlxc.lowering.cpu.symint import DynamicSizeError, SymInt, always_le
 
 ALIGN = 256
@@ -67,7 +67,7 @@ def _float_of(tok: str) -> float:
 class _TextMerge:
     """Merge the IR texts of the samples; differing literals become size values."""
 
-    def __init__(self, merger: _Merger, dims: list):
+    def __init__(self, merger: Merger, dims: list):
         self.mg, self.dims = merger, dims
 
     def run(self, texts: list[str]) -> str:
@@ -302,7 +302,7 @@ def build_dynamic(module, name: str, arch: str = "sm_90", target: str = "gpu"):
         recs.append(_records(plan, steps))
         consts.append(b"".join(b.data for b in plan.buffers if b.region == "const"))
     _fills(recs)
-    mg = _Merger(envs)
+    mg = Merger(envs)
     rec = mg.m(recs, "gpu plan")
     text = _TextMerge(mg, syms).run(texts)
     bufs = rec["buffers"]
