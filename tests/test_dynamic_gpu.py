@@ -193,3 +193,27 @@ def test_gpu_batched_matmul_dynamic_batch_and_label_check(emu_cuda):
     x["y"][3] = 3
     with pytest.raises(IndexError, match="out of range"):
         f.run_on("cuda", **x)
+
+
+def test_gpu_trainer_steps_any_batch_on_one_program(emu_cuda, monkeypatch):
+    """Trainer(device="cuda") with a dynamic batch: the last partial batch compiles
+    nothing (the step's executor is the one size-generic program)."""
+    import rlxc.dyncuda as dyncuda
+    import rlxc.lowering.gpu.driver as gpu_driver
+
+    from test_dynamic_dims import _data, _mlp
+
+    f = _mlp("B")
+    tr = f.trainer(rlxc.optim.SGD(0.1), device="cuda")
+    ref, opt = f, rlxc.optim.SGD(0.1)
+    for i, B in enumerate((8, 3, 8, 5)):
+        x, y = _data(B)
+        lt = tr.step({"x": x, "y": y})
+        if i == 0:
+            assert isinstance(tr._engine.ex, dyncuda.DynCudaExecutor)
+            monkeypatch.setattr(gpu_driver, "compile_cuda",
+                                lambda *a, **k: pytest.fail("compiled"))
+            monkeypatch.setattr(dyncuda, "cached_build", lambda *a, **k: pytest.fail("built"))
+        s, want = ref.specialize(B=B).train_step(opt, {"x": x, "y": y}, device="interp")
+        ref = f.with_params(s.params())
+        np.testing.assert_allclose(lt, want, rtol=1e-4)   # each loss reflects every update
