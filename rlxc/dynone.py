@@ -29,6 +29,10 @@ def enabled(backend) -> bool:
 
 def one_library(func, backend):
     """The DynExecutor serving every size of `func` on `backend`, or None (fallback)."""
+    if getattr(backend, "name", "") == "cuda":   # the GPU's one program: rlxc/dyncuda.py
+        from .dyncuda import one_program
+
+        return one_program(func, backend)
     if not enabled(backend):
         return None
     key = (func.ir_hash(), backend.cpu_string())

@@ -132,6 +132,9 @@ class _Merger:
         return out
 
 
+Merger = _Merger   # public: the GPU's size-generic build merges its plans with it (gpu/dynplan.py)
+
+
 def plan(program) -> list:
     """Workspace offsets (linear) for the merged program's temps, no two live temps
     overlapping at any sizes; returns the candidate workspace ends (size = their max)."""

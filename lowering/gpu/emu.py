@@ -47,6 +47,8 @@ def _ensure_init():
 class EmuDriver:
     """The subset of runtime.cuda.Driver that CudaProgram uses, on the host."""
 
+    emulated = True   # size-generic host kernels take the grid as arguments (dyncuda.py)
+
     def __init__(self, capability=(9, 0)):
         self.capability = capability
         self._mem: dict[int, np.ndarray] = {}

@@ -27,8 +27,11 @@
 
 Every kernel takes the pointers of the buffers it touches (output first) and
 nothing else: shapes are static, so sizes, strides and grid-stride trip counts
-are constants.  With target="host" the same generators build an emulation
-(simt.py) that tests run on the CPU against the interpreter.
+are constants.  A size-generic build (`dims`, gpu/dynplan.py) adds one i64 size
+argument per symbol and takes grid-stride steps and round counts from the
+launch's grid (nctaid), so the launch grid may be chosen per call.  With
+target="host" the same generators build an emulation (simt.py) that tests run
+on the CPU against the interpreter.
 """
 from __future__ import annotations
 
@@ -58,6 +61,62 @@ class Launch(dict):
     """{"kernel", "grid", "block", "smem", "args": [buffer ids], "memset": [buffer ids]}."""
 
 
+class GridDim(int):
+    """A grid extent min(ceil(n / per), cap): an int, whose rule a size-generic plan
+    (dynplan.py) re-evaluates per call from the sizes (n is linear in them)."""
+
+    def __new__(cls, n: int, per: int, cap: int = MAX_BLOCKS, hard: bool = False):
+        g = int.__new__(cls, min(_cdiv(n, per), cap))
+        g.rule = [int(n), int(per), int(cap), int(hard)]   # hard: more is an error
+        return g
+
+
+def at_entry(sm, f):
+    """f(builder) emitted in the kernel's entry block: a uniform value of the sizes and
+    the grid that dominates every phase (host threads loop per phase)."""
+    b, sm.b = sm.b, sm._allocas
+    try:
+        return f(sm.b)
+    finally:
+        sm.b = b
+
+
+def _stride(sm, ctx, block: int, grid: int):
+    """A grid-stride loop's step: block * grid (the launch's grid when size-generic)."""
+    if sm.dyn is None:
+        return ctx.const(block * grid)
+    return at_entry(sm, lambda b: b.zext(b.mul(sm.nctaid(0), c32(block)), ctx.itype)
+                    if ctx.itype.width > 32 else b.mul(sm.nctaid(0), c32(block)))
+
+
+def _rounds(sm, n: int, per_round: int, grid: int):
+    """ceil(n / (grid * per_round)): a Python int, or i32 from the launch's grid."""
+    if sm.dyn is None:
+        return _cdiv(n, grid * per_round)
+
+    def calc(b):
+        step = b.mul(sm.nctaid(0), c32(per_round))
+        return b.udiv(b.add(c32(n), b.sub(step, c32(1))), step)
+    return at_entry(sm, calc)
+
+
+def _decide(plan, k, what: str, choose):
+    """A choice made from the sizes; a size-generic build makes it once, at its first
+    sample, and every other sample reuses it (each choice is right at any size)."""
+    dec = getattr(plan, "decisions", None)
+    if dec is None:
+        return choose()
+    key = (k.name, what)
+    if key not in dec:
+        dec[key] = choose()
+    return dec[key]
+
+
+def _grid_row(sm, grid: int):
+    """The grid size as i32 (uniform)."""
+    return sm.nctaid(0) if sm.dyn is not None else c32(grid)
+
+
 def _kernel_args(plan: GpuPlan, k: Kernel) -> list[int]:
     ids = [plan.buffer_of[k.root].id]
     for v in k.reads:
@@ -71,14 +130,21 @@ def _kernel_args(plan: GpuPlan, k: Kernel) -> list[int]:
 
 def _setup(mod, plan, k, target, block, grid, values, min_blocks_per_sm=0):
     ids = _kernel_args(plan, k)
-    sm = Simt(mod, k.name, len(ids), block, grid, target, min_blocks_per_sm)
+    sm = Simt(mod, k.name, len(ids), block, grid, target, min_blocks_per_sm,
+              getattr(plan, "dims", None))
+    sm.grid_src = tuple(grid)
     ctx = E.ExprCtx(sm, plan, dict(zip(ids, sm.buffers)), E.index_type(plan, values))
     return sm, ctx, ids
 
 
 def _launch(k, sm, ids, memset=()) -> Launch:
-    return Launch(kernel=k.name, grid=list(sm.grid), block=[sm.block, 1, 1], smem=0,
-                  args=ids, memset=list(memset))
+    out = Launch(kernel=k.name, grid=list(sm.grid), block=[sm.block, 1, 1], smem=0,
+                 args=ids, memset=list(memset))
+    if sm.dyn is not None:   # per-call grid: [n, per, cap] per axis (dynplan.py)
+        src = (tuple(sm.grid_src) + (1, 1, 1))[:3]
+        out["grid_rule"] = [g.rule if isinstance(g, GridDim) else [int(g), 1, int(g), 1]
+                            for g in src]
+    return out
 
 
 def _gtid(sm, ctx):
@@ -95,10 +161,10 @@ def gen_elementwise(mod, plan, k, target):
     lanes = 4 if E.vectorizable(plan, root) else 1
     nv = numel(shp) // lanes
     block = min(THREADS, max(32, _cdiv(nv, 32) * 32))
-    grid = min(_cdiv(nv, block), MAX_BLOCKS)
+    grid = GridDim(nv, block)
     sm, ctx, ids = _setup(mod, plan, k, target, block, (grid,), [root] + k.reads)
     c = ctx.const
-    with sm.loop(_gtid(sm, ctx), c(nv), c(block * grid), ctx.itype) as i:
+    with sm.loop(_gtid(sm, ctx), c(nv), _stride(sm, ctx, block, grid), ctx.itype) as i:
         lin = sm.b.mul(i, c(lanes)) if lanes > 1 else i
         idx = E.Index(ctx, shp, linear=lin, lanes=lanes)
         ctx.memo = {}
@@ -178,16 +244,16 @@ def gen_reduce(mod, plan, k, target):
     op = k.heavy
     x, s, axes, kept, M, K = _reduce_geometry(op)
     dt = dtype_of(x.type)
-    strategy = reduce_strategy(op)
+    strategy = _decide(plan, k, "strategy", lambda: reduce_strategy(op))
     values = [k.root, x] + k.reads
     ident = S.nan_identity(op.name, dt)
     rty = S.REG_TYPE[dt]
     if strategy == "thread":
         block = min(THREADS, max(32, _cdiv(M, 32) * 32))
-        grid = min(_cdiv(M, block), MAX_BLOCKS)
+        grid = GridDim(M, block)
         sm, ctx, ids = _setup(mod, plan, k, target, block, (grid,), values)
         acc = sm.reg(rty, "acc")
-        with sm.loop(_gtid(sm, ctx), ctx.const(M), ctx.const(block * grid), ctx.itype,
+        with sm.loop(_gtid(sm, ctx), ctx.const(M), _stride(sm, ctx, block, grid), ctx.itype,
                      "m") as m:
             sm.set(acc, ident)
             _accumulate(sm, ctx, op, acc, m, ctx.const(0), 1)
@@ -199,13 +265,13 @@ def gen_reduce(mod, plan, k, target):
         return _gen_reduce_cols(mod, plan, k, target, values, ident, rty)
     if strategy == "warp":
         block, rows_per_block = THREADS, THREADS // 32
-        grid = min(_cdiv(M, rows_per_block), MAX_BLOCKS)
-        rounds = _cdiv(M, grid * rows_per_block)
+        grid = GridDim(M, rows_per_block)
     else:
-        block, rows_per_block = 1024 if K >= 65536 else THREADS, 1
-        grid = min(M, MAX_BLOCKS)
-        rounds = _cdiv(M, grid)
+        block, rows_per_block = _decide(plan, k, "block", lambda: 1024 if K >= 65536
+                                        else THREADS), 1
+        grid = GridDim(M, 1)
     sm, ctx, ids = _setup(mod, plan, k, target, block, (grid,), values)
+    rounds = _rounds(sm, M, rows_per_block, grid)
     b, it = sm.b, ctx.itype
     acc, tmp = sm.reg(rty, "acc"), sm.reg(rty, "tmp")
     nwarps = block // 32
@@ -213,7 +279,7 @@ def gen_reduce(mod, plan, k, target):
 
     def row_of(rnd):
         # warp: (round*grid + block)*8 + warp;  block: round*grid + block
-        r = sm.b.add(sm.b.mul(rnd, c32(grid)), sm.ctaid(0))
+        r = sm.b.add(sm.b.mul(rnd, _grid_row(sm, grid)), sm.ctaid(0))
         if strategy == "warp":
             r = sm.b.add(sm.b.mul(r, c32(rows_per_block)), sm.b.lshr(sm.tid(), c32(5)))
         return sm.b.zext(r, it) if it.width > 32 else r
@@ -261,16 +327,16 @@ def _gen_reduce_cols(mod, plan, k, target, values, ident, rty):
     x, s, axes, kept, M, K = _reduce_geometry(op)
     dt = dtype_of(x.type)
     cols, ks = 32, THREADS // 32
-    grid = min(_cdiv(M, cols), MAX_BLOCKS)
-    rounds = _cdiv(M, grid * cols)
+    grid = GridDim(M, cols)
     sm, ctx, ids = _setup(mod, plan, k, target, THREADS, (grid,), values)
+    rounds = _rounds(sm, M, cols, grid)
     it = ctx.itype
     acc = sm.reg(rty, "acc")
     part = sm.shared(rty, THREADS, "part")
 
     def col_of(rnd):
         b = sm.b
-        m = b.add(b.mul(b.add(b.mul(rnd, c32(grid)), sm.ctaid(0)), c32(cols)),
+        m = b.add(b.mul(b.add(b.mul(rnd, _grid_row(sm, grid)), sm.ctaid(0)), c32(cols)),
                   b.and_(sm.tid(), c32(cols - 1)))
         return b.zext(m, it) if it.width > 32 else m
 
@@ -311,10 +377,10 @@ def gen_scatter(mod, plan, k, target):
     dt = dtype_of(upd.type)
     U = numel(us)
     block = min(THREADS, max(32, _cdiv(U, 32) * 32))
-    grid = max(1, min(_cdiv(U, block), MAX_BLOCKS))
+    grid = GridDim(U, block) if U else 1
     sm, ctx, bids = _setup(mod, plan, k, target, block, (grid,), [out, upd, ids_v] + k.reads)
     c = ctx.const
-    with sm.loop(_gtid(sm, ctx), c(U), c(block * grid), ctx.itype) as i:
+    with sm.loop(_gtid(sm, ctx), c(U), _stride(sm, ctx, block, grid), ctx.itype) as i:
         b = sm.b
         ctx.memo = {}
         ui = E.Index(ctx, us, linear=i)
@@ -345,8 +411,13 @@ GENERATORS = {
 }
 
 
-def build_kernels(module, target: str = "gpu"):
-    """(llvmlite module, GpuPlan, launches) for an rlx module (or Func)."""
+def build_kernels(module, target: str = "gpu", dims: list | None = None,
+                  decisions: dict | None = None):
+    """(llvmlite module, GpuPlan, launches) for an rlx module (or Func).  `dims`: the
+    size symbols of a size-generic build (dynplan.py): every kernel takes one i64 per
+    symbol, grid-stride steps and round counts come from the launch's grid, and each
+    launch records its grid rule; `decisions` (a dict shared by the builds at every
+    sample) fixes the size-dependent choices at the first build's."""
     from rlxc.dialect.attention import expand_module
     from rlxc.lowering.shared.empty import rewrite_empty
 
@@ -357,6 +428,8 @@ def build_kernels(module, target: str = "gpu"):
     # op, else the query-blocked matmul-softmax-matmul expansion
     module = expand_module(module, keep=gpu_attention.covers)
     plan = plan_module(rewrite_empty(module, checked_indices=False))
+    plan.dims = dims
+    plan.decisions = decisions if dims is not None else None
     if target == "gpu":
         mod = nvptx.new_module(plan.func.sym_name.data)
     else:

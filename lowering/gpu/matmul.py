@@ -116,10 +116,18 @@ def gen_matmul(mod, plan, k, target, setup, make_launch):
     if batch > 65535:
         raise NotImplementedError(f"GPU lowering: rlx.matmul with {batch} batch entries "
                                   "(grid.z is at most 65535)")
-    BM, BN, BK, TM, TN = CONFIGS[choose_config(M, N, batch)]
+    dyn = getattr(plan, "dims", None) is not None   # size-generic (dynplan.py): M, N,
+    # K and batch may be sizes; the tile config must not depend on them
+    BM, BN, BK, TM, TN = CONFIGS["M" if dyn else choose_config(M, N, batch)]
     threads = (BM // TM) * (BN // TN)
     A, B = _Operand(a_v, True, bs), _Operand(b_v, False, bs)
-    grid = (_cdiv(N, BN), _cdiv(M, BM), batch)
+    if dyn:
+        from rlxc.lowering.gpu.kernels import GridDim
+
+        grid = (GridDim(N, BN, 2 ** 31 - 1, True), GridDim(M, BM, 65535, True),
+                GridDim(batch, 1, 65535, True))
+    else:
+        grid = (_cdiv(N, BN), _cdiv(M, BM), batch)
     sm, ctx, ids = setup(mod, plan, k, target, threads, grid,
                          [k.root, A.base, B.base] + k.reads,
                          min_blocks_per_sm=0)   # 2 would cap at 128 registers: spills
@@ -226,7 +234,11 @@ def gen_matmul(mod, plan, k, target, setup, make_launch):
     def b_mul_ext(v, s):
         return sm.b.mul(ext(v), c(s))
 
-    nt = _cdiv(K, BK)
+    nt = nk = _cdiv(K, BK)
+    if dyn and nt > 0:   # K tiles of this call: ceil(K / BK) from K (a size)
+        from rlxc.lowering.gpu.kernels import at_entry
+
+        nt = at_entry(sm, lambda b: b.udiv(b.add(c32(K), c32(BK - 1)), c32(BK)))
     tx_n = BN // TN
     gm, gn = TM // 4, TN // 4
 
@@ -243,7 +255,7 @@ def gen_matmul(mod, plan, k, target, setup, make_launch):
     for row in acc:
         for r in row:
             sm.set(r, ir.Constant(F32, 0.0))
-    if nt > 0:
+    if nk > 0:
         global_load(A, regA, cntA, nA, BM, modeA, vwA, block_x0(1, BM), c32(0))
         global_load(B, regB, cntB, nB, BN, modeB, vwB, block_x0(0, BN), c32(0))
         shared_store(As, LDA, regA, cntA, nA, BM, modeA, vwA, c32(0))
@@ -251,11 +263,11 @@ def gen_matmul(mod, plan, k, target, setup, make_launch):
     sm.barrier()
 
     # ---- main loop
-    if nt > 0:
+    if nk > 0:
         with sm.uniform_loop(nt, "kt") as t:
             b = sm.b
             nxt = b.add(t, c32(1))
-            more = b.icmp_signed("<", nxt, c32(nt))
+            more = b.icmp_signed("<", nxt, c32(nt) if isinstance(nt, int) else nt)
             with b.if_then(more):
                 global_load(A, regA, cntA, nA, BM, modeA, vwA, block_x0(1, BM), nxt)
                 global_load(B, regB, cntB, nB, BN, modeB, vwB, block_x0(0, BN), nxt)

@@ -20,8 +20,10 @@
 
 Rules the generators follow so both targets are right: a value computed in one
 phase reaches the next only through a register; loops that contain a barrier
-or a shuffle are uniform (`uniform_loop`, a Python-int trip count); grid and
-block sizes are compile-time constants (sm.grid, sm.block).
+or a shuffle are uniform (`uniform_loop`, a Python-int trip count, or a uniform
+i32 value); block sizes are compile-time constants (sm.block), and so are grid
+sizes (sm.grid) except in size-generic kernels (`dims`), which read the launch's
+grid (`nctaid`; host blocks get it as arguments).
 """
 from __future__ import annotations
 
@@ -50,16 +52,20 @@ class Reg:
 
 class Simt:
     def __init__(self, module: ir.Module, name: str, nbuffers: int, block: int,
-                 grid: tuple, target: str = "gpu", min_blocks_per_sm: int = 0):
+                 grid: tuple, target: str = "gpu", min_blocks_per_sm: int = 0,
+                 dims: list | None = None):
         assert target in ("gpu", "host")
+        # dims (size-generic kernels, dynplan.py): one i64 size argument per symbol after
+        # the buffers; the grid is the launch's (nctaid), host blocks get it as arguments
+        self.dyn = len(dims) if dims is not None else None
         self.module, self.name, self.target = module, name, target
         self.block = int(block)
         self.grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
         self.addrspace = 1 if target == "gpu" else 0
         self.gptr = ir.PointerType(addrspace=self.addrspace)
-        argtys = [self.gptr] * nbuffers
+        argtys = [self.gptr] * nbuffers + [I64] * (self.dyn or 0)
         if target == "host":
-            argtys = argtys + [I32, I32, I32]
+            argtys = argtys + [I32, I32, I32] * (2 if self.dyn is not None else 1)
             fname = name + ".block"
         else:
             fname = name
@@ -71,6 +77,9 @@ class Simt:
             a.add_attribute("noalias")
             a.name = f"buf{i}"
         self.buffers = list(self.fn.args[:nbuffers])
+        for j in range(self.dyn or 0):
+            self.fn.args[nbuffers + j].name = f"dim.{j}"
+        self._nfixed = nbuffers + (self.dyn or 0)   # args before ctaid (host)
         self._entry = self.fn.append_basic_block("entry")
         self._allocas = ir.IRBuilder(self._entry)
         body = self.fn.append_basic_block("body")
@@ -100,8 +109,16 @@ class Simt:
         if self.grid[axis] == 1:
             return c32(0)
         if self.target == "host":
-            return self.fn.args[len(self.buffers) + axis]
+            return self.fn.args[self._nfixed + axis]
         return self._sreg("llvm.nvvm.read.ptx.sreg.ctaid." + "xyz"[axis])
+
+    def nctaid(self, axis: int = 0) -> ir.Value:
+        """The grid's size along axis 0/1/2 (i32): the launch's, in size-generic kernels."""
+        if self.dyn is None:
+            return c32(self.grid[axis])
+        if self.target == "host":
+            return self.fn.args[self._nfixed + 3 + axis]
+        return self._sreg("llvm.nvvm.read.ptx.sreg.nctaid." + "xyz"[axis])
 
     # ---------------------------------------------------------------- registers
     def reg(self, ty, name="r", init=None) -> Reg:
@@ -231,7 +248,7 @@ class Simt:
         b.position_at_end(head)
         i = b.phi(I32, name=name)
         i.add_incoming(c32(0), pre)
-        b.cbranch(b.icmp_signed("<", i, c32(n)), body, exit_)
+        b.cbranch(b.icmp_signed("<", i, c32(n) if isinstance(n, int) else n), body, exit_)
         b.position_at_end(body)
         if self.target == "host":
             self._open_phase()
@@ -306,17 +323,20 @@ class Simt:
 
     def _grid_wrapper(self):
         """Host: @NAME.grid(ptr...) runs every block of the grid in order."""
-        fn = ir.Function(self.module, ir.FunctionType(VOID, [self.gptr] * len(self.buffers)),
-                         self.name + ".grid")
+        dyn = self.dyn is not None
+        tys = [self.gptr] * len(self.buffers) + [I64] * (self.dyn or 0) + [I32] * (3 * dyn)
+        fn = ir.Function(self.module, ir.FunctionType(VOID, tys), self.name + ".grid")
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         idx = []
+        fixed = list(fn.args[:self._nfixed])
+        grid = list(fn.args[self._nfixed:]) if dyn else []
 
         def nest(axis):
             if axis < 0:
-                b.call(self.fn, list(fn.args) + [idx[2], idx[1], idx[0]])
+                b.call(self.fn, fixed + [idx[2], idx[1], idx[0]] + grid)
                 return
-            n = self.grid[axis]
-            with _Loop(None, c32(0), c32(n), c32(1), I32, "g" + "xyz"[axis], builder=b,
+            n = grid[axis] if dyn else c32(self.grid[axis])
+            with _Loop(None, c32(0), n, c32(1), I32, "g" + "xyz"[axis], builder=b,
                        fn=fn) as i:
                 idx.append(i)
                 nest(axis - 1)
