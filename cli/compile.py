@@ -351,8 +351,8 @@ def _load_onnx(path: str, opts: dict, verbose: bool):
         raise click.ClickException(f"{path}: {e}") from None
     return f
 def _fix_dims(f, dims):
-    """`f` with the --sizes sizes fixed; the dims left dynamic are served by one library
-    for every size (NAME_set_dims, lowering/artifact/dynglue.py)."""
+    """`f` with the --sizes sizes fixed (all of them, or none: then one library serves
+    every size, NAME_set_dims, lowering/artifact/dynglue.py)."""
     sizes = {}
     for d in dims:
         k, sep, v = d.partition("=")
@@ -365,6 +365,12 @@ def _fix_dims(f, dims):
     if unknown:
         raise click.BadParameter(f"{unknown}: not a dynamic dimension of {f.name!r} "
                                  f"(its dimensions: {sorted(set(syms))})", param_hint="'--sizes'")
+    missing = sorted(set(syms) - set(sizes))
+    if sizes and missing:
+        raise click.ClickException(
+            f"--sizes fixes every dynamic dimension of {f.name!r} or none: also pass "
+            + " ".join(f"--sizes {m}=SIZE" for m in missing)
+            + " (without --sizes, one library serves every size)")
     return f.specialize(**sizes) if sizes else f
 
 
