@@ -29,6 +29,12 @@ Algorithm (check everything before handing the .so to the dynamic loader)
    Calls into the library release the GIL (ctypes), so two modules can run
    concurrently from two threads; calls on one module are serialized by a lock.
 
+Dynamic dims: a JSON with "dims" (symbol names, which the inputs' and outputs'
+shapes may use) describes ONE library for every size.  The loader checks its
+NAME_num_dims / NAME_dim_name against the JSON and its shapes at two sample
+sizes; each call binds the sizes from the arrays (runtime/dims.py: the checks
+of Func.run), calls NAME_set_dims and sizes the outputs from them.
+
 The JSON's `target` names a runtime target (runtime/targets.py); its family
 picks the implementation from `_IMPLS` ("cpu": the C ABI above; "cuda": no C
 library, its "library" is NAME.rlxcuda, runtime/cuda.py's container of PTX,

@@ -236,7 +236,7 @@ def test_c_side_abi_check_detects_a_stale_header(errors_prog, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(VALGRIND is None, reason="valgrind not installed")
-@pytest.mark.parametrize("prog", ["run_mlp", "train_tiny", "threads", "errors"])
+@pytest.mark.parametrize("prog", ["run_mlp", "train_tiny", "threads", "errors", "run_dyn"])
 def test_valgrind_clean(build, errors_prog, prog):
     path = errors_prog / "errors" if prog == "errors" else build / prog
     p = _run([VALGRIND, "--leak-check=full", "--error-exitcode=1", "--quiet", str(path)],

@@ -93,4 +93,6 @@ def dump_metadata(meta: dict) -> str:
                   lambda m: "{" + re.sub(r"\s*\n\s*", " ", m.group(1)) + "}", text)
     text = re.sub(r"\[\s+([-\d,\s]*?)\s+\]",
                   lambda m: "[" + re.sub(r"\s*,\s*", ", ", m.group(1).strip()) + "]", text)
+    # a dynamic shape (dim names and ints) in a collapsed tensor: only its padding goes
+    text = re.sub(r'"shape": \[ ([^\[\]\n]*?) \]', r'"shape": [\1]', text)
     return text + "\n"

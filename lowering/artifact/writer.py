@@ -10,6 +10,13 @@
           ▼
     OUTDIR/libNAME.so   NAME.h (header.py)   NAME.json (metadata.py)   NAME/ (package.py)
 
+A Func with dynamic dims (spec.dims) takes the size-generic path instead
+(dynglue.py): every kernel is compiled once for all sizes by
+lowering/cpu/dynsizes.py (entry `rlx_<sym>(..., const int64_t *dims)`; a kernel
+without symbols, such as the optimizer update, stays static), and the glue adds
+NAME_set_dims and per-context shapes; a graph no single program serves raises
+NotSizeGeneric (`rlxc compile` then asks for --sizes).
+
 Purpose
 -------
 One compile serves three users: a C/C++ program (`NAME.h` + `libNAME.so`),
