@@ -402,6 +402,12 @@ def test_cli_dynamic_factory_one_library_sizes_and_refusal(tmp_path):
     assert r.exit_code == 0, r.output
     assert "dims" not in load(tmp_path / "g5", new=True).metadata
     assert "#define GOOD_INPUT0_NUMEL 20u" in (tmp_path / "g5" / "good.h").read_text()
+    r = _cli(f"{src}:good", "-o", tmp_path / "c", "--target", "cuda")
+    assert r.exit_code == 1 and "built for --target cpu only; pass --sizes B=SIZE" in r.output
+    r = _cli(f"{src}:good", "--emit", "llvm")   # one size's code
+    assert r.exit_code == 1 and "--sizes B=SIZE" in r.output
+    r = _cli(f"{src}:good", "--emit", "rlx")
+    assert r.exit_code == 0 and "tensor<?x4xf32" in r.output
     r = _cli(f"{src}:two", "-o", tmp_path / "t")
     assert r.exit_code == 1
     assert "has dynamic dimensions ['B', 'S']" in r.output and "not size-generic" in r.output
