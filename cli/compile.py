@@ -649,10 +649,12 @@ def compile_cmd(src, outdir, name, target, cpu, transforms, params_file, emit, t
                     raise click.BadParameter(str(e), param_hint="'--transform'") from None
         f = _fix_dims(f, dims)
         left = sorted({d for a in f.signature() for d in a.shape if isinstance(d, str)})
-        if left and target != "cpu" and not emit:
+        from rlxc.runtime.targets import target as runtime_target
+
+        if left and runtime_target(target).family != "cpu" and not emit:
             raise click.ClickException(
                 f"the Func {f.name!r} has dynamic dimensions {left}: a library for every size "
-                f"is built for --target cpu only; pass "
+                f"is built for the CPU targets only; pass "
                 + " ".join(f"--sizes {d}=SIZE" for d in left)
                 + f" to build a --target {target} library for one size")
         if emit and emit not in ("rlx", "rlx-generic") and left:

@@ -403,7 +403,7 @@ def test_cli_dynamic_factory_one_library_sizes_and_refusal(tmp_path):
     assert "dims" not in load(tmp_path / "g5", new=True).metadata
     assert "#define GOOD_INPUT0_NUMEL 20u" in (tmp_path / "g5" / "good.h").read_text()
     r = _cli(f"{src}:good", "-o", tmp_path / "c", "--target", "cuda")
-    assert r.exit_code == 1 and "built for --target cpu only; pass --sizes B=SIZE" in r.output
+    assert r.exit_code == 1 and "built for the CPU targets only; pass --sizes B=SIZE" in r.output
     r = _cli(f"{src}:good", "--emit", "llvm")   # one size's code
     assert r.exit_code == 1 and "--sizes B=SIZE" in r.output
     r = _cli(f"{src}:good", "--emit", "rlx")

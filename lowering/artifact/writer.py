@@ -102,9 +102,9 @@ def build_artifact(spec: ArtifactSpec, outdir: str, progress: Progress | None = 
     from rlxc.runtime.targets import target as runtime_target
 
     family = runtime_target(spec.target).family   # ValueError naming the valid targets
-    if spec.dims and spec.target != "cpu":
+    if spec.dims and family != "cpu":
         raise NotSizeGeneric(f"the Func {spec.func.name!r} has dynamic dimensions {spec.dims}: "
-                             f"a library for every size is built for --target cpu only; pass "
+                             f"a library for every size is built for the CPU targets only; pass "
                              + " ".join(f"--sizes {d}=SIZE" for d in spec.dims)
                              + f" to build a --target {spec.target} library for one size")
     if family == "cuda":
