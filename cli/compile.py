@@ -351,8 +351,8 @@ def _load_onnx(path: str, opts: dict, verbose: bool):
         raise click.ClickException(f"{path}: {e}") from None
     return f
 def _fix_dims(f, dims):
-    """`f` with the --sizes sizes fixed; a Func with dynamic dims needs them all (its AOT
-    library is built at one size: the size-generic C ABI of issue 14 is not there yet)."""
+    """`f` with the --sizes sizes fixed (all of them, or none: then one library serves
+    every size, NAME_set_dims, lowering/artifact/dynglue.py)."""
     sizes = {}
     for d in dims:
         k, sep, v = d.partition("=")
@@ -366,10 +366,11 @@ def _fix_dims(f, dims):
         raise click.BadParameter(f"{unknown}: not a dynamic dimension of {f.name!r} "
                                  f"(its dimensions: {sorted(set(syms))})", param_hint="'--sizes'")
     missing = sorted(set(syms) - set(sizes))
-    if missing:
+    if sizes and missing:
         raise click.ClickException(
-            f"the Func {f.name!r} has dynamic dimensions {missing}: an AOT library is built "
-            f"at one size for now; pass --sizes {missing[0]}=SIZE")
+            f"--sizes fixes every dynamic dimension of {f.name!r} or none: also pass "
+            + " ".join(f"--sizes {m}=SIZE" for m in missing)
+            + " (without --sizes, one library serves every size)")
     return f.specialize(**sizes) if sizes else f
 
 
@@ -624,6 +625,7 @@ def compile_cmd(src, outdir, name, target, cpu, transforms, params_file, emit, t
             raise click.BadParameter(str(e), param_hint="'--name'") from None
 
     from rlxc import export as aot
+    from rlxc.lowering.artifact.dynglue import NotSizeGeneric
 
     progress = aot.Progress(name or os.path.basename(src), verbose).start()
     ok = False
@@ -646,6 +648,19 @@ def compile_cmd(src, outdir, name, target, cpu, transforms, params_file, emit, t
                 except NameLookupError as e:
                     raise click.BadParameter(str(e), param_hint="'--transform'") from None
         f = _fix_dims(f, dims)
+        left = sorted({d for a in f.signature() for d in a.shape if isinstance(d, str)})
+        from rlxc.runtime.targets import target as runtime_target
+
+        if left and runtime_target(target).family != "cpu" and not emit:
+            raise click.ClickException(
+                f"the Func {f.name!r} has dynamic dimensions {left}: a library for every size "
+                f"is built for the CPU targets only; pass "
+                + " ".join(f"--sizes {d}=SIZE" for d in left)
+                + f" to build a --target {target} library for one size")
+        if emit and emit not in ("rlx", "rlx-generic") and left:
+            raise click.ClickException(
+                f"--emit {emit} prints one size's code: the Func {f.name!r} has dynamic "
+                f"dimensions {left}; pass --sizes {left[0]}=SIZE")
         baked = dict(f.params())
         if params_file:
             with progress.stage("load params"):
@@ -677,6 +692,10 @@ def compile_cmd(src, outdir, name, target, cpu, transforms, params_file, emit, t
         ok = True
     except click.ClickException:
         raise
+    except NotSizeGeneric as e:   # a dynamic Func no single library serves: --sizes
+        if verbose:
+            traceback.print_exc()
+        raise click.ClickException(str(e)) from None
     except (RlxError, ValueError, TypeError, NotImplementedError, RuntimeError, OSError) as e:
         if verbose:
             traceback.print_exc()

@@ -8,6 +8,12 @@
                                                         hash] says why, and rlxc/dynamic.py
                                                         keeps one static program per size
 
+Disk cache (rlxc/cache.py): the library is an entry of kind "cpu-dyn" keyed by the
+IR hash, the CPU and the thread count, so a second process loads it instead of
+compiling (DynLibrary cross-checks the workspace size function against the entry's
+metadata); a graph the lowering refused is remembered as a "cpu-dyn-refused" entry
+(its reason), so a second process does not retry the sample lowerings either.
+
 RLXC_ONE_LIBRARY=0 turns the one-library path off (benchmarks compare both).
 """
 from __future__ import annotations
@@ -41,18 +47,69 @@ def one_library(func, backend):
             return _libs[key]
         ex = None
         try:
-            from rlxc.lowering.cpu.dynsizes import compile_dynamic
-            from rlxc.runtime.dyncpu import DynExecutor, DynLibrary
-
-            from rlxc.func import c_symbol
-
-            meta = compile_dynamic(func.module, c_symbol(func.name), backend.cpu_string())
-            meta.pop("object")
-            ex = DynExecutor(DynLibrary(meta["so_path"], meta))
+            ex = _cached_or_compiled(func, backend.cpu_string())
         except Exception as e:   # noqa: BLE001 - any refusal: per-size programs instead
             FALLBACKS[key[0]] = f"{type(e).__name__}: {e}"
         _libs[key] = ex
         return ex
+
+
+class Refused(Exception):
+    """The lowering refused this graph (remembered in the disk cache)."""
+
+
+def _check_args(func):
+    want = [[a.name, a.kind, list(a.shape), a.dtype] for a in func.signature()]
+
+    def check(meta):
+        from rlxc.cache import BadEntry
+
+        got = [[a["name"], a["kind"], list(a["shape"]), a["dtype"]] for a in meta["args"]]
+        if got != want:
+            raise BadEntry(f"arguments {got} differ from the Func's {want}")
+    return check
+
+
+def _cached_or_compiled(func, cpu: str):
+    """The DynExecutor of `func`: from the disk cache, else compiled and stored."""
+    from rlxc import cache
+    from rlxc.backends import _cpu_key
+    from rlxc.func import c_symbol
+    from rlxc.lowering.cpu.driver import default_threads
+    from rlxc.runtime.dyncpu import DynExecutor, DynLibrary
+
+    parts = (func.ir_hash(), _cpu_key(cpu), "O3", f"t{default_threads()}")
+    key = cache.entry_key("cpu-dyn", *parts)
+    no_key = cache.entry_key("cpu-dyn-refused", *parts)
+    why = cache.load(no_key, "cpu-dyn-refused", lambda path, meta: meta["why"])
+    if why is not None:
+        raise Refused(why)
+    lib = cache.load(key, "cpu-dyn", DynLibrary, _check_args(func))
+    if lib is not None:
+        cache.STATS["disk_hits"] += 1
+        return DynExecutor(lib)
+    from rlxc.lowering.cpu.dynsizes import compile_dynamic
+    from rlxc.lowering.cpu.symint import DynamicSizeError
+    from rlxc.lowering.cpu.target import link_shared
+
+    try:
+        meta = compile_dynamic(func.module, c_symbol(func.name), cpu, link=False)
+    except DynamicSizeError as e:
+        why = f"DynamicSizeError: {e}"
+        cache.store(no_key, "cpu-dyn-refused", lambda path: _write(path, why.encode()),
+                    {"why": why}, ".txt")
+        raise Refused(why) from None
+    cache.STATS["compiles"] += 1
+    obj = meta.pop("object")
+    meta.pop("so_path")
+    entry = cache.store(key, "cpu-dyn", lambda path: link_shared([obj], path, cpu=cpu), meta,
+                        ".so")
+    return DynExecutor(DynLibrary(entry.path, entry.meta))
+
+
+def _write(path: str, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
 
 
 def fallback_reason(func) -> str | None:

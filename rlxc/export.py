@@ -63,8 +63,12 @@ def spec_from_func(func, name: str | None = None, baked: dict | None = None, *,
     if unknown:
         raise ValueError(f"baked params {unknown} are not params of {func.name}; "
                          f"params: {[p.name for p in params]}")
+    dims = []   # dynamic dims in order of first use (lowering/cpu/dynsizes.module_symbols)
+    for d in (d for a in sig for d in a.shape):
+        if isinstance(d, str) and d not in dims:
+            dims.append(d)
     return ArtifactSpec(name, func, inputs, outputs, params, baked, None, target, cpu,
-                        list(transforms), source, rlxc.__version__)
+                        list(transforms), source, rlxc.__version__, dims)
 
 
 def train_spec(func, optimizer, max_grad_norm: float = 0.0) -> TrainSpec:

@@ -29,6 +29,12 @@ Algorithm (check everything before handing the .so to the dynamic loader)
    Calls into the library release the GIL (ctypes), so two modules can run
    concurrently from two threads; calls on one module are serialized by a lock.
 
+Dynamic dims: a JSON with "dims" (symbol names, which the inputs' and outputs'
+shapes may use) describes ONE library for every size.  The loader checks its
+NAME_num_dims / NAME_dim_name against the JSON and its shapes at two sample
+sizes; each call binds the sizes from the arrays (runtime/dims.py: the checks
+of Func.run), calls NAME_set_dims and sizes the outputs from them.
+
 The JSON's `target` names a runtime target (runtime/targets.py); its family
 picks the implementation from `_IMPLS` ("cpu": the C ABI above; "cuda": no C
 library, its "library" is NAME.rlxcuda, runtime/cuda.py's container of PTX,
@@ -54,6 +60,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .cpufeatures import missing_features
+from .dims import bind_sizes, resolve
 from .errors import ArtifactError, NameLookupError, RlxError, ShapeError
 from .signature import NP_DTYPES, coerce
 from .targets import target as runtime_target
@@ -122,14 +129,17 @@ def _req(d: dict, key: str, typ, path: str, where: str = ""):
 
 def _tensor_list(meta: dict, key: str, kind: str, path: str) -> list[TensorSpec]:
     out = []
+    syms = meta.get("dims") or []   # dynamic dims: a shape may name them (not params)
     for i, e in enumerate(_req(meta, key, list, path)):
         where = f"{key}[{i}]."
         if not isinstance(e, dict):
             _fail(path, f"{key}[{i}] must be an object")
         name = _req(e, "name", str, path, where)
         shape = _req(e, "shape", list, path, where)
-        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-            _fail(path, f"{where}shape must be a list of non-negative ints, got {shape}")
+        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 or
+                   kind != "param" and isinstance(d, str) and d in syms for d in shape):
+            _fail(path, f"{where}shape must be a list of non-negative ints"
+                        f"{' or dims ' + str(syms) if syms else ''}, got {shape}")
         dtype = _req(e, "dtype", str, path, where)
         if dtype not in NP_DTYPES:
             _fail(path, f"{where}dtype {dtype!r} is not one of {sorted(NP_DTYPES)}")
@@ -168,6 +178,10 @@ def validate_metadata(meta, path: str = "<metadata>") -> dict:
         _fail(path, "library_sha256 must be 64 lowercase hex digits")
     if _req(meta, "library_size", int, path) < 0:
         _fail(path, "library_size must be >= 0")
+    dims = meta.get("dims")
+    if dims is not None and (not isinstance(dims, list) or not dims or len(set(dims)) != len(dims)
+                             or not all(isinstance(d, str) and d for d in dims)):
+        _fail(path, f"dims must be a list of distinct dimension names, got {dims!r}")
     feats = _req(meta, "cpu_features", list, path)
     if not all(isinstance(f, str) for f in feats):
         _fail(path, "cpu_features must be a list of strings")
@@ -278,9 +292,22 @@ for _k in ("input", "output", "param"):
 _TRAIN_SIG = (ctypes.c_int, [_P, _P, ctypes.c_float, ctypes.POINTER(ctypes.c_float)])
 
 
-def _bind(lib, name: str, path: str, train: bool):
+_DYN_SIGS = {  # a library for every size (lowering/artifact/dynglue.py)
+    "set_dims": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_int64)]),
+    "num_dims": (ctypes.c_int, []),
+    "dim_name": (ctypes.c_char_p, [ctypes.c_int]),
+    "input_shape": (ctypes.POINTER(ctypes.c_int64), [_P, ctypes.c_int]),
+    "output_shape": (ctypes.POINTER(ctypes.c_int64), [_P, ctypes.c_int]),
+    "input_numel": (ctypes.c_int64, [_P, ctypes.c_int]),
+    "output_numel": (ctypes.c_int64, [_P, ctypes.c_int]),
+}
+
+
+def _bind(lib, name: str, path: str, train: bool, dynamic: bool = False):
     fns = {}
     sigs = dict(_SIGS)
+    if dynamic:
+        sigs.update(_DYN_SIGS)
     if train:
         sigs["train_step"] = _TRAIN_SIG
     for suffix, (res, args) in sigs.items():
@@ -294,7 +321,9 @@ def _bind(lib, name: str, path: str, train: bool):
     return fns
 
 
-def _check_tables(fns, specs: dict, path: str) -> None:
+def _check_tables(fns, specs: dict, path: str, ctx=None, env=None) -> None:
+    """The library's tables against the JSON; a dynamic library (ctx, env: sizes just
+    set on ctx) is compared at those sizes."""
     for kind, lst in specs.items():
         n = fns[f"num_{kind}s"]()
         if n != len(lst):
@@ -302,12 +331,16 @@ def _check_tables(fns, specs: dict, path: str) -> None:
         for i, t in enumerate(lst):
             got_name = (fns[f"{kind}_name"](i) or b"").decode()
             rank = fns[f"{kind}_rank"](i)
-            dims = fns[f"{kind}_shape"](i)
+            dyn = env is not None and kind != "param"
+            dims = fns[f"{kind}_shape"](ctx, i) if dyn else fns[f"{kind}_shape"](i)
+            if dyn and not dims and rank > 0:
+                raise ArtifactError(f"{path}: {kind} #{i} has no shape after set_dims")
+            want = resolve(t.shape, env) if dyn else t.shape
             shape = tuple(dims[j] for j in range(rank)) if rank > 0 else ()
             dtype = (fns[f"{kind}_dtype"](i) or b"").decode()
-            if (got_name, shape, dtype) != (t.name, t.shape, t.dtype):
+            if (got_name, shape, dtype) != (t.name, want, t.dtype):
                 raise ArtifactError(f"{path}: {kind} #{i} is {got_name!r} {shape} {dtype} in the "
-                                    f"library but {t.name!r} {t.shape} {t.dtype} in the JSON")
+                                    f"library but {t.name!r} {want} {t.dtype} in the JSON")
 
 
 def _error_for(code: int, msg: str) -> Exception:
@@ -370,7 +403,8 @@ class _CpuImpl:
         if abi != ABI_VERSION:
             raise ArtifactError(f"{lib_path}: library ABI version {abi}, this runtime supports "
                                 f"{ABI_VERSION}; recompile it")
-        self.fns = _bind(self.lib, name, lib_path, mod.trainable)
+        self.dims = list(mod.dims)
+        self.fns = _bind(self.lib, name, lib_path, mod.trainable, bool(self.dims))
         if self.fns["check_cpu"]() != RLX_OK:
             msg = (self.fns["last_error"](None) or b"").decode(errors="replace")
             raise ArtifactError(f"{lib_path}: {msg}")
@@ -378,8 +412,9 @@ class _CpuImpl:
         if ir != mod.metadata["ir_hash"]:
             raise ArtifactError(f"{lib_path}: library built from IR {ir[:16]}..., the JSON "
                                 f"describes {mod.metadata['ir_hash'][:16]}...; recompile it")
-        _check_tables(self.fns, {"input": mod.inputs, "output": mod.outputs,
-                                 "param": mod.params}, lib_path)
+        if not self.dims:
+            _check_tables(self.fns, {"input": mod.inputs, "output": mod.outputs,
+                                     "param": mod.params}, lib_path)
         threads = os.environ.get("RLXC_NUM_THREADS", "").strip()
         if threads.isdigit():
             self.fns["set_num_threads"](int(threads))
@@ -389,6 +424,16 @@ class _CpuImpl:
             msg = (self.fns["last_error"](None) or b"").decode(errors="replace")
             raise MemoryError(f"{name}_create() failed: {msg or 'out of memory'}")
         self._destroy = self.fns["destroy"]
+        if self.dims:   # names in order, and the shapes at two sizes per dim
+            got = [(self.fns["dim_name"](j) or b"").decode() for j in
+                   range(self.fns["num_dims"]())]
+            if got != self.dims:
+                raise ArtifactError(f"{lib_path}: library has dims {got}, the JSON {self.dims}")
+            for base in (2, 5):
+                env = {d: base + j for j, d in enumerate(self.dims)}
+                self._check(self._set_dims(env))
+                _check_tables(self.fns, {"input": mod.inputs, "output": mod.outputs,
+                                         "param": mod.params}, lib_path, self.ctx, env)
 
     def __del__(self):
         ctx, self.ctx = getattr(self, "ctx", None), None
@@ -419,14 +464,22 @@ class _CpuImpl:
                                               out.size))
         return out
 
-    def run(self, arrays: list, outs: list) -> list:
+    def _set_dims(self, env: dict) -> int:
+        sizes = (ctypes.c_int64 * len(self.dims))(*[env[d] for d in self.dims])
+        return self.fns["set_dims"](self.ctx, sizes)
+
+    def run(self, arrays: list, outs: list, env: dict | None = None) -> list:
         with self.lock:
+            if env is not None:   # a library for every size: this call's sizes first
+                self._check(self._set_dims(env))
             self._check(self.fns["run"](self.ctx, self._ptrs(arrays), self._ptrs(outs)))
         return outs
 
-    def train_step(self, arrays: list, lr: float) -> float:
+    def train_step(self, arrays: list, lr: float, env: dict | None = None) -> float:
         loss = ctypes.c_float()
         with self.lock:
+            if env is not None:
+                self._check(self._set_dims(env))
             self._check(self.fns["train_step"](self.ctx, self._ptrs(arrays), lr,
                                                ctypes.byref(loss)))
         return float(loss.value)
@@ -517,6 +570,9 @@ class CompiledModule:
         self.outputs = _tensor_list(meta, "outputs", "output", json_path)
         self.params = _tensor_list(meta, "params", "param", json_path)
         self.trainable = meta.get("train") is not None
+        self.dims = list(meta.get("dims") or [])   # dynamic dims: one library, any size
+        if self.dims and runtime_target(self.target).family != "cpu":
+            raise ArtifactError(f"{json_path}: dynamic dims need a cpu artifact")
         lib_path = os.path.join(self.path, meta["library"])
         if not os.path.isfile(lib_path):
             raise ArtifactError(f"{json_path}: library {lib_path!r} is missing")
@@ -598,11 +654,22 @@ class CompiledModule:
                                   f"{valid}, missing: {missing}")
         return [coerce("input", t.name, inputs[t.name], t.shape, t.dtype) for t in self.inputs]
 
+    def _sizes(self, arrays: list, what: str) -> dict | None:
+        """Each dynamic dim's size in this call (every use agrees, >= 1), or None."""
+        if not self.dims:
+            return None
+        return bind_sizes(self.inputs, [a.shape for a in arrays], what)
+
     def run(self, *args, **inputs) -> list[np.ndarray]:
-        """Run the compiled function; returns a list of arrays shaped like the outputs."""
+        """Run the compiled function; returns a list of arrays shaped like the outputs.
+        With dynamic dims, any size >= 1 (the same checks as Func.run)."""
         arrays = self._inputs(args, inputs, f"{self.name}.run")
-        outs = [np.empty(t.shape, NP_DTYPES[t.dtype]) for t in self.outputs]
-        return self._impl.run(arrays, outs)
+        env = self._sizes(arrays, f"{self.name}.run")
+        if env is None:
+            outs = [np.empty(t.shape, NP_DTYPES[t.dtype]) for t in self.outputs]
+            return self._impl.run(arrays, outs)
+        outs = [np.empty(resolve(t.shape, env), NP_DTYPES[t.dtype]) for t in self.outputs]
+        return self._impl.run(arrays, outs, env)
 
     def train_step(self, *args, lr: float | None = None, **inputs) -> float:
         """One optimizer step on the params held by this module; returns the loss
@@ -611,7 +678,10 @@ class CompiledModule:
             raise RlxError(f"{self.name} was compiled without --train; no train_step")
         lr = float(self.metadata["train"]["lr"] if lr is None else lr)
         arrays = self._inputs(args, inputs, f"{self.name}.train_step")
-        return self._impl.train_step(arrays, lr)
+        env = self._sizes(arrays, f"{self.name}.train_step")
+        if env is None:
+            return self._impl.train_step(arrays, lr)
+        return self._impl.train_step(arrays, lr, env)
 
     def __repr__(self):
         sig = ", ".join([f"input {t.name}: {t.shape}" for t in self.inputs]

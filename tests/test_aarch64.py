@@ -116,7 +116,7 @@ def test_c_examples_under_qemu_match_the_host(tmp_path):
         p = subprocess.run(["make", "-s", "-C", EXAMPLE, f"BUILD={build}", f"RLXC={rlxc}",
                             *extra], capture_output=True, text=True, env=env, timeout=600)
         assert p.returncode == 0, p.stdout + p.stderr
-    for prog in ("run_mlp", "train_tiny", "threads"):
+    for prog in ("run_mlp", "train_tiny", "threads", "run_dyn"):
         want = subprocess.run([str(host / prog)], capture_output=True, text=True, timeout=120)
         got = subprocess.run(["qemu-aarch64", "-L", SYSROOT, str(cross / prog)],
                              capture_output=True, text=True, timeout=300)

@@ -86,6 +86,30 @@ def test_run_mlp_matches_func(build):
            '"w1", "b1", "w2", "b2"' in p.stdout
 
 
+def test_run_dyn_one_library_at_batch_1_7_64(build):
+    """run_dyn.c: ONE libmlpd.so (a dynamic batch) at batch 1, 7 and 64, each checked
+    against Func.run and the interpreter; bad sizes are error codes naming the dim."""
+    p = _run([str(build / "run_dyn")])
+    assert p.returncode == 0, p.stdout + p.stderr
+    model = _example_models()
+    f = model.mlp_dyn()
+    blocks = p.stdout.split("batch B=")[1:]
+    assert [int(b.split("\n", 1)[0]) for b in blocks] == [1, 7, 64]
+    for B, block in zip((1, 7, 64), blocks):
+        x = model.example_input((B, 16))
+        got = _parse_outputs(block)
+        for want in (f.run(x=x), f.run_on("interp", x=x)):
+            assert [g.shape for g in got] == [w.shape for w in want] == [(B, 4), (B, 4)]
+            for g, w in zip(got, want):
+                np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    assert "set_dims(0) -> 7: set_dims: dimension 'B' (sizes[0]) is 0" in p.stdout
+    assert "set_dims(-3) -> 7: set_dims: dimension 'B' (sizes[0]) is -3" in p.stdout
+    assert "set_dims(4611686018427387904) -> 7: set_dims: sizes too large (B=" in p.stdout
+    assert "current B=64 rows" in p.stdout
+    check_header(str(build / "mlpd" / "mlpd.h"), "c")
+    check_header(str(build / "mlpd" / "mlpd.h"), "c++")
+
+
 def test_train_from_c_lowers_loss(build):
     p = _run([str(build / "train_tiny")])
     assert p.returncode == 0, p.stdout + p.stderr
@@ -212,7 +236,7 @@ def test_c_side_abi_check_detects_a_stale_header(errors_prog, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(VALGRIND is None, reason="valgrind not installed")
-@pytest.mark.parametrize("prog", ["run_mlp", "train_tiny", "threads", "errors"])
+@pytest.mark.parametrize("prog", ["run_mlp", "train_tiny", "threads", "errors", "run_dyn"])
 def test_valgrind_clean(build, errors_prog, prog):
     path = errors_prog / "errors" if prog == "errors" else build / prog
     p = _run([VALGRIND, "--leak-check=full", "--error-exitcode=1", "--quiet", str(path)],

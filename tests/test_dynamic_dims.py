@@ -267,15 +267,24 @@ def test_train_step_and_trainer_any_batch(device):
         np.testing.assert_allclose(tr.func.params()[n], w, rtol=1e-5, atol=1e-6)
 
 
-def test_aot_compile_needs_dims_and_builds_at_a_size(tmp_path):
+def test_aot_compile_builds_one_library_or_at_a_size(tmp_path):
     from click.testing import CliRunner
 
     from rlxc.cli.main import main
+    from rlxc.runtime import load
 
     f = _mlp("B")
     src = tmp_path / "m.mlir"
     src.write_text(f.mlir())
     r = CliRunner().invoke(main, ["compile", str(src), "-o", str(tmp_path / "a")])
+    assert r.exit_code == 0, r.output   # one library for every size (tests/test_aot_dynamic.py)
+    m = load(tmp_path / "a", new=True)
+    m.set_params(f.params())
+    assert m.dims == ["B"]
+    for B in (3, 8):
+        x, y = _data(B)
+        np.testing.assert_allclose(m.run(x=x, y=y)[0], f.run(x=x, y=y)[0], rtol=1e-5)
+    r = CliRunner().invoke(main, ["compile", str(src), "--emit", "llvm"])
     assert r.exit_code != 0 and "dynamic dimensions ['B']" in r.output and "--sizes B=" in r.output
     r = CliRunner().invoke(main, ["compile", str(src), "-o", str(tmp_path / "a"), "--sizes", "C=3"])
     assert r.exit_code == 2 and "not a dynamic dimension" in r.output

@@ -36,13 +36,14 @@ def _files(d):
         if os.path.isdir(d) else []
 
 
-def test_new_size_no_compile_no_cache_entry(monkeypatch):
+def test_new_size_no_compile_no_cache_entry(monkeypatch, tmp_path):
     import rlxc.lowering.cpu.driver as driver
     import rlxc.lowering.cpu.dynsizes as dynsizes
 
     import rlxc.dynone as dynone
 
     monkeypatch.setattr(dynone, "_libs", {})   # compile afresh in this test
+    monkeypatch.setenv("RLXC_CACHE_DIR", str(tmp_path))   # (the one library is disk-cached)
     f = _func("softmax_ce", "grad")
     calls = []
     real_dyn, real_static = dynsizes.compile_dynamic, driver.compile_cpu

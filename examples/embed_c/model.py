@@ -65,3 +65,15 @@ def ddp_data(step: int, rows, cols: int, which: str) -> np.ndarray:
         return v.astype(np.float32) / np.float32(11)
     v = ((r * cols + k) * 13 + step * 7) % 19 - 9
     return v.astype(np.float32) / np.float32(9)
+
+
+def mlp_dyn():
+    """`mlp` with a dynamic batch ("B", 16): ONE library serves every batch size
+    (run_dyn.c runs it at 1, 7 and 64 after mlpd_set_dims); params baked."""
+    def build(s):
+        x = s.input("x", ("B", 16))
+        h = x.linear(s.param("w1", (16, 32)), s.param("b1", (32,))).relu()
+        logits = h.linear(s.param("w2", (32, 4)), s.param("b2", (4,)))
+        return logits, logits.softmax(-1)
+
+    return rlxc.Func("mlpd", build).init_randn(seed=7, stddev=0.3)

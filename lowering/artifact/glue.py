@@ -77,13 +77,16 @@ def _cpu_rows(features) -> str:
 
 def emit_glue(spec: ArtifactSpec, kernel_sym: str, step_sym: str | None = None,
               errors: dict | None = None, cpu_features=(), cpu_label: str | None = None,
-              grads_sym: str | None = None, apply_sym: str | None = None) -> str:
+              grads_sym: str | None = None, apply_sym: str | None = None,
+              dyn_kernels: dict | None = None) -> str:
     """The C glue implementing NAME.h on top of the kernel entry points.
 
     `errors` maps (kernel symbol, return code) to the message of that code;
     `cpu_features` (runtime/cpufeatures.py names) are checked with cpuid before
     any kernel runs, and `cpu_label` names the CPU in the refusal.  `grads_sym` /
-    `apply_sym` (--train, rlxc/train_split.py) add NAME_train_grads / _apply."""
+    `apply_sym` (--train, rlxc/train_split.py) add NAME_train_grads / _apply.  A spec
+    with dynamic dims (spec.dims) needs `dyn_kernels` ({0 run, 1 step, 2 grads, 3 apply:
+    dynglue.DynKernel}) and gets NAME_set_dims and the size-generic calls (dynglue.py)."""
     n = spec.name
     unknown = [f for f in cpu_features if f not in FEATURES]
     if unknown:
@@ -111,8 +114,14 @@ def emit_glue(spec: ArtifactSpec, kernel_sym: str, step_sym: str | None = None,
     if split:
         values.update(grads=grads_sym, apply=apply_sym,
                       ngrad=spec.train.grads_program.grad_numel)
+    dyn = bool(getattr(spec, "dims", None))
+    if dyn:
+        from .dynglue import dyn_values
+
+        values.update(dyn_values(spec, dyn_kernels or {}))
     return fill("glue.c.in", values, {"blob": bool(layout), "train": spec.train is not None,
-                                      "split": split, "cpu_check": bool(cpu_features)})
+                                      "split": split, "cpu_check": bool(cpu_features),
+                                      "dyn": dyn})
 
 
 def exported_symbols(glue: str, name: str) -> list[str]:

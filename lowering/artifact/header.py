@@ -42,6 +42,10 @@ def emit_header(spec: ArtifactSpec) -> str:
                        f"{fmt_shape(t.shape)}{extra}")
     for (kind, upper), (_, lst) in zip(_KINDS, _tensors(spec)):
         for i, t in enumerate(lst):
+            if any(isinstance(d, str) for d in t.shape):   # dynamic: NAME_KIND_numel(ctx, i)
+                sizes.append(f"/* {m}_{upper}{i}_NUMEL: dynamic {comment(fmt_shape(t.shape))}, "
+                             f"{n}_{kind}_numel(ctx, {i}) */")
+                continue
             sizes.append(f"#define {m}_{upper}{i}_NUMEL {t.numel}u  /* {comment(t.name)} */")
     train = spec.train
     values = {
@@ -59,4 +63,9 @@ def emit_header(spec: ArtifactSpec) -> str:
         values.update(optimizer=train.optimizer.kind, lr=f"{train.lr:g}")
     if split:
         values.update(num_grads=train.grads_program.grad_numel)
-    return fill("header.h.in", values, {"train": train is not None, "split": split})
+    dims = list(getattr(spec, "dims", None) or [])
+    if dims:
+        values.update(num_dims=len(dims), dim_names=", ".join(c_string(d) for d in dims),
+                      dim_list=comment(", ".join(dims)))
+    return fill("header.h.in", values, {"train": train is not None, "split": split,
+                                        "dyn": bool(dims)})

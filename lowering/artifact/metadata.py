@@ -46,7 +46,7 @@ def emit_metadata(spec: ArtifactSpec, lib_sha256: str, lib_size: int = 0,
     except Exception:  # pragma: no cover
         pass
     n = spec.name
-    return {
+    meta = {
         "format": ARTIFACT_FORMAT,
         "abi_version": ABI_VERSION,
         "rlxc_version": spec.version,
@@ -70,6 +70,9 @@ def emit_metadata(spec: ArtifactSpec, lib_sha256: str, lib_size: int = 0,
         "transforms": list(spec.transforms),
         "source": spec.source,
     }
+    if getattr(spec, "dims", None):   # one library for every size: NAME_set_dims
+        meta["dims"] = list(spec.dims)
+    return meta
 
 
 def _sgemm_params(cpu: str) -> dict | None:
@@ -90,4 +93,6 @@ def dump_metadata(meta: dict) -> str:
                   lambda m: "{" + re.sub(r"\s*\n\s*", " ", m.group(1)) + "}", text)
     text = re.sub(r"\[\s+([-\d,\s]*?)\s+\]",
                   lambda m: "[" + re.sub(r"\s*,\s*", ", ", m.group(1).strip()) + "]", text)
+    # a dynamic shape (dim names and ints) in a collapsed tensor: only its padding goes
+    text = re.sub(r'"shape": \[ ([^\[\]\n]*?) \]', r'"shape": [\1]', text)
     return text + "\n"

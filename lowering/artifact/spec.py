@@ -50,6 +50,7 @@ class ArtifactSpec:
     transforms: list = field(default_factory=list)
     source: str = ""
     version: str = "unknown"     # the rlxc that builds it (rlxc.__version__)
+    dims: list = field(default_factory=list)   # dynamic dims (symbols), NAME_set_dims order
 
     def ir_hash(self) -> str:
         h = hashlib.sha256(self.func.mlir().encode())

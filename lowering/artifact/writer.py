@@ -10,6 +10,13 @@
           ▼
     OUTDIR/libNAME.so   NAME.h (header.py)   NAME.json (metadata.py)   NAME/ (package.py)
 
+A Func with dynamic dims (spec.dims) takes the size-generic path instead
+(dynglue.py): every kernel is compiled once for all sizes by
+lowering/cpu/dynsizes.py (entry `rlx_<sym>(..., const int64_t *dims)`; a kernel
+without symbols, such as the optimizer update, stays static), and the glue adds
+NAME_set_dims and per-context shapes; a graph no single program serves raises
+NotSizeGeneric (`rlxc compile` then asks for --sizes).
+
 Purpose
 -------
 One compile serves three users: a C/C++ program (`NAME.h` + `libNAME.so`),
@@ -29,6 +36,7 @@ import tempfile
 from rlxc.runtime.loader import sha256_file
 
 from . import cc, isa
+from .dynglue import NotSizeGeneric, compile_kernel
 from .glue import emit_blob_asm, emit_glue, exported_symbols
 from .header import emit_header
 from .metadata import dump_metadata, emit_metadata
@@ -94,6 +102,11 @@ def build_artifact(spec: ArtifactSpec, outdir: str, progress: Progress | None = 
     from rlxc.runtime.targets import target as runtime_target
 
     family = runtime_target(spec.target).family   # ValueError naming the valid targets
+    if spec.dims and family != "cpu":
+        raise NotSizeGeneric(f"the Func {spec.func.name!r} has dynamic dimensions {spec.dims}: "
+                             f"a library for every size is built for the CPU targets only; pass "
+                             + " ".join(f"--sizes {d}=SIZE" for d in spec.dims)
+                             + f" to build a --target {spec.target} library for one size")
     if family == "cuda":
         return build_cuda_artifact(spec, outdir, progress)
     n = spec.name
@@ -104,30 +117,39 @@ def build_artifact(spec: ArtifactSpec, outdir: str, progress: Progress | None = 
         from rlxc.lowering.cpu.target import host_cpu_name
 
         label = f"native ({host_cpu_name()})"
-    arts = [_compile_kernel(spec.func.module, n, spec.cpu, progress)]
     step_sym = None
     split = {}
+    mods = [(0, spec.func.module, n, "model")]
     if spec.train is not None:
         step_sym = f"{n}_train_step_kernel"
-        arts.append(_compile_kernel(spec.train.program.func.module, step_sym, spec.cpu,
-                                    progress))
+        mods.append((1, spec.train.program.func.module, step_sym, "train step"))
         if spec.train.grads_program is not None:  # NAME_train_grads / NAME_train_apply
-            for kind in ("grads", "apply"):
+            for k, kind in ((2, "grads"), (3, "apply")):
                 sym = split[kind] = f"{n}_train_{kind}_kernel"
                 prog = getattr(spec.train, f"{kind}_program")
-                arts.append(_compile_kernel(prog.func.module, sym, spec.cpu, progress))
-    objects = [a.object for a in arts]
-    errors = {}
-    for a in arts:
-        for code, (_, msg) in a.errors.items():
-            errors[(a.name, int(code))] = msg
+                mods.append((k, prog.func.module, sym, f"train {kind} step"))
+    objects, errors, kernels = [], {}, None
+    if spec.dims:   # one library for every size (dynglue.py)
+        kernels = {}
+        for k, mod, sym, what in mods:
+            with progress.stage(f"backend {sym} (size-generic)"):
+                obj, errs, kernels[k] = compile_kernel(mod, sym, spec.cpu, what, spec)
+            objects.append(obj)
+            for code, (_, msg) in errs.items():
+                errors[(sym, int(code))] = msg
+    else:
+        for _, mod, sym, _ in mods:
+            a = _compile_kernel(mod, sym, spec.cpu, progress)
+            objects.append(a.object)
+            for code, (_, msg) in a.errors.items():
+                errors[(a.name, int(code))] = msg
     with tempfile.TemporaryDirectory(prefix="rlxc-aot-") as tmp:
         with progress.stage("header + glue (cc)"):
             header = emit_header(spec)
             with open(os.path.join(tmp, f"{n}.h"), "w") as f:
                 f.write(header)
             glue = emit_glue(spec, n, step_sym, errors, features, label,
-                             split.get("grads"), split.get("apply"))
+                             split.get("grads"), split.get("apply"), kernels)
             with open(os.path.join(tmp, "glue.c"), "w") as f:
                 f.write(glue)
             objects.append(cc.compile_glue(os.path.join(tmp, "glue.c"), tmp,

@@ -222,10 +222,12 @@ def module_symbols(module) -> list:
 
 
 def compile_dynamic(module, name: str, cpu: str = "native", opt: int = 3,
-                    so_path: str | None = None, max_threads: int | None = None) -> dict:
+                    so_path: str | None = None, max_threads: int | None = None,
+                    link: bool = True) -> dict:
     """Compile a dynamic rlx module to ONE shared library for every size.  Returns the
-    metadata runtime/dyncpu.py loads (with "so_path"); DynamicSizeError if the graph
-    is not size-generic under this lowering."""
+    metadata runtime/dyncpu.py loads (with "so_path", and the kernel "object"; with
+    link=False no library is linked and "so_path" is None: the AOT writer links the
+    object with its C glue); DynamicSizeError if the graph is not size-generic."""
     import os
     import shutil
     import tempfile
@@ -252,11 +254,14 @@ def compile_dynamic(module, name: str, cpu: str = "native", opt: int = 3,
                        if isinstance(k, MatmulKernel)})
     if variants:
         obj = relocatable_link([obj] + [sgemm_object(cpu, v) for v in variants], cpu)
-    if so_path is None:
+    if not link:
+        so_path = None
+    elif so_path is None:
         tmp = tempfile.mkdtemp(prefix=f"rlxc-p{os.getpid()}-")
         atexit.register(shutil.rmtree, tmp, True)
         so_path = os.path.join(tmp, f"lib{name}.so")
-    link_shared([obj], so_path, cpu=cpu)
+    if link:
+        link_shared([obj], so_path, cpu=cpu)
     return {"abi": 1, "name": name, "entry": f"rlx_{name}", "dims": list(prog.dims),
             "workspace_symbol": f"rlx_{name}_workspace_size",
             "workspace": [symint_json(e) for e in prog.workspace_ends],
