@@ -72,6 +72,9 @@ def _cpu_key(cpu: str) -> str:
     return "native-" + h.hexdigest()[:12]
 
 
+cpu_key = _cpu_key   # public: rlxc/dynone.py keys the one library's cache entry the same way
+
+
 def _options(options: dict) -> tuple:
     from rlxc.lowering.cpu.driver import default_threads
 

@@ -73,12 +73,12 @@ def _check_args(func):
 def _cached_or_compiled(func, cpu: str):
     """The DynExecutor of `func`: from the disk cache, else compiled and stored."""
     from rlxc import cache
-    from rlxc.backends import _cpu_key
+    from rlxc.backends import cpu_key
     from rlxc.func import c_symbol
     from rlxc.lowering.cpu.driver import default_threads
     from rlxc.runtime.dyncpu import DynExecutor, DynLibrary
 
-    parts = (func.ir_hash(), _cpu_key(cpu), "O3", f"t{default_threads()}")
+    parts = (func.ir_hash(), cpu_key(cpu), "O3", f"t{default_threads()}")
     key = cache.entry_key("cpu-dyn", *parts)
     no_key = cache.entry_key("cpu-dyn-refused", *parts)
     why = cache.load(no_key, "cpu-dyn-refused", lambda path, meta: meta["why"])
