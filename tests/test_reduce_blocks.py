@@ -1,0 +1,80 @@
+"""Register blocking of reductions (lowering/cpu/reduce.py): a buffer-mode reduction's
+column blocks are QBLOCK_VECTORS vector registers of the target in all (also when the
+merged matrix-vector products of an HVP add a kept dim before the columns), and a
+scalar reduction over rows computes several rows at once (unroll and jam).  Checked on
+the loop IR and against NumPy, NaN included."""
+import re
+
+import numpy as np
+import pytest
+
+from rlxc import Func
+from rlxc.lowering.cpu.driver import emit_loops
+
+
+def _kernel(text: str, marker: str) -> str:
+    for k in text.split("\nkernel ")[1:]:
+        if marker in k:
+            return k
+    raise AssertionError(f"no kernel with {marker!r} in\n{text}")
+
+
+def _hvp(n=256):
+    W = (np.random.default_rng(3).standard_normal((n, n)) / np.sqrt(n)).astype(np.float32)
+    f = Func("rb_hvp", lambda s: (s.param("W", (n, n)) @ s.input("x", (n,))).tanh().sum())
+    return W, f.with_param("W", W).hvp(["x"])
+
+
+@pytest.mark.parametrize("cpu,width", [("native", None), ("znver3", 32), ("skylake-avx512", 64)])
+def test_merged_transposed_matvecs_are_column_blocked(cpu, width):
+    _, h = _hvp()
+    text = emit_loops(h.module, cpu=cpu)
+    # W.T @ [g, h]: out[n, m] += W[k, m] * g[k, n] over k, 2 x 256 outputs
+    k = _kernel(text, "for i0 in [0, 256):\n      for i1 in [0, 2):\n        for i2 in [i2_blk")
+    m = re.search(r"for i2 in \[i2_blk\*(\d+), i2_blk\*\d+ \+ (\d+)\)", k)
+    assert m and m.group(1) == m.group(2)
+    if width is not None:   # 8 registers for 2 vectors of outputs
+        assert int(m.group(1)) == width
+
+
+def test_hvp_numerics_after_blocking():
+    W, h = _hvp()
+    rng = np.random.default_rng(4)
+    x, v = rng.standard_normal((2, 256)).astype(np.float32)
+    outs = h.jit().run(x, v)
+    t = np.tanh(W.astype(np.float64) @ x)
+    s = 1 - t * t
+    np.testing.assert_allclose(outs[1], W.T.astype(np.float64) @ s, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(outs[-1], W.T.astype(np.float64) @ (-2 * t * s * (W @ v)),
+                               rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("cpu,width", [("native", None), ("znver3", 64)])
+def test_vector_matrix_blocks_fit_registers(cpu, width):
+    f = Func("rb_xw", lambda s: s.input("x", (1, 784)) @ s.param("w", (784, 512)))
+    text = emit_loops(f.module, cpu=cpu)
+    m = re.search(r"for i1 in \[i1_blk\*(\d+), ", text)
+    assert m, text
+    if width is not None:
+        assert int(m.group(1)) == width
+
+
+def test_row_reductions_are_jammed():
+    f = Func("rb_mv", lambda s: s.param("w", (512, 256)) @ s.input("x", (256,)))
+    k = _kernel(emit_loops(f.module), "rlx.sum")
+    assert "i0_jam in [0, 128)" in k and "acc4" in k
+
+
+@pytest.mark.parametrize("rows", [1, 3, 6, 8, 12])
+@pytest.mark.parametrize("op", ["sum", "max", "min", "mean"])
+def test_jammed_row_reductions_match_numpy_and_keep_nan(rows, op):
+    rng = np.random.default_rng(rows)
+    a = rng.standard_normal((rows, 96)).astype(np.float32)
+    if rows > 2:
+        a[2, 17] = np.nan
+    f = Func(f"rb_{op}{rows}", lambda s: getattr(s.input("a", (rows, 96)) * 2.0, op)(axes=(1,)))
+    got = f.jit().run(a)[0]
+    want = getattr(np, op)(a.astype(np.float64) * 2.0, axis=1)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    if rows > 2:
+        assert np.isnan(got[2]) and not np.isnan(np.delete(got, 2)).any()
