@@ -78,3 +78,12 @@ def test_jammed_row_reductions_match_numpy_and_keep_nan(rows, op):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     if rows > 2:
         assert np.isnan(got[2]) and not np.isnan(np.delete(got, 2)).any()
+
+
+def test_jam_keeps_a_parallel_outer_loop_wide():
+    # 8 long rows, enough work to fork: jamming 4 rows would leave 2 parallel iterations
+    f = Func("rb_par", lambda s: (s.input("a", (8, 32768)) * 1.5 + 0.5).max(axes=(1,)))
+    k = _kernel(emit_loops(f.module), "rlx.max")
+    assert "parallel for i0 in [0, 8)" in k and "_jam" not in k
+    a = np.random.default_rng(0).standard_normal((8, 32768)).astype(np.float32)
+    np.testing.assert_allclose(f.jit().run(a)[0], (1.5 * a + 0.5).max(1), rtol=1e-6)

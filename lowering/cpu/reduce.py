@@ -163,7 +163,7 @@ def build_reduction(b, v, op, what):
     if not outer and red and nred >= SPLIT_MIN and red[0].extent >= 2:
         _split(b, cx, out, off, what, work, gen, adt)
         return
-    jam = _jam(outer, cx, _lanes(getattr(b, "cpu", "native")))
+    jam = _jam(outer, cx, _lanes(getattr(b, "cpu", "native")), par)
     if jam is not None:
         _jammed(b, cx, out, off, outer, jam, what, work, par, gen, adt)
         return
@@ -174,22 +174,25 @@ def build_reduction(b, v, op, what):
 
 
 JAM_MAX_COST = 6   # expressions up to this cost are repeated per jammed output
+JAM_MIN_PAR = 16   # parallel iterations a jam may leave in a parallel nest's outer loop
 
 
-def _jam(outer, cx, lanes: int):
+def _jam(outer, cx, lanes: int, par: bool = False):
     """(position in `outer`, factor U) of the kept dim whose outputs a scalar reduction
     computes U at a time, or None.  One reduced dim of at least two vectors, reduced
     in the target dtype: each output is a vectorized partial-sum chain and a horizontal
     sum, and one output at a time runs at the FMA latency (a 256-long dot product: 16
     dependent FMAs); U independent chains overlap it and share the loads of the
-    operand that does not depend on the jammed dim (x of W @ x)."""
+    operand that does not depend on the jammed dim (x of W @ x).  A parallel nest keeps
+    at least JAM_MIN_PAR iterations in its outermost loop."""
     if cx.wide or cx.f64 or len(cx.red) != 1 or not outer:
         return None
     if cx.red[0].extent < 2 * lanes or cost(cx.expr) > JAM_MAX_COST:
         return None
     for u in (4, 2):
         for k in range(len(outer) - 1, -1, -1):
-            if outer[k].extent % u == 0:
+            if outer[k].extent % u == 0 and not (
+                    par and k == 0 and outer[0].extent // u < JAM_MIN_PAR):
                 return k, u
     return None
 
