@@ -87,3 +87,15 @@ def test_jam_keeps_a_parallel_outer_loop_wide():
     assert "parallel for i0 in [0, 8)" in k and "_jam" not in k
     a = np.random.default_rng(0).standard_normal((8, 32768)).astype(np.float32)
     np.testing.assert_allclose(f.jit().run(a)[0], (1.5 * a + 0.5).max(1), rtol=1e-6)
+
+
+def test_avx2_hvp_keeps_its_accumulators_in_registers():
+    """AVX2 has 16 ymm: 128-column blocks (16 accumulators) and the unblocked 2 x 256
+    outputs of the merged W.T @ [g, h] spilled (~360 stack moves in the HVP); the
+    8-register blocks spill none."""
+    from rlxc.lowering.cpu.driver import emit_asm
+
+    _, h = _hvp()
+    asm = emit_asm(h.module, cpu="znver3")
+    spills = re.findall(r"vmov[ua]ps\s+(?:%ymm\d+,\s*-?\w*\(%rsp\)|-?\w*\(%rsp\),\s*%ymm)", asm)
+    assert not spills, spills[:4]
