@@ -26,6 +26,8 @@ like the interpreter's cast.
 """
 from __future__ import annotations
 
+import functools
+
 from rlxc.dialect.shapes import SHAPES
 from rlxc.dialect.types import dtype_of, shape_of
 
@@ -217,12 +219,14 @@ def _jammed(b, cx, out, off, outer, jam, what, work, par, gen, adt):
     b._add(LoopKernel(b._kname("reduce"), what, loops, work, [out]), gen)
 
 
+@functools.lru_cache(maxsize=None)
 def _lanes(cpu: str) -> int:
-    """f32 lanes of the target's vector registers (16 AVX-512, 8 AVX2, 4 SSE/NEON)."""
-    from rlxc.lowering.cpu.sgemm_kernels import _isa_for
+    """f32 lanes of the target's vector registers (16 AVX-512, 8 AVX2, 4 SSE/NEON): the
+    ISA the target's sgemm configuration was derived for."""
+    from rlxc.lowering.cpu.sgemm_kernels import sgemm_config
 
     try:
-        return _isa_for(cpu).vl
+        return sgemm_config(cpu).vl
     except NotImplementedError:
         return 4
 
