@@ -338,6 +338,15 @@ class Jitted:
         self._par_pos = [i for i, a in enumerate(func.signature()) if a.kind == "param"]
 
     def run(self, *args, **inputs) -> list:
+        if not inputs and self._bound and len(args) == len(self._ins):
+            # the common call: every input by position, already as declared (the same
+            # test as below; anything else takes the general path with its checks)
+            for (_, shape, _, npdt), a in zip(self._ins, args):
+                if not (type(a) is np.ndarray and a.dtype == npdt and a.shape == shape and
+                        a.flags.c_contiguous):
+                    break
+            else:
+                return self._caller.call(args)
         if args:
             if len(args) == 1 and isinstance(args[0], dict):
                 inputs = {**args[0], **inputs}

@@ -95,7 +95,7 @@ class CallFrame:
 
     def __init__(self, lib, workspace: "CallFrame | None" = None):
         self.lib = lib
-        self._entry = lib.entry
+        self._entry = getattr(lib, "entry_fast", None) or lib.entry
         self._gov = lib.governor
         self.ins = (ctypes.c_void_p * max(1, len(lib.inputs)))()
         self.outs = (ctypes.c_void_p * max(1, len(lib.outputs)))()
@@ -109,9 +109,12 @@ class CallFrame:
     def invoke(self) -> None:
         """One foreign call with the tables as they are (the GIL is released)."""
         gov = self._gov
-        tok = gov.begin()
-        rc = self._entry(self.ins, self.outs, self.pars, self.ws_ptr)
-        gov.end(tok)
+        if gov._fixed:  # nothing to time or choose (a library that never forks, or fixed)
+            rc = self._entry(self.ins, self.outs, self.pars, self.ws_ptr)
+        else:
+            tok = gov.begin()
+            rc = self._entry(self.ins, self.outs, self.pars, self.ws_ptr)
+            gov.end(tok)
         if rc:
             raise self.lib.error(rc, self)
 

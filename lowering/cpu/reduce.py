@@ -12,7 +12,7 @@
     buffer   [parallel] for o: out[o, :] = id                    (kept dims after the last
                                 for r: for q: out[o, q] op= expr   reduced dim: the inner
                                 (mean) out[o, :] /= n               loop stays contiguous)
-             one long kept-inner dim q is cut into QBLOCK-column blocks, the block loop
+             the last kept-inner dim q is cut into blocks of QBLOCK_VECTORS registers, the block loop
              outermost (parallel when nothing else is):  for o, qb: out[o, qb] = id;
                                 for r: for q in qb: out[o, q] op= expr   (a register block)
 
@@ -26,14 +26,16 @@ like the interpreter's cast.
 """
 from __future__ import annotations
 
+import functools
+
 from rlxc.dialect.shapes import SHAPES
 from rlxc.dialect.types import dtype_of, shape_of
 
 from rlxc.lowering.cpu import indexing as ix
 from rlxc.lowering.cpu.fusion import Gen
 from rlxc.lowering.cpu.loops import Acc, AccDecl, AccRef, Buffer, Const, For, Load, LoopKernel, Op, Store, Update
-from rlxc.lowering.cpu.schedule import collapse, cost, identity, nest
-from rlxc.lowering.cpu.tuning import BLOCK, CHUNK, MAX_CHUNKS, PAR_MIN_WORK, QBLOCK, SPLIT_MIN
+from rlxc.lowering.cpu.schedule import collapse, cost, identity, map_expr, nest
+from rlxc.lowering.cpu.tuning import BLOCK, CHUNK, MAX_CHUNKS, PAR_MIN_WORK, QBLOCK_VECTORS, SPLIT_MIN
 
 COMBINE = {n[4:]: s.combine for n, s in SHAPES.items() if s.combine}   # dialect/shapes.py
 BOOL_COMBINE = {"add": "or", "mul": "and", "max": "or", "min": "and"}
@@ -150,7 +152,7 @@ def build_reduction(b, v, op, what):
     adt = "f64" if cx.wide or cx.f64 else dt
 
     if inner:  # buffer mode: accumulate in the output
-        inest, blk = _column_blocks(inner)
+        inest, blk = _column_blocks(inner, _lanes(getattr(b, "cpu", "native")))
         fin = []
         if kind == "mean" and dt != "i1":
             fin = inest([Store(out, off, _finalize(kind, Load(out, off), dt, nred))])
@@ -163,30 +165,94 @@ def build_reduction(b, v, op, what):
     if not outer and red and nred >= SPLIT_MIN and red[0].extent >= 2:
         _split(b, cx, out, off, what, work, gen, adt)
         return
+    jam = _jam(outer, cx, _lanes(getattr(b, "cpu", "native")), par)
+    if jam is not None:
+        _jammed(b, cx, out, off, outer, jam, what, work, par, gen, adt)
+        return
     top = cx.acc(adt)
     body = [AccDecl(top, identity(combine, adt))] + cx.loops(top) + \
         [Store(out, off, _finalize(kind, AccRef(top), dt, nred))]
     b._add(LoopKernel(b._kname("reduce"), what, nest(outer, body, par), work, [out]), gen)
 
 
-def _column_blocks(inner):
+JAM_MAX_COST = 6   # expressions up to this cost are repeated per jammed output
+JAM_MIN_PAR = 16   # parallel iterations a jam may leave in a parallel nest's outer loop
+
+
+def _jam(outer, cx, lanes: int, par: bool = False):
+    """(position in `outer`, factor U) of the kept dim whose outputs a scalar reduction
+    computes U at a time, or None.  One reduced dim of at least two vectors, reduced
+    in the target dtype: each output is a vectorized partial-sum chain and a horizontal
+    sum, and one output at a time runs at the FMA latency (a 256-long dot product: 16
+    dependent FMAs); U independent chains overlap it and share the loads of the
+    operand that does not depend on the jammed dim (x of W @ x).  A parallel nest keeps
+    at least JAM_MIN_PAR iterations in its outermost loop."""
+    if cx.wide or cx.f64 or len(cx.red) != 1 or not outer:
+        return None
+    if cx.red[0].extent < 2 * lanes or cost(cx.expr) > JAM_MAX_COST:
+        return None
+    for u in (4, 2):
+        for k in range(len(outer) - 1, -1, -1):
+            if outer[k].extent % u == 0 and not (
+                    par and k == 0 and outer[0].extent // u < JAM_MIN_PAR):
+                return k, u
+    return None
+
+
+def _jammed(b, cx, out, off, outer, jam, what, work, par, gen, adt):
+    """`for o_jam: for <kept after o>: acc_j = id (j < U); for r: acc_j op= expr[o = U*o_jam
+    + j]; out[..] = finalize(acc_j)` (unroll and jam of the kept dim `o` = outer[k])."""
+    k, u = jam
+    o = outer[k]
+    oj = ix.Var(f"{o.name}_jam", o.extent // u)
+    r = cx.red[0]
+    decls, ups, stores = [], [], []
+    for j in range(u):
+        m = {o: ix.add(ix.scale(ix.var(oj), u), j)}
+        a = cx.acc(adt)
+        decls.append(AccDecl(a, identity(cx.combine, adt)))
+        ups.append(Update(a, cx.combine, map_expr(cx.expr, m)))
+        stores.append(Store(out, ix.subst(off, m), _finalize(cx.kind, AccRef(a), cx.dt,
+                                                              cx.nred)))
+    body = decls + [For(r, ix.ZERO, ix.const(r.extent), ups)] + stores
+    loops = nest(outer[:k] + [oj], nest(outer[k + 1:], body), par)
+    b._add(LoopKernel(b._kname("reduce"), what, loops, work, [out]), gen)
+
+
+@functools.lru_cache(maxsize=None)
+def _lanes(cpu: str) -> int:
+    """f32 lanes of the target's vector registers (16 AVX-512, 8 AVX2, 4 SSE/NEON): the
+    ISA the target's sgemm configuration was derived for."""
+    from rlxc.lowering.cpu.sgemm_kernels import sgemm_config
+
+    try:
+        return sgemm_config(cpu).vl
+    except NotImplementedError:
+        return 4
+
+
+def _column_blocks(inner, lanes: int):
     """(nest function for the kept-inner loops, extra outer loop vars) of buffer mode.
 
-    One long kept-inner dim q (a matrix-vector product x @ W, a bias gradient) is
-    cut into blocks of QBLOCK columns with the block loop outside the reduction:
-    `for qb: for r...: for q in block: out[q] op= e`.  The block of `out` stays
-    in vector registers across the whole reduction instead of being loaded and
-    stored once per reduced element, and the block loop can run in parallel when
-    no other kept dim is outside."""
-    q = inner[0] if len(inner) == 1 else None
-    if q is None or q.extent < 2 * QBLOCK:
+    The last kept-inner dim q (a matrix-vector product x @ W, a bias gradient; with
+    the vectors of merged matrix-vector products W.T @ [g, h] as kept dims before it)
+    is cut into blocks with the block loop outside the reduction:
+    `for qb: for r...: for n...: for q in block: out[n, q] op= e`.  A block is
+    QBLOCK_VECTORS vector registers of `out` in all (over the n... dims), so it stays
+    in registers across the whole reduction instead of being loaded and stored once
+    per reduced element (512 accumulators spilled to the stack, each update a load and
+    a store), and the block loop can run in parallel when no other kept dim is outside."""
+    q = inner[-1]
+    rest = _prod(u.extent for u in inner[:-1])
+    width = QBLOCK_VECTORS * lanes // rest // lanes * lanes   # columns per block
+    if width < lanes or q.extent < 2 * width:
         return (lambda stmts: nest(inner, stmts)), []
-    size = next((c for c in (QBLOCK, QBLOCK // 2) if q.extent % c == 0), QBLOCK)
+    size = next((c for c in (width, width // 2) if c >= lanes and q.extent % c == 0), width)
     qb = ix.Var(f"{q.name}_blk", -(-q.extent // size))
     lo = ix.scale(ix.var(qb), size)
     hi = ix.add(lo, size) if q.extent % size == 0 else ix.minimum(ix.add(lo, size),
                                                                     ix.const(q.extent))
-    return (lambda stmts: [For(q, lo, hi, stmts)]), [qb]
+    return (lambda stmts: nest(inner[:-1], [For(q, lo, hi, stmts)])), [qb]
 
 
 def _split(b, cx, out, off, what, work, gen, adt):

@@ -24,3 +24,5 @@ SPLIT_MIN = 1 << 16      # full reductions with at least this many elements run 
 CHUNK = 16384            # target elements per chunk of a split reduction
 MAX_CHUNKS = 64
 QBLOCK = 128  # output columns a buffer-mode reduction keeps in registers (8 AVX-512 vectors)
+QBLOCK_VECTORS = 8  # vector registers of output a buffer-mode reduction block keeps (QBLOCK
+                    # columns on AVX-512, 64 on AVX2; fewer per vector of merged matvecs)
