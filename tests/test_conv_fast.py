@@ -6,7 +6,11 @@
   the im2col kernel reads the image at affine offsets: no index load, no division of
   a loaded index, no runtime range check;
 - a reshape of a materialized buffer reads it at the same row-major offset (no
-  div/mod round trip), so the 6-D im2col result is a contiguous sgemm operand.
+  div/mod round trip), so the 6-D im2col result is a contiguous sgemm operand;
+- a gather with more entries than its table reads the table through an expanding map,
+  so a computed table (the padded image) is materialized once, not padded per window;
+- the per-image GEMMs of a batched conv split over the threads (MatmulKernel.par_batch),
+  one scratch slice per thread.
 Each case is checked against the float64 interpreter (odd sizes, stride, dilation,
 padding, groups, batch 1 and many)."""
 import numpy as np
@@ -53,6 +57,7 @@ def test_im2col_is_an_affine_view(case):
     body = body.split("\n", 1)[1]   # the loops, without the header line
     assert "//" not in body and " % " not in body, body   # no index arithmetic on loads
     assert "%c" not in body, body                           # the constant indices are not read
+    assert "select" not in body and "clamp" not in body, body  # padded once, by its own kernel
 
 
 @pytest.mark.parametrize("case", CASES, ids=[str(k) for k in range(len(CASES))])
@@ -85,3 +90,26 @@ def test_affine_constant_gather_out_of_range_still_raises():
     f = rlxc.Func("oob2", lambda s: s.input("x", (5,)).gather(idx))
     with pytest.raises(IndexError, match="out of range"):
         f.run(x=np.arange(5, dtype=np.float32))
+
+
+def test_batched_conv_gemms_split_over_threads(monkeypatch):
+    """Per-image GEMMs too small for an sgemm team run as a batch loop over the threads; the
+    result is the same with 1 and 2 threads and matches the interpreter."""
+    from rlxc.lowering.cpu.loops import MatmulKernel
+
+    case = ((16, 3, 12, 12), (6, 3, 3), 1, 1, 1, 1)
+    f = rlxc.Func("cft", _build(case))
+    (mm,) = [k for k in lower(f.module, max_threads=2).kernels if isinstance(k, MatmulKernel)]
+    assert mm.par_batch == 2 and mm.batch
+    (mm1,) = [k for k in lower(f.module, max_threads=1).kernels if isinstance(k, MatmulKernel)]
+    assert mm1.par_batch == 1 and mm.scratch.numel >= 2 * mm1.scratch.numel
+    monkeypatch.setenv("RLXC_ADAPTIVE_THREADS", "0")
+    P = {"w": rng.standard_normal((6, 3, 3, 3)).astype(np.float32),
+         "b": rng.standard_normal(6).astype(np.float32)}
+    x = rng.standard_normal((16, 3, 12, 12)).astype(np.float32)
+    j = f.with_params(P).jit()
+    want = f.with_params(P).run_on("interp", x=x)
+    for t in (1, 2):
+        j.set_num_threads(t)
+        for u, v in zip(j.run(x=x), want):
+            np.testing.assert_allclose(u, v, rtol=1e-4, atol=1e-4)

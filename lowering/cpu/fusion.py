@@ -18,7 +18,8 @@ path (generated once, shared by memoisation) while `y + y.T` is two.  A
 computed value is materialized when it has more than one path (it would be
 recomputed and possibly re-read), or when a path runs through an *expanding*
 map (broadcast that grows the element count, pad), which would evaluate it
-more often than it has elements.  Views and splat constants are never
+more often than it has elements (also a gather with more entries than its table:
+im2col's padded image is padded once, not once per window).  Views and splat constants are never
 materialized on their own: they are free index maps.  Everything else is
 inlined into the loop nest of its root, so a chain of elementwise ops, the
 broadcasts and reshapes between them and the reduction that consumes them are
@@ -120,7 +121,7 @@ class Plan:
                 self._mark(v, "several consumers" if len(self.paths[v]) > 1 else
                            "read through an expanding broadcast/pad")
             mine = {(v, ())} if v in self.materialized else self.paths[v]
-            expands = name == "rlx.pad" or (name == "rlx.broadcast_to" and
+            expands = name == "rlx.pad" or (name in ("rlx.broadcast_to", "rlx.gather") and
                                             numel(shape_of(v.type)) >
                                             numel(shape_of(op.operands[0].type)))
             for pos, o in enumerate(op.operands):
