@@ -113,3 +113,27 @@ def test_batched_conv_gemms_split_over_threads(monkeypatch):
         j.set_num_threads(t)
         for u, v in zip(j.run(x=x), want):
             np.testing.assert_allclose(u, v, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", [CASES[1], CASES[2]], ids=["strided", "grouped"])
+def test_conv_fast_paths_on_the_avx2_build(tmp_path, monkeypatch, case):
+    """The affine im2col, the materialized pad and the batch team built for x86-64-v3 (AVX2,
+    the portable target) give the interpreter's forward and filter gradient."""
+    from rlxc import export
+    from rlxc.runtime import load
+
+    (n, c, h, w), (o, kh, kw), *_, g = case
+    P = {"w": rng.standard_normal((o, c // g, kh, kw)).astype(np.float32),
+         "b": rng.standard_normal(o).astype(np.float32)}
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    f = rlxc.Func("cfa", lambda s: (_build(case)(s)[1] ** 2).sum()).with_params(P)
+    gf = f.value_and_grad_all()
+    d = tmp_path / "a"
+    meta = export.build_artifact(export.spec_from_func(gf, "cfa", cpu="x86-64-v3"), str(d))
+    assert meta["cpu"] == "x86-64-v3"
+    monkeypatch.setenv("RLXC_ADAPTIVE_THREADS", "0")
+    want = gf.run_on("interp", x=x)
+    for t in (1, 2):
+        monkeypatch.setenv("RLXC_NUM_THREADS", str(t))
+        for u, v in zip(load(d, new=True).run(x=x), want):
+            np.testing.assert_allclose(u, v, rtol=1e-4, atol=1e-3)
