@@ -9,6 +9,9 @@
         epilogue:     ctx[s] = base_s + off_s(b) for every epilogue slot s
                       rlxc_sgemm_cb_TAG(..., NAME.kN.epi, ctx)
     NAME.kN.epi(ctx, row, col, float* v, n):   v[0:n] = epilogue(v, loads at (row, col))
+    par_batch > 1 (matmul_schedule.batch_team: per-element GEMMs too small for a team):
+        openmp.emit_parallel_ranges over the flattened batch; thread t runs its range,
+        its own epilogue ctx, scratch slice ws + t*(ws_floats/par_batch), one thread each
 
 The sgemm itself is not emitted here: it is declared and comes from the shared
 object of sgemm_object.py, linked in by cpu.py.  The epilogue is emitted once, as
