@@ -105,8 +105,9 @@ def matmul_kernel(bl, c, op, out, what, epilogue_root=None) -> bool:
     # the workspace caps sgemm's team: small products get one thread's worth
     threads = bl.sgemm_threads if M * N * max(K, 1) >= SGEMM_PAR_MIN else 1
     team = batch_team(bl.sgemm_threads, bvars, M, N, K) if threads == 1 else 1
+    ws = sgemm_workspace_floats(M, N, K, threads, cpu=bl.cpu)
     scratch = bl._buf(f"ws{len(bl.buffers)}", "temp", "f32",
-                      team * _aligned(sgemm_workspace_floats(M, N, K, threads, cpu=bl.cpu)))
+                      ws if team == 1 else team * _aligned(ws))
     k = MatmulKernel(bl._kname("matmul"), what, [v for v in bvars], M, N, K,
                      opa, opb, out, scratch, epi, iv, jv,
                      work=numel(cs) * max(K, 1), par_batch=team)
