@@ -275,7 +275,7 @@ class Gen:
 
 def affine_constant_index(plan, ind, bound: int):
     """(c0, coefs) when `ind` is a constant whose entries are c0 + sum_d coefs[d] * i_d at
-    position (i_0, i_1, ...) and all lie in [0, bound) (im2col's window indices,
+    position (i_0, i_1, ...), coefs >= 0, and all lie in [0, bound) (im2col's window indices,
     dialect/conv_decompose.py), else None.  Such a gather is a strided view: no index
     load, no division of the loaded index, no runtime range check.  Cached on the plan."""
     cache = plan.__dict__.setdefault("_affine_idx", {})
@@ -293,7 +293,9 @@ def affine_constant_index(plan, ind, bound: int):
             for d, k in enumerate(coefs):
                 if k:
                     want += k * np.arange(arr.shape[d]).reshape((-1,) + (1,) * (arr.ndim - d - 1))
-            if np.array_equal(arr, want):
+            # non-negative steps only (im2col's): a descending index, read through a
+            # reshape of the table, would leave floordiv a possibly negative offset
+            if min(coefs) >= 0 and np.array_equal(arr, want):
                 out = (c0, coefs)
     cache[key] = out
     return out
