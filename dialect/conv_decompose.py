@@ -79,9 +79,8 @@ def _cols(b: Builder, x, kernel, stride, padding, dilation, oh, ow, g):
     xp = _pad_hw(b, x, padding)
     hp, wp = xp.shape[2:]
     (sh, sw), (dh, dw) = stride, dilation
-    i, j, p, q = np.ix_(range(kernel[0]), range(kernel[1]), range(oh), range(ow))
-    pix = ((p * sh + i * dh) * wp + (q * sw + j * dw)).reshape(1, -1, oh * ow)
-    idx = (np.arange(c).reshape(c, 1, 1) * (hp * wp) + pix).reshape(-1, oh * ow)
+    ch, i, j, p, q = np.ix_(range(c), range(kernel[0]), range(kernel[1]), range(oh), range(ow))
+    idx = ch * (hp * wp) + (p * sh + i * dh) * wp + (q * sw + j * dw)   # (C, kH, kW, OH, OW)
     cols = b.op("gather", b.reshape(xp, (n, c * hp * wp)), _const(b, idx.astype(np.int32), "i32"),
                 axis=1, label="")
     return b.reshape(cols, (n, g, (c // g) * kernel[0] * kernel[1], oh * ow))

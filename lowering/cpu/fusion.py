@@ -18,7 +18,8 @@ path (generated once, shared by memoisation) while `y + y.T` is two.  A
 computed value is materialized when it has more than one path (it would be
 recomputed and possibly re-read), or when a path runs through an *expanding*
 map (broadcast that grows the element count, pad), which would evaluate it
-more often than it has elements.  Views and splat constants are never
+more often than it has elements (also a gather with more entries than its table:
+im2col's padded image is padded once, not once per window).  Views and splat constants are never
 materialized on their own: they are free index maps.  Everything else is
 inlined into the loop nest of its root, so a chain of elementwise ops, the
 broadcasts and reshapes between them and the reduction that consumes them are
@@ -120,7 +121,7 @@ class Plan:
                 self._mark(v, "several consumers" if len(self.paths[v]) > 1 else
                            "read through an expanding broadcast/pad")
             mine = {(v, ())} if v in self.materialized else self.paths[v]
-            expands = name == "rlx.pad" or (name == "rlx.broadcast_to" and
+            expands = name == "rlx.pad" or (name in ("rlx.broadcast_to", "rlx.gather") and
                                             numel(shape_of(v.type)) >
                                             numel(shape_of(op.operands[0].type)))
             for pos, o in enumerate(op.operands):
@@ -230,6 +231,9 @@ class Gen:
             return self.value(x, tuple(inner))
         if name == "rlx.reshape":
             flat = ix.linearize(idx, shp)
+            if x in self.bufs and (x in self.plan.materialized or x is self.stop) and \
+                    not is_splat_const(x):   # same row-major offset: no div/mod round trip
+                return Load(self.bufs[x], flat)
             return self.value(x, tuple(ix.delinearize(flat, shape_of(x.type))))
         if name == "rlx.slice":
             return self.value(x, tuple(ix.add(ix.scale(i, st), s) for i, s, st in
@@ -255,13 +259,46 @@ class Gen:
             check_dtype(ind, name)
             ts, si = shape_of(table.type), shape_of(ind.type)
             axis = p["axis"]
-            ibuf = self.bufs[ind]
             bound = ts[axis]
-            self.checks.append((ibuf, bound, name, axis, p.get("label", "")))
             n = len(si)
+            aff = affine_constant_index(self.plan, ind, bound)
+            if aff is not None:   # in range (checked here, once): an affine position
+                pos = ix.add(ix.const(aff[0]), *(ix.scale(i, k) for i, k in
+                                                  zip(idx[axis:axis + n], aff[1])))
+                return self.value(table, tuple(idx[:axis]) + (pos,) + tuple(idx[axis + n:]))
+            ibuf = self.bufs[ind]
+            self.checks.append((ibuf, bound, name, axis, p.get("label", "")))
             pos = ix.of(ix.LoadIdx(ibuf, ix.linearize(idx[axis:axis + n], si), bound))
             return self.value(table, tuple(idx[:axis]) + (pos,) + tuple(idx[axis + n:]))
         raise AssertionError(f"{name} is a root op and has no inline expression")
+
+
+def affine_constant_index(plan, ind, bound: int):
+    """(c0, coefs) when `ind` is a constant whose entries are c0 + sum_d coefs[d] * i_d at
+    position (i_0, i_1, ...), coefs >= 0, and all lie in [0, bound) (im2col's window indices,
+    dialect/conv_decompose.py), else None.  Such a gather is a strided view: no index
+    load, no division of the loaded index, no runtime range check.  Cached on the plan."""
+    cache = plan.__dict__.setdefault("_affine_idx", {})
+    key = (ind, bound)
+    if key in cache:
+        return cache[key]
+    out = None
+    if getattr(ind.owner, "name", None) == "rlx.constant" and not is_splat(ind.owner.value):
+        arr = np.asarray(dense_value(ind.owner.value)).astype(np.int64)
+        if arr.size and arr.min() >= 0 and arr.max() < bound:
+            c0 = int(arr.reshape(-1)[0])
+            coefs = tuple(int(arr[(0,) * d + (1,) + (0,) * (arr.ndim - d - 1)]) - c0
+                          if arr.shape[d] > 1 else 0 for d in range(arr.ndim))
+            want = np.full(arr.shape, c0, np.int64)
+            for d, k in enumerate(coefs):
+                if k:
+                    want += k * np.arange(arr.shape[d]).reshape((-1,) + (1,) * (arr.ndim - d - 1))
+            # non-negative steps only (im2col's): a descending index, read through a
+            # reshape of the table, would leave floordiv a possibly negative offset
+            if min(coefs) >= 0 and np.array_equal(arr, want):
+                out = (c0, coefs)
+    cache[key] = out
+    return out
 
 
 def const_bytes(v) -> tuple[bytes, str]:

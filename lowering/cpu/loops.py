@@ -202,6 +202,8 @@ class MatmulKernel:
     row: ix.Var | None = None
     col: ix.Var | None = None
     work: int = 0
+    par_batch: int = 1  # > 1: the batch loop splits over up to this many threads, each with
+    #                     its own 1/par_batch of scratch (matmul_schedule.batch_team)
 
     @property
     def outputs(self):

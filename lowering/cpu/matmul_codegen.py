@@ -9,6 +9,9 @@
         epilogue:     ctx[s] = base_s + off_s(b) for every epilogue slot s
                       rlxc_sgemm_cb_TAG(..., NAME.kN.epi, ctx)
     NAME.kN.epi(ctx, row, col, float* v, n):   v[0:n] = epilogue(v, loads at (row, col))
+    par_batch > 1 (matmul_schedule.batch_team: per-element GEMMs too small for a team):
+        openmp.emit_parallel_ranges over the flattened batch; thread t runs its range,
+        its own epilogue ctx, scratch slice ws + t*(ws_floats/par_batch), one thread each
 
 The sgemm itself is not emitted here: it is declared and comes from the shared
 object of sgemm_object.py, linked in by cpu.py.  The epilogue is emitted once, as
@@ -67,33 +70,72 @@ def matmul_kernel(g, k: MatmulKernel):
         epi = _epilogue_fn(g, k, slots)
     body = Body(fn, ptrs)
     b = ir.IRBuilder(fn.entry_basic_block)
-    ctx = b.alloca(ir.ArrayType(F32P, max(1, len(slots))), name="epi.ctx")
-    ws_floats = c64(k.scratch.numel)
-
-    def call(bb, vars_):
-        def at(buf, off):
-            return bb.gep(ptrs[id(buf)], [body.index(bb, off, vars_)], inbounds=True)
-        coff = ix.scale(ix.linearize(k.batch, [v.extent for v in k.batch]), k.m * k.n)
-        args = [c64(k.m), c64(k.n), c64(k.k), at(k.a.buf, k.a.off), c64(k.a.rs),
-                c64(k.a.cs), at(k.b.buf, k.b.off), c64(k.b.rs), c64(k.b.cs),
-                at(k.out, coff), c64(k.n), ir.Constant(I32, 0), ptrs[id(k.scratch)],
-                ws_floats]
-        if epi is not None:
-            for n, (buf, base) in enumerate(slots):
-                bb.store(at(buf, base), bb.gep(ctx, [ir.Constant(I32, 0), ir.Constant(I32, n)],
-                                               inbounds=True))
-            args += [bb.bitcast(epi, I8P), bb.bitcast(ctx, I8P)]
-        bb.call(sg, args)
-
-    def nest(bb, vs, vars_):
-        if not vs:
-            call(bb, vars_)
-            return
-        body.loop(bb, For(vs[0], ix.ZERO, ix.const(vs[0].extent), []), vars_,
-                  body_fn=lambda b2, v2: nest(b2, vs[1:], v2))
-    nest(b, [v for v in k.batch if v.extent != 1], {v: c64(0) for v in k.batch})
+    live = [v for v in k.batch if v.extent != 1]
+    if k.par_batch > 1 and live:
+        _batch_team(g, k, b, fn, argbufs, live, sg, epi, slots)
+    else:
+        ctx = b.alloca(ir.ArrayType(F32P, max(1, len(slots))), name="epi.ctx")
+        _nest(b, body, live, {v: c64(0) for v in k.batch},
+              lambda bb, vars_: _call(bb, k, sg, epi, slots, ptrs, body, ctx,
+                                      ptrs[id(k.scratch)], c64(k.scratch.numel), vars_))
     b.ret_void()
     return fn, argbufs
+
+
+def _call(bb, k, sg, epi, slots, ptrs, body, ctx, ws, ws_floats, vars_):
+    """One sgemm call: batch element `vars_` of k (scratch ws of ws_floats floats)."""
+    def at(buf, off):
+        return bb.gep(ptrs[id(buf)], [body.index(bb, off, vars_)], inbounds=True)
+    coff = ix.scale(ix.linearize(k.batch, [v.extent for v in k.batch]), k.m * k.n)
+    args = [c64(k.m), c64(k.n), c64(k.k), at(k.a.buf, k.a.off), c64(k.a.rs),
+            c64(k.a.cs), at(k.b.buf, k.b.off), c64(k.b.rs), c64(k.b.cs),
+            at(k.out, coff), c64(k.n), ir.Constant(I32, 0), ws, ws_floats]
+    if epi is not None:
+        for n, (buf, base) in enumerate(slots):
+            bb.store(at(buf, base), bb.gep(ctx, [ir.Constant(I32, 0), ir.Constant(I32, n)],
+                                           inbounds=True))
+        args += [bb.bitcast(epi, I8P), bb.bitcast(ctx, I8P)]
+    bb.call(sg, args)
+
+
+def _nest(bb, body, vs, vars_, fn):
+    if not vs:
+        fn(bb, vars_)
+        return
+    body.loop(bb, For(vs[0], ix.ZERO, ix.const(vs[0].extent), []), vars_,
+              body_fn=lambda b2, v2: _nest(b2, body, vs[1:], v2, fn))
+
+
+def _batch_team(g, k, b, fn, argbufs, live, sg, epi, slots):
+    """The batch loop split over OpenMP threads (k.par_batch > 1): thread t runs its static
+    range of the flattened batch, one single-thread sgemm per element, in scratch slice t."""
+    from rlxc.lowering.cpu.codegen import Body
+    from rlxc.lowering.cpu.matmul_schedule import BATCH_PAR_MIN
+    from rlxc.lowering.cpu import openmp as parallel
+
+    nb = 1
+    for v in live:
+        nb *= v.extent
+    per = k.scratch.numel // k.par_batch
+
+    def team_body(wb, lo, hi, tid, nt, args):
+        wptrs = {id(x): a for x, a in zip(argbufs, args)}
+        wbody = Body(wb.function, wptrs)
+        ctx = wb.alloca(ir.ArrayType(F32P, max(1, len(slots))), name="epi.ctx")
+        ws = wb.gep(wptrs[id(k.scratch)], [wb.mul(wb.sext(tid, I64), c64(per))], inbounds=True)
+        flat = ix.Var("bflat", nb)
+
+        def one(bb, vars_):
+            rest, at = vars_[flat], {v: c64(0) for v in k.batch}
+            for v in reversed(live):
+                at[v] = bb.urem(rest, c64(v.extent))
+                rest = bb.udiv(rest, c64(v.extent))
+            _call(bb, k, sg, epi, slots, wptrs, wbody, ctx, ws, c64(per), at)
+        wbody.loop(wb, For(flat, ix.ZERO, ix.const(nb), []), {}, lohi=(lo, hi), body_fn=one)
+
+    parallel.emit_parallel_ranges(g.m, b, c64(nb), team_body, list(fn.args),
+                                  name=f"{fn.name}.team", work=c64(k.work),
+                                  min_work=BATCH_PAR_MIN, max_threads=c64(k.par_batch))
 
 
 def _epilogue_fn(g, k: MatmulKernel, slots):

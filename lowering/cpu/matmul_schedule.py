@@ -16,6 +16,10 @@ masked vector loads or broadcasts) and writes R directly.  When the expression
 does not qualify (a gather, a transposed read, a pow/cast), C is materialized
 and R is one fused elementwise pass over it.  One matmul per epilogue root.
 
+Batch team.  A batched product that is not folded and whose GEMMs each run on one
+thread (below SGEMM_PAR_MIN) splits its batch loop over the threads instead
+(par_batch, one scratch slice per thread; matmul_codegen.py).
+
 Batch fold.  A batched product whose B is one matrix for every batch element and
 whose A rows follow each other batch-major (a (B, T, K) activation times a (K, N)
 weight) is one GEMM of B*T rows instead of B small ones (C is batch-major already).
@@ -100,13 +104,36 @@ def matmul_kernel(bl, c, op, out, what, epilogue_root=None) -> bool:
         M = iv.extent
     # the workspace caps sgemm's team: small products get one thread's worth
     threads = bl.sgemm_threads if M * N * max(K, 1) >= SGEMM_PAR_MIN else 1
+    team = batch_team(bl.sgemm_threads, bvars, M, N, K) if threads == 1 else 1
+    ws = sgemm_workspace_floats(M, N, K, threads, cpu=bl.cpu)
     scratch = bl._buf(f"ws{len(bl.buffers)}", "temp", "f32",
-                      sgemm_workspace_floats(M, N, K, threads, cpu=bl.cpu))
+                      ws if team == 1 else team * _aligned(ws))
     k = MatmulKernel(bl._kname("matmul"), what, [v for v in bvars], M, N, K,
                      opa, opb, out, scratch, epi, iv, jv,
-                     work=numel(cs) * max(K, 1))
+                     work=numel(cs) * max(K, 1), par_batch=team)
     bl._add(k, gen)
     return True
+
+
+BATCH_PAR_MIN = 1 << 17   # multiply-adds of a whole batched product below which its
+#                           one-thread GEMMs stay on the calling thread (a fork costs ~5 us)
+
+
+def _aligned(floats: int) -> int:
+    return -(-floats // 16) * 16   # per-thread scratch slices start 64-byte aligned
+
+
+def batch_team(threads: int, bvars, M, N, K) -> int:
+    """Threads for the batch loop of a product whose GEMMs are each too small for a team of
+    their own (a conv's per-image GEMMs, attention's per-head ones): the batch elements are
+    independent (disjoint C), so they split over the threads, one sgemm per element."""
+    live = 1
+    for v in bvars:
+        live *= v.extent if isinstance(v.extent, int) else 0
+    if threads <= 1 or live < 2 or not all(isinstance(d, int) for d in (M, N, K)) or \
+            live * M * N * max(K, 1) < BATCH_PAR_MIN:
+        return 1
+    return min(threads, live)
 
 
 def _fold_batch(bvars, iv, M, opa, opb, epi):

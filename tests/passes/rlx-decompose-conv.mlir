@@ -37,9 +37,9 @@ builtin.module {
   func.func @grouped(%x: tensor<1x4x5x3xf32> {rlx.kind = "input", rlx.name = "x"}, %w: tensor<2x2x2x1xf32> {rlx.kind = "param", rlx.name = "w"}) -> tensor<1x2x3x2xf32> {
     %0 = rlx.pad %x low = [0, 0, 1, 0] high = [0, 0, 0, 0] : tensor<1x4x5x3xf32> -> tensor<1x4x6x3xf32>
     %1 = rlx.reshape %0 shape = [1, 72] : tensor<1x4x6x3xf32> -> tensor<1x72xf32>
-    %2 = rlx.constant dense<[[0, 2, 6, 8, 12, 14], [3, 5, 9, 11, 15, 17], [18, 20, 24, 26, 30, 32], [21, 23, 27, 29, 33, 35], [36, 38, 42, 44, 48, 50], [39, 41, 45, 47, 51, 53], [54, 56, 60, 62, 66, 68], [57, 59, 63, 65, 69, 71]]> : tensor<8x6xi32>
-    %3 = rlx.gather %1[%2] axis = 1 : tensor<1x72xf32>, tensor<8x6xi32> -> tensor<1x8x6xf32>
-    %4 = rlx.reshape %3 shape = [1, 2, 4, 6] : tensor<1x8x6xf32> -> tensor<1x2x4x6xf32>
+    %2 = rlx.constant dense<[[[[[0, 2], [6, 8], [12, 14]]], [[[3, 5], [9, 11], [15, 17]]]], [[[[18, 20], [24, 26], [30, 32]]], [[[21, 23], [27, 29], [33, 35]]]], [[[[36, 38], [42, 44], [48, 50]]], [[[39, 41], [45, 47], [51, 53]]]], [[[[54, 56], [60, 62], [66, 68]]], [[[57, 59], [63, 65], [69, 71]]]]]> : tensor<4x2x1x3x2xi32>
+    %3 = rlx.gather %1[%2] axis = 1 : tensor<1x72xf32>, tensor<4x2x1x3x2xi32> -> tensor<1x4x2x1x3x2xf32>
+    %4 = rlx.reshape %3 shape = [1, 2, 4, 6] : tensor<1x4x2x1x3x2xf32> -> tensor<1x2x4x6xf32>
     %5 = rlx.reshape %w shape = [2, 1, 4] : tensor<2x2x2x1xf32> -> tensor<2x1x4xf32>
     %6 = rlx.matmul %5, %4 : tensor<2x1x4xf32>, tensor<1x2x4x6xf32> -> tensor<1x2x1x6xf32>
     %7 = rlx.reshape %6 shape = [1, 2, 3, 2] : tensor<1x2x1x6xf32> -> tensor<1x2x3x2xf32>
