@@ -2,6 +2,7 @@
 
 Run:  .venv/bin/python benchmarks/bench_ddp.py [--ranks 2] [--steps 200] [--repeat 3]
           [--threads auto|N] [--bind core|none] [--mca KEY=VALUE ...] [--modes default,shm]
+      .venv/bin/python benchmarks/bench_ddp.py --sweep [--steps 400]   (Open MPI settings)
 
 Workload: MLP 784-512-512-10 (ReLU), softmax cross-entropy, global batch 128,
 SGD(0.01) (the MLP of issue W4; 669,706 params, a 2.6 MB gradient buffer).
@@ -184,6 +185,64 @@ def one_rank_here(args) -> None:
     print(json.dumps({"step_ms": 1e3 * statistics.median(t), "min_ms": 1e3 * min(t)}))
 
 
+# Open MPI settings tried for the raw Allreduce of the step's buffer (--sweep)
+SWEEP = {
+    "default": [],
+    "tuned ring": ["coll_tuned_use_dynamic_rules=1", "coll_tuned_allreduce_algorithm=4"],
+    "tuned recursive doubling": ["coll_tuned_use_dynamic_rules=1",
+                                 "coll_tuned_allreduce_algorithm=3"],
+    "tuned rabenseifner": ["coll_tuned_use_dynamic_rules=1",
+                           "coll_tuned_allreduce_algorithm=6"],
+    "tuned segmented ring": ["coll_tuned_use_dynamic_rules=1",
+                             "coll_tuned_allreduce_algorithm=5"],
+    "han": ["coll_han_priority=100"],
+    "coll/sm": ["coll_sm_priority=100"],
+    "btl/sm without CMA": ["smsc=^cma"],
+}
+
+
+def raw_allreduce(args) -> None:
+    """One rank: in-place MPI_Allreduce of a buffer the size of the step's, after a
+    barrier, --steps times; rank 0 prints median / p20 / min ms."""
+    from mpi4py import MPI
+
+    c = MPI.COMM_WORLD
+    buf = np.ones(sum(SIZES[i] * SIZES[i + 1] + SIZES[i + 1] for i in range(len(SIZES) - 1))
+                  + 1, np.float32)
+    ts = []
+    for i in range(args.steps + args.warmup):
+        buf[:] = 1  # written just before, as the grads call writes it
+        c.Barrier()
+        t0 = time.perf_counter()
+        c.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        if i >= args.warmup:
+            ts.append(1e3 * (time.perf_counter() - t0))
+    ts = sorted(ts)
+    if c.rank == 0:
+        print(json.dumps({"median": statistics.median(ts), "p20": ts[len(ts) // 5],
+                          "min": ts[0]}), flush=True)
+
+
+def sweep(args) -> int:
+    print(f"raw in-place MPI_Allreduce of the W4 buffer, {args.ranks} ranks, "
+          f"{args.steps} calls; load before {os.getloadavg()[0]:.2f}")
+    for name, mca in SWEEP.items():
+        args.mca = mca
+        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        p = subprocess.run(mpiexec_line(args) + [sys.executable, os.path.abspath(__file__),
+                                                 "--raw", "--steps", str(args.steps)],
+                           env=env, capture_output=True, text=True, timeout=600)
+        line = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+        if p.returncode or not line:
+            print(f"  {name:26s} failed (exit {p.returncode})")
+            continue
+        r = json.loads(line[-1])
+        print(f"  {name:26s} median {r['median']:.3f}  p20 {r['p20']:.3f}  "
+              f"min {r['min']:.3f} ms   ({' '.join(mca) or 'no MCA parameters'})")
+    print(f"load after {os.getloadavg()[0]:.2f}")
+    return 0
+
+
 def mpiexec_line(args) -> list:
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     cmd = [mpiexec, "-n", str(args.ranks)]
@@ -229,7 +288,15 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", default="default,shm")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--raw", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--sweep", action="store_true",
+                    help="time the raw Allreduce under each Open MPI setting of SWEEP")
     args = ap.parse_args(argv)
+    if args.raw:
+        raw_allreduce(args)
+        return 0
+    if args.sweep:
+        return sweep(args)
     if args.worker:
         worker(args)
         return 0
