@@ -72,6 +72,7 @@ import numpy as np
 __all__ = ["Comm", "cpu_set", "init", "shard", "shard_bounds"]
 
 REDUCE_MODES = ("auto", "shm", "allreduce")
+_THREADS_SET: list = []  # the RLXC_NUM_THREADS values init() set in this process
 
 
 class Comm:
@@ -79,7 +80,9 @@ class Comm:
 
     `allreduce_seconds` accumulates the wall time spent in allreduce_sum_ (the
     benchmark reports it as a fraction of the step), also for the shared-window
-    reduction of grad_buffer; `reduce_mode` is "allreduce" or "shm" (see init)."""
+    reduction of grad_buffer; `reduce_mode` is "allreduce" or "shm" (see init);
+    `threads` is the RLXC_NUM_THREADS init() chose for this rank (None: it left
+    the user's setting, or a single process, alone; module docstring)."""
 
     def __init__(self, mpi_comm, reduce: str = "allreduce"):
         from mpi4py import MPI
@@ -105,6 +108,8 @@ class Comm:
             return
         user = any(os.environ.get(v, "").strip() for v in ("RLXC_NUM_THREADS",
                                                             "OMP_NUM_THREADS"))
+        if _THREADS_SET and os.environ.get("RLXC_NUM_THREADS") == _THREADS_SET[-1]:
+            user = False  # set by an earlier init() of this process, not by the user
         node = self.mpi.Split_type(self._MPI.COMM_TYPE_SHARED, key=self.rank)
         try:
             mine = cpu_set()
@@ -116,6 +121,7 @@ class Comm:
         sharing = sum(1 for m in masks if mine & set(m))  # this rank included
         self.threads = max(1, len(mine) // max(1, sharing))
         os.environ["RLXC_NUM_THREADS"] = str(self.threads)
+        _THREADS_SET.append(str(self.threads))
 
     def _choose_reduce(self, mode: str) -> None:
         """Collective: every rank takes the same decision (see init)."""

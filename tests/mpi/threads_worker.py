@@ -39,6 +39,7 @@ def check_auto():
         assert lib.governor.nmax == want, (lib.governor.nmax, want)
     x, y = ddp_worker.data(4, 1)[0]
     tr.step({"x": x, "y": y})
+    assert init().threads == want  # a second init() keeps its own choice
 
 
 def check_user():
