@@ -1,35 +1,39 @@
 """Data-parallel step of the W4 MLP over MPI: 2 ranks against 1, and the reduction share.
 
-Run:  .venv/bin/python benchmarks/bench_ddp.py [--ranks 2] [--steps 50] [--threads 1]
-                                               [--repeat 3] [--modes default,shm]
+Run:  .venv/bin/python benchmarks/bench_ddp.py [--ranks 2] [--steps 200] [--repeat 3]
+          [--threads auto|N] [--bind core|none] [--mca KEY=VALUE ...] [--modes default,shm]
+      .venv/bin/python benchmarks/bench_ddp.py --sweep [--steps 400]   (Open MPI settings)
 
 Workload: MLP 784-512-512-10 (ReLU), softmax cross-entropy, global batch 128,
 SGD(0.01) (the MLP of issue W4; 669,706 params, a 2.6 MB gradient buffer).
 
-* 1 rank: the fused single-process Trainer (one compiled call per step), in
-  this process.
-* N ranks (launched here with `mpiexec -n N`, once per reduce mode of
-  rlxc.distributed.init: "default" = what init() picks with RLXC_DDP_REDUCE
-  unset, ONE in-place MPI_Allreduce of the flat float32 buffer [grads | loss]
-  (the worker reports the mode it got; "allreduce" forces it); "shm" = the
-  opt-in MPI-3 shared-memory window, each rank summing its slice,
-  rlxc/reduce_buffer.py):
-  `f.trainer(opt, comm=comm)` on 128/N rows each.  Each rank times its steps
-  and the reductions (Comm.allreduce_seconds).  Two fractions:
-    in-step  = mean reduction time / mean step time on rank 0; the reduction
-               also absorbs the wait for the slower rank (on a shared machine
-               much of it);
-    pure     = the reduction alone, right after a barrier, over the uncontended
-               step (fastest grads + fastest apply + that reduction): with the
-               median reduction, and with the fastest one (what is left of the
-               transport when no other process takes the CPU: the robust number
-               on a loaded machine).
-* --repeat R runs all of it R times, interleaved; the table shows the medians
-  over the repeats (each repeat's numbers are themselves medians or means over
-  --steps steps) and the load average before and after.
+* 1 rank: the fused single-process Trainer (one compiled call per step), in a
+  fresh process, on 1 thread and on all cores.
+* N ranks: `mpiexec -n N --bind-to core` (or `--bind-to none --oversubscribe`,
+  --bind none), once per reduce mode of rlxc.distributed.init: "default" = what
+  init() picks with RLXC_DDP_REDUCE unset (ONE in-place MPI_Allreduce of the
+  flat float32 buffer [grads | loss]; the worker reports the mode it got), "shm"
+  = the opt-in MPI-3 shared-memory window (rlxc/reduce_buffer.py).  Threads
+  per rank: --threads auto leaves RLXC_NUM_THREADS / OMP_NUM_THREADS unset, so
+  init() caps them (1 per rank for 2 ranks on 2 cores); N forces N.  Each rank
+  runs `f.trainer(opt, comm=comm)` on 128/N rows: first --steps whole steps
+  (Trainer.step; Comm.allreduce_seconds gives the reduction inside them), then
+  --steps steps split by a barrier into phases:
+      grads | wait (barrier: the wait for the slower rank) | reduce | apply
+  so that the transport (reduce, every rank present) is apart from the imbalance.
+  Printed per mode: the step, both ranks' phases (median / 20th percentile /
+  fastest), the reduction's share of the step with the wait, the transport's
+  share without it (per step, then the median), and the uncontended share:
+  the fastest reduce over the fastest grads + it + the fastest apply.
+* --repeat R runs all of it R times, interleaved; the tables show medians over
+  the repeats and the load average before and after.
 
-Every process uses --threads threads (RLXC_NUM_THREADS); on a machine with
-few cores, N ranks x threads should not exceed them.
+On a shared machine the medians mostly measure the other processes: the
+reduction is a collective, so a rank preempted anywhere in it stalls both,
+and a loaded 2-core VM inflates the reduction far more than the compute.  The
+fastest phases (the uncontended share) are the numbers to compare with the
+issue's target.  (The fastest whole steps are no better: when the compute is
+slowed in every step, its fastest steps still carry that and shrink the share.)
 """
 from __future__ import annotations
 
@@ -82,29 +86,33 @@ def timed_steps(tr, feeds, warmup, steps, comm=None):
 
 
 def phases(tr, feeds, steps, comm) -> dict:
-    """Per phase of the distributed step (grads, reduce, apply): median and min ms."""
+    """The distributed step split by barriers: grads, wait (barrier: the wait for the
+    slower rank), reduce (the transport alone: every rank has arrived), apply.
+    Per phase: every sample in ms."""
     from rlxc.train import coerce_data
 
     eng, buf = tr._engine, tr._gbuf
-    out = {"grads": [], "reduce": [], "apply": []}
+    out = {"grads": [], "wait": [], "reduce": [], "apply": []}
     for i in range(steps):
         for j, a in enumerate(coerce_data(tr._gprog, tr._f, feeds[i % len(feeds)])):
             eng.set_data(j, a)
         t0 = time.perf_counter()
         eng.run_grads()
         t1 = time.perf_counter()
-        buf.reduce()
+        comm.barrier()
         t2 = time.perf_counter()
-        eng.run_apply()
+        buf.reduce()
         t3 = time.perf_counter()
-        for k, v in zip(out, (t1 - t0, t2 - t1, t3 - t2)):
-            out[k].append(v)
-    return {k: (1e3 * statistics.median(v), 1e3 * min(v)) for k, v in out.items()}
+        eng.run_apply()
+        t4 = time.perf_counter()
+        for k, v in zip(out, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+            out[k].append(1e3 * v)
+    return out
 
 
 def worker(args) -> None:
-    """One rank of the N-rank run; rank 0 prints one JSON line."""
-    from rlxc.distributed import init, shard
+    """One rank of the N-rank run; rank 0 prints one JSON line (both ranks' numbers)."""
+    from rlxc.distributed import cpu_set, init, shard
     from rlxc.optim import SGD
 
     comm = init()
@@ -115,104 +123,226 @@ def worker(args) -> None:
     times = timed_steps(tr, feeds, args.warmup, args.steps, comm)
     ar = comm.allreduce_seconds / comm.allreduce_calls
     ph = phases(tr, feeds, args.steps, comm)
-    pure = []
-    for _ in range(args.steps):
-        comm.barrier()
-        t0 = time.perf_counter()
-        tr._gbuf.reduce()
-        pure.append(time.perf_counter() - t0)
+    med = statistics.median
+    mine = {"step_ms": 1e3 * med(times), "step_mean_ms": 1e3 * statistics.mean(times),
+            "reduce_in_step_ms": 1e3 * ar,
+            "phases_med": {k: med(v) for k, v in ph.items()},
+            "phases_min": {k: min(v) for k, v in ph.items()},
+            "phases_p20": {k: sorted(v)[len(v) // 5] for k, v in ph.items()},
+            "cpus": sorted(cpu_set()), "threads": os.environ.get("RLXC_NUM_THREADS", "")}
+    # transport share, step by step: reduce / (grads + reduce + apply), the wait left out
+    mine["transport_fraction"] = med([r / (g + r + a) for g, r, a in
+                                      zip(ph["grads"], ph["reduce"], ph["apply"])])
+    mine["fraction"] = ar / statistics.mean(times)
+    # the same from the quiet samples (the 20th percentile of each phase): on a shared
+    # machine the median carries other processes' time slices, the quiet samples do not
+    q = mine["phases_p20"]
+    mine["quiet_fraction"] = q["reduce"] / (q["grads"] + q["reduce"] + q["apply"])
+    every = comm.allgather(mine)
     if comm.rank == 0:
-        pure_ms = 1e3 * statistics.median(pure)
-        ideal = ph["grads"][1] + ph["apply"][1] + pure_ms  # compute at its best + transport
         print(json.dumps({"ranks": comm.size, "mode": tr._gbuf.kind, "rows_per_rank": n,
-                          "step_ms": 1e3 * statistics.median(times),
-                          "reduce_ms": 1e3 * ar, "fraction": ar / statistics.mean(times),
-                          "phases": ph, "pure_ms": pure_ms, "ideal_step_ms": ideal,
-                          "pure_min_ms": 1e3 * min(pure),
-                          "best_fraction": 1e3 * min(pure) / (ph["grads"][1] + ph["apply"][1]
-                                                              + 1e3 * min(pure)),
-                          "pure_fraction": pure_ms / ideal,
-                          "buffer_floats": int(tr._gbuf.local.size)}), flush=True)
+                          "buffer_floats": int(tr._gbuf.local.size), "per_rank": every}),
+              flush=True)
 
 
-def one_rank(args) -> dict:
+def one_rank(args, threads: str) -> dict:
+    """The fused single-process Trainer on the whole batch, in a fresh process
+    (threads are read when the library loads)."""
+    env = dict(os.environ, RLXC_NUM_THREADS=threads)
+    p = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", "--steps",
+                        str(args.steps), "--warmup", str(args.warmup)],
+                       env=env, capture_output=True, text=True, timeout=900)
+    if p.returncode != 0:
+        raise RuntimeError(f"1-rank run failed:\n{p.stdout}{p.stderr}")
+    return json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("{")][-1])
+
+
+def one_rank_here(args) -> None:
     from rlxc.optim import SGD
 
     tr = model(GLOBAL_BATCH).trainer(SGD(0.01), device="cpu")
     feeds = [{"x": x, "y": y} for x, y in batches()]
-    return {"step_ms": 1e3 * statistics.median(timed_steps(tr, feeds, args.warmup, args.steps))}
+    t = timed_steps(tr, feeds, args.warmup, args.steps)
+    print(json.dumps({"step_ms": 1e3 * statistics.median(t), "min_ms": 1e3 * min(t)}))
+
+
+# Open MPI settings tried for the raw Allreduce of the step's buffer (--sweep)
+SWEEP = {
+    "default": [],
+    "tuned ring": ["coll_tuned_use_dynamic_rules=1", "coll_tuned_allreduce_algorithm=4"],
+    "tuned recursive doubling": ["coll_tuned_use_dynamic_rules=1",
+                                 "coll_tuned_allreduce_algorithm=3"],
+    "tuned rabenseifner": ["coll_tuned_use_dynamic_rules=1",
+                           "coll_tuned_allreduce_algorithm=6"],
+    "tuned segmented ring": ["coll_tuned_use_dynamic_rules=1",
+                             "coll_tuned_allreduce_algorithm=5"],
+    "han": ["coll_han_priority=100"],
+    "coll/sm": ["coll_sm_priority=100"],
+    "btl/sm without CMA": ["smsc=^cma"],
+}
+
+
+def raw_allreduce(args) -> None:
+    """One rank: in-place MPI_Allreduce of a buffer the size of the step's, after a
+    barrier, --steps times; rank 0 prints median / p20 / min ms."""
+    from mpi4py import MPI
+
+    c = MPI.COMM_WORLD
+    buf = np.ones(sum(SIZES[i] * SIZES[i + 1] + SIZES[i + 1] for i in range(len(SIZES) - 1))
+                  + 1, np.float32)
+    ts = []
+    for i in range(args.steps + args.warmup):
+        buf[:] = 1  # written just before, as the grads call writes it
+        c.Barrier()
+        t0 = time.perf_counter()
+        c.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        if i >= args.warmup:
+            ts.append(1e3 * (time.perf_counter() - t0))
+    ts = sorted(ts)
+    if c.rank == 0:
+        print(json.dumps({"median": statistics.median(ts), "p20": ts[len(ts) // 5],
+                          "min": ts[0]}), flush=True)
+
+
+def sweep(args) -> int:
+    print(f"raw in-place MPI_Allreduce of the W4 buffer, {args.ranks} ranks, "
+          f"{args.steps} calls; load before {os.getloadavg()[0]:.2f}")
+    for name, mca in SWEEP.items():
+        args.mca = mca
+        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        p = subprocess.run(mpiexec_line(args) + [sys.executable, os.path.abspath(__file__),
+                                                 "--raw", "--steps", str(args.steps)],
+                           env=env, capture_output=True, text=True, timeout=600)
+        line = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+        if p.returncode or not line:
+            print(f"  {name:26s} failed (exit {p.returncode})")
+            continue
+        r = json.loads(line[-1])
+        print(f"  {name:26s} median {r['median']:.3f}  p20 {r['p20']:.3f}  "
+              f"min {r['min']:.3f} ms   ({' '.join(mca) or 'no MCA parameters'})")
+    print(f"load after {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+def mpiexec_line(args) -> list:
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    cmd = [mpiexec, "-n", str(args.ranks)]
+    cmd += ["--bind-to", "core"] if args.bind == "core" else ["--bind-to", "none",
+                                                                "--oversubscribe"]
+    for kv in args.mca:
+        k, _, v = kv.partition("=")
+        cmd += ["--mca", k, v]
+    return cmd
 
 
 def run_ranks(args, mode: str) -> dict:
-    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1", RLXC_DDP_REDUCE=mode)
+               RLXC_DDP_REDUCE=mode)
     if mode == "default":
         del env["RLXC_DDP_REDUCE"]
-    p = subprocess.run([mpiexec, "-n", str(args.ranks), "--oversubscribe", sys.executable,
-                        os.path.abspath(__file__), "--worker", "--steps", str(args.steps),
-                        "--warmup", str(args.warmup), "--threads", str(args.threads)],
+    if args.threads == "auto":  # rlxc.distributed.init() chooses
+        env.pop("RLXC_NUM_THREADS", None)
+        env.pop("OMP_NUM_THREADS", None)
+    else:
+        env["RLXC_NUM_THREADS"] = args.threads
+    p = subprocess.run(mpiexec_line(args) + [sys.executable, os.path.abspath(__file__),
+                                             "--worker", "--steps", str(args.steps),
+                                             "--warmup", str(args.warmup)],
                        env=env, capture_output=True, text=True, timeout=900)
     if p.returncode != 0:
         raise RuntimeError(f"mpiexec ({mode}) failed:\n{p.stdout}{p.stderr}")
     return json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("{")][-1])
 
 
-def pct(rs, key) -> str:
-    return ", ".join(f"{100 * r[key]:.1f}%" for r in rs)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", default="auto",
+                    help="threads per rank: auto (rlxc.distributed.init decides) or N")
+    ap.add_argument("--bind", choices=("core", "none"), default="core",
+                    help="mpiexec --bind-to core (one rank per core) or none")
+    ap.add_argument("--mca", action="append", default=[], metavar="KEY=VALUE",
+                    help="an Open MPI MCA parameter for the N-rank runs (repeatable)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--modes", default="default,shm")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--raw", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--sweep", action="store_true",
+                    help="time the raw Allreduce under each Open MPI setting of SWEEP")
     args = ap.parse_args(argv)
-    os.environ["RLXC_NUM_THREADS"] = str(args.threads)
+    if args.raw:
+        raw_allreduce(args)
+        return 0
+    if args.sweep:
+        return sweep(args)
     if args.worker:
         worker(args)
         return 0
+    if args.one:
+        one_rank_here(args)
+        return 0
     modes = [m for m in args.modes.split(",") if m]
     load0 = os.getloadavg()
-    single, multi = [], {m: [] for m in modes}
-    for _ in range(args.repeat):
-        single.append(one_rank(args)["step_ms"])
+    ones = {"1": [], "0": []}
+    multi = {m: [] for m in modes}
+    for _ in range(args.repeat):  # interleaved, so that load changes hit every variant
+        for t in ones:
+            ones[t].append(one_rank(args, t))
         for m in modes:
             multi[m].append(run_ranks(args, m))
     load1 = os.getloadavg()
     med = statistics.median
-    one = med(single)
-    print(f"MLP {'-'.join(map(str, SIZES))}, global batch {GLOBAL_BATCH}, SGD, "
-          f"{args.threads} thread(s) per process; medians over {args.repeat} repeat(s) "
-          f"of {args.steps} steps")
+    print(f"MLP {'-'.join(map(str, SIZES))}, global batch {GLOBAL_BATCH}, SGD; medians over "
+          f"{args.repeat} repeat(s) of {args.steps} steps")
     print(f"load average (1/5/15 min) before {'/'.join(f'{x:.2f}' for x in load0)}, after "
           f"{'/'.join(f'{x:.2f}' for x in load1)} on {os.cpu_count()} CPUs")
-    print(f"  1 rank  (fused Trainer, batch {GLOBAL_BATCH}): {one:8.3f} ms/step  "
-          f"(repeats: {', '.join(f'{x:.3f}' for x in single)})")
+    print("N ranks: " + " ".join(mpiexec_line(args)[1:]) + " python ... ; threads per rank: "
+          + (args.threads if args.threads != "auto" else "auto (rlxc.distributed.init)"))
+    for t, label in (("1", "1 thread"), ("0", "all cores")):
+        rs = ones[t]
+        print(f"  1 rank, {label:9s} (fused Trainer, batch {GLOBAL_BATCH}): "
+              f"{med([r['step_ms'] for r in rs]):8.3f} ms/step  (fastest "
+              f"{min(r['min_ms'] for r in rs):.3f})")
+    one = med([r["step_ms"] for r in ones["0"]])
     for m in modes:
         rs = multi[m]
-        step = med([r["step_ms"] for r in rs])
-        ph = {k: med([r["phases"][k][0] for r in rs]) for k in rs[0]["phases"]}
-        label = f"{m} = {rs[0]['mode']}" if m == "default" else m
-        print(f"  {rs[0]['ranks']} ranks, reduce={label} ({rs[0]['rows_per_rank']} rows each, "
-              f"{rs[0]['buffer_floats']} floats): {step:8.3f} ms/step = "
-              f"{one / step:.2f}x the 1-rank speed")
-        print("      rank 0 phases (median ms): " + ", ".join(f"{k} {v:.3f}"
-                                                          for k, v in ph.items()))
-        print(f"      reduction in the step: {med([r['reduce_ms'] for r in rs]):.3f} ms = "
-              f"{100 * med([r['fraction'] for r in rs]):.1f}% of the step, incl. waiting for "
-              f"the slower rank (repeats: "
-              f"{pct(rs, 'fraction')})")
-        print(f"      pure reduction after a barrier: median {med([r['pure_ms'] for r in rs]):.3f}"
-              f" ms = {100 * med([r['pure_fraction'] for r in rs]):.1f}% of the uncontended "
-              f"step (repeats: {pct(rs, 'pure_fraction')})")
-        print(f"      fastest pure reduction: {med([r['pure_min_ms'] for r in rs]):.3f} ms = "
-              f"{100 * med([r['best_fraction'] for r in rs]):.1f}% of the fastest step "
-              f"(repeats: {pct(rs, 'best_fraction')})")
+        r0 = rs[-1]
+        step = med([r["per_rank"][0]["step_ms"] for r in rs])
+        label = f"{m} = {r0['mode']}" if m == "default" else m
+        print(f"  {r0['ranks']} ranks, reduce={label} ({r0['rows_per_rank']} rows each, "
+              f"{r0['buffer_floats']} floats): {step:8.3f} ms/step = {one / step:.2f}x "
+              f"the 1-rank all-cores speed")
+        for k, pr in enumerate(r0["per_rank"]):
+            print(f"      rank {k}: cpus {pr['cpus']}, RLXC_NUM_THREADS={pr['threads'] or '-'}")
+        for k in range(r0["ranks"]):
+            pm = {p: med([r["per_rank"][k]["phases_med"][p] for r in rs]) for p in
+                  r0["per_rank"][k]["phases_med"]}
+            pq = {p: med([r["per_rank"][k]["phases_p20"][p] for r in rs]) for p in pm}
+            pn = {p: min(r["per_rank"][k]["phases_min"][p] for r in rs) for p in pm}
+            print(f"      rank {k} phases, median / 20th percentile / fastest ms: " + ", ".join(
+                f"{p} {pm[p]:.3f} / {pq[p]:.3f} / {pn[p]:.3f}" for p in pm))
+        fr = [r["per_rank"][0] for r in rs]
+        print(f"      reduction in the step (incl. the wait for the slower rank): "
+              f"{med([f['reduce_in_step_ms'] for f in fr]):.3f} ms = "
+              f"{100 * med([f['fraction'] for f in fr]):.1f}% of the step")
+        print(f"      transport alone (reduce after a barrier / (grads + reduce + apply)), "
+              f"median per step: rank 0 {100 * med([f['transport_fraction'] for f in fr]):.1f}%"
+              f", rank 1 "
+              f"{100 * med([r['per_rank'][1]['transport_fraction'] for r in rs]):.1f}% "
+              "(repeats: " + ", ".join("%.1f%%" % (100 * f["transport_fraction"]) for f in fr) + ")")
+        print(f"      transport alone, quiet samples (20th percentiles): "
+              f"{100 * med([f['quiet_fraction'] for f in fr]):.1f}% (repeats: "
+              + ", ".join("%.1f%%" % (100 * f["quiet_fraction"]) for f in fr) + ")")
+        best = []  # per repeat: the fastest reduce over the fastest whole compute
+        for r in rs:
+            f = r["per_rank"][0]["phases_min"]
+            best.append(f["reduce"] / (f["grads"] + f["reduce"] + f["apply"]))
+        print(f"      => uncontended share (fastest reduce / (fastest grads + it + fastest "
+              f"apply)), rank 0: {100 * med(best):.1f}% (repeats: "
+              + ", ".join("%.1f%%" % (100 * b) for b in best) + ")")
     print("  target (issue 18): reduction < 10% of the step")
     return 0
 

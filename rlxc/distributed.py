@@ -41,6 +41,18 @@ Algorithm of a distributed step (rlxc/trainer.py, rlxc/train_split.py)
     3. each rank: clipping (global norm of the averaged grads) and the optimizer
        update, in compiled code; the params stay bitwise equal across ranks.
 
+Threads per rank: every rank runs its compiled calls on OpenMP threads
+(RLXC_NUM_THREADS, default all the cores the process may use).  Ranks that
+share cores would each start a full team: 2 ranks x 2 threads on 2 cores
+oversubscribe them, and every fork/join barrier then waits for a descheduled
+thread, inflating the step and the other rank's wait in the reduction.
+`init()` therefore caps the threads of a rank (when neither RLXC_NUM_THREADS
+nor OMP_NUM_THREADS is set) to the CPUs of its affinity mask divided by the
+number of ranks on the node whose masks overlap it, at least 1: one thread per
+rank for `mpiexec -n 2` on 2 cores, bound (`--bind-to core`) or not.  It only
+sets RLXC_NUM_THREADS, read when a compiled library is loaded: call init()
+before compiling.  Placement itself (binding) is left to mpiexec.
+
 Fail-stop: a rank that dies in the middle of a step would leave the others in
 Allreduce forever.  `init()` installs a sys.excepthook (and a threading one)
 that prints the traceback and calls MPI_Abort, so an uncaught exception on
@@ -57,9 +69,10 @@ import time
 
 import numpy as np
 
-__all__ = ["Comm", "init", "shard", "shard_bounds"]
+__all__ = ["Comm", "cpu_set", "init", "shard", "shard_bounds"]
 
 REDUCE_MODES = ("auto", "shm", "allreduce")
+_THREADS_SET: list = []  # the RLXC_NUM_THREADS values init() set in this process
 
 
 class Comm:
@@ -67,7 +80,9 @@ class Comm:
 
     `allreduce_seconds` accumulates the wall time spent in allreduce_sum_ (the
     benchmark reports it as a fraction of the step), also for the shared-window
-    reduction of grad_buffer; `reduce_mode` is "allreduce" or "shm" (see init)."""
+    reduction of grad_buffer; `reduce_mode` is "allreduce" or "shm" (see init);
+    `threads` is the RLXC_NUM_THREADS init() chose for this rank (None: it left
+    the user's setting, or a single process, alone; module docstring)."""
 
     def __init__(self, mpi_comm, reduce: str = "allreduce"):
         from mpi4py import MPI
@@ -81,7 +96,32 @@ class Comm:
         self.reduce_mode = "allreduce"
         self._node = None
         self._shared: dict = {}
+        self.threads = None  # RLXC_NUM_THREADS as set by _cap_threads, if it did
+        self._cap_threads()
         self._choose_reduce(reduce)
+
+    def _cap_threads(self) -> None:
+        """Collective: ranks sharing CPUs split them (see the module docstring)."""
+        import os
+
+        if self.size == 1:
+            return
+        user = any(os.environ.get(v, "").strip() for v in ("RLXC_NUM_THREADS",
+                                                            "OMP_NUM_THREADS"))
+        if _THREADS_SET and os.environ.get("RLXC_NUM_THREADS") == _THREADS_SET[-1]:
+            user = False  # set by an earlier init() of this process, not by the user
+        node = self.mpi.Split_type(self._MPI.COMM_TYPE_SHARED, key=self.rank)
+        try:
+            mine = cpu_set()
+            masks = node.allgather(sorted(mine))
+        finally:
+            node.Free()
+        if user:
+            return
+        sharing = sum(1 for m in masks if mine & set(m))  # this rank included
+        self.threads = max(1, len(mine) // max(1, sharing))
+        os.environ["RLXC_NUM_THREADS"] = str(self.threads)
+        _THREADS_SET.append(str(self.threads))
 
     def _choose_reduce(self, mode: str) -> None:
         """Collective: every rank takes the same decision (see init)."""
@@ -147,6 +187,16 @@ class Comm:
 
     def __repr__(self):
         return f"Comm(rank={self.rank}, size={self.size})"
+
+
+def cpu_set() -> set:
+    """The CPUs this process may run on (its affinity mask; all CPUs where the OS has none)."""
+    import os
+
+    try:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return set(range(os.cpu_count() or 1))
 
 
 _HOOKED: list = []

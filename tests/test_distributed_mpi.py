@@ -146,3 +146,23 @@ def test_default_reduce_is_one_mpi_allreduce():
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "rank 0: ok" in p.stdout and "rank 1: ok" in p.stdout, p.stdout + p.stderr
+
+
+THREADS_WORKER = os.path.join(HERE, "mpi", "threads_worker.py")
+
+
+@pytest.mark.parametrize("mode", ["auto", "user"])
+def test_ranks_sharing_cores_do_not_oversubscribe_them(mode):
+    """2 unbound ranks (--bind-to none) with no thread setting: init() gives each rank
+    its CPUs / the ranks sharing them (1 on a 2-core machine) instead of a full
+    OpenMP team each (2 ranks x all cores); a user's RLXC_NUM_THREADS is kept."""
+    env = mpi_env()
+    env.pop("OMP_NUM_THREADS", None)
+    env.pop("RLXC_NUM_THREADS", None)
+    if mode == "user":
+        env["RLXC_NUM_THREADS"] = "2"
+    cmd = [mpiexec(), "-n", "2", "--oversubscribe", "--bind-to", "none", sys.executable,
+           THREADS_WORKER, mode]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "rank 0: ok" in p.stdout and "rank 1: ok" in p.stdout, p.stdout + p.stderr
