@@ -49,7 +49,7 @@ REG_BUDGET = {16: 16, 8: 8, 4: 8}   # vector registers for the O accumulators, b
 def covers(op) -> bool:
     """Does the fused kernel compute this rlx.attention (else: the expansion)?"""
     q, k = (shape_of(o.type) for o in op.operands[:2])
-    return (ENABLED and dtype_of(op.operands[0].type) == "f32" and q[3] >= 1 and k[2] >= 1
+    return (ENABLED and op.name == "rlx.attention" and dtype_of(op.operands[0].type) == "f32" and q[3] >= 1 and k[2] >= 1
             and q[2] >= 1 and numel(q) > 0)
 
 
