@@ -138,7 +138,8 @@ def emit_attention(g, k):
     KT = NV * vl
     DW, DV, R = geometry(D, vl)
     nqb = -(-Sq // QB)
-    args = [F32.as_pointer()] * 4 + ([I8.as_pointer()] if k.mask else []) + [I64, I64]
+    args = [F32.as_pointer()] * 4 + ([I8.as_pointer()] if k.mask else []) + \
+        ([F32.as_pointer()] if k.lse else []) + [I64, I64]
     fn = ir.Function(g.m, ir.FunctionType(ir.VoidType(), args), f"{g.sym}.{k.name}")
     fn.linkage = "internal"
     fn.attributes.add("nounwind")
@@ -147,6 +148,7 @@ def emit_attention(g, k):
             a.add_attribute("noalias")
     q, kt, v, out = fn.args[:4]
     mask = fn.args[4] if k.mask else None
+    lse = fn.args[-3] if k.lse else None
     lo, hi = fn.args[-2], fn.args[-1]
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     # register-tile state: one alloca per scalar/vector (SROA turns them into phis)
@@ -198,6 +200,12 @@ def emit_attention(g, k):
                            ir.Constant(F32, 1.0), den)
             inv = _splat(b, b.fdiv(ir.Constant(F32, 1.0), den), DW)
             ob = b.add(qbase, b.mul(rows[r], c64(D)))
+            if lse is not None:   # L = m + log(l): a fully masked row (m -inf, l 0) gives 0
+                m = b.load(M[r])
+                m = b.select(b.fcmp_ordered("==", m, ir.Constant(F32, NEG_INF)),
+                             ir.Constant(F32, 0.0), m)
+                b.store(b.fadd(m, _unary(b, "log", den)),
+                        b.gep(lse, [b.add(b.sdiv(qbase, c64(D)), rows[r])], inbounds=True))
             for d in range(DV):
                 _vstore(b, out, b.add(ob, c64(d * DW)), b.fmul(b.load(O[r][d]), inv), DW)
 
