@@ -160,6 +160,19 @@ def _stack(b, R, KT, name):
 
 # ---------------------------------------------------------------- dq
 
+def _load_acc(b, acc, base, local, D, DW):
+    """acc[r][d] = base[local[r] * D + d * DW] (the block's accumulators on the stack)."""
+    for r, row in enumerate(acc):
+        for d, a in enumerate(row):
+            b.store(_vload(b, base, b.add(b.mul(local[r], c64(D)), c64(d * DW)), DW), a)
+
+
+def _store_acc(b, acc, base, local, D, DW):
+    for r, row in enumerate(acc):
+        for d, a in enumerate(row):
+            _vstore(b, base, b.add(b.mul(local[r], c64(D)), c64(d * DW)), b.load(a), DW)
+
+
 def emit_dq(g, k):
     vl, D, Sq, Sk, Skp, Sqp = k.vl, k.D, k.Sq, k.Sk, k.Skp, k.Sqp
     KT = NV * vl
@@ -172,45 +185,71 @@ def emit_dq(g, k):
     st = _state(b, R, DW, DV, vl, ["acc_dq", "s", "dp"])
     DQ, S, DPt = st["acc_dq"], st["s"], st["dp"]
     Gf = _stack(b, R, KT, "g")
+    accs = _stack(b, QB, D, "dq")            # the block's dQ rows (L1-resident)
+    rowL, rowD = _stack(b, 1, QB, "l"), _stack(b, 1, QB, "delta")
     iota = [ir.Constant(ir.VectorType(I32, vl), [j * vl + t for t in range(vl)])
             for j in range(NV)]
 
     def block(b, bh, r0, r1):
-        counted_loop(b, r0, r1, R, lambda b, i0: tile(b, bh, i0), "rt")
-
-    def tile(b, bh, i0):
-        rows = [_smin(b, b.add(i0, c64(r)), c64(Sq - 1)) for r in range(R)]
-        qrow = [b.add(b.mul(bh, c64(Sq * D)), b.mul(rows[r], c64(D))) for r in range(R)]
-        Ls, Ds = [], []
-        for r in range(R):
+        def prep(b, i):   # Delta = dO . o and L of each row; padded copies; dQ = 0
+            off = b.add(b.mul(bh, c64(Sq * D)), b.mul(i, c64(D)))
             acc = _fconst(DW, 0.0)
             for d in range(DV):
-                off = b.add(qrow[r], c64(d * DW))
-                acc = _fma(b, _vload(b, do, off, DW), _vload(b, o, off, DW), acc)
+                x = b.add(off, c64(d * DW))
+                acc = _fma(b, _vload(b, do, x, DW), _vload(b, o, x, DW), acc)
             delta = _hreduce(b, acc, DW, lambda b, x, y: b.fadd(x, y))
-            lv = b.load(b.gep(L, [b.add(b.mul(bh, c64(Sq)), rows[r])], inbounds=True))
-            pad = b.add(b.mul(bh, c64(Sqp)), rows[r])
+            lv = b.load(b.gep(L, [b.add(b.mul(bh, c64(Sq)), i)], inbounds=True))
+            pad = b.add(b.mul(bh, c64(Sqp)), i)
             b.store(lv, b.gep(lp, [pad], inbounds=True))
             b.store(delta, b.gep(dp, [pad], inbounds=True))
-            Ls.append(_splat(b, lv, vl))
-            Ds.append(_splat(b, delta, vl))
-        _zero(b, DQ, DW)
+            loc = b.sub(i, r0)
+            b.store(lv, b.gep(rowL, [loc], inbounds=True))
+            b.store(delta, b.gep(rowD, [loc], inbounds=True))
+            for d in range(DV):
+                _vstore(b, accs, b.add(b.mul(loc, c64(D)), c64(d * DW)), _fconst(DW, 0.0), DW)
+        counted_loop(b, r0, r1, 1, prep, "prep")
         kstart, kend = c64(0), c64(Sk)
         if k.kind in ("causal", "sliding"):
-            kend = _smin(b, b.add(i0, c64(R)), c64(Sk))
+            kend = _smin(b, r1, c64(Sk))
         if k.kind == "sliding":
-            s0 = _smax(b, b.sub(i0, c64(k.window - 1)), c64(0))
+            s0 = _smax(b, b.sub(r0, c64(k.window - 1)), c64(0))
             kstart = b.mul(b.sdiv(s0, c64(KT)), c64(KT))
-        counted_loop(b, kstart, kend, KT,
-                     lambda b, j0: keys(b, bh, j0, rows, qrow, Ls, Ds), "kt")
+        # key tile outer, register tiles inner: a key tile's kt, vt and k rows are read
+        # from L1 by every register tile of the block
+        counted_loop(b, kstart, kend, KT, lambda b, j0: counted_loop(
+            b, r0, r1, R, lambda b, i0: tile(b, bh, j0, i0, r0, r1), "rt"), "kt")
         obase = b.mul(bh, c64((Sq + 2 * Sk) * D))
         sc = _fconst(DW, k.scale)
-        for r in range(R):
-            ob = b.add(obase, b.mul(rows[r], c64(D)))
-            for d in range(DV):
-                _vstore(b, out, b.add(ob, c64(d * DW)), b.fmul(b.load(DQ[r][d]), sc), DW)
 
-    def keys(b, bh, j0, rows, qrow, Ls, Ds):
+        def fin(b, i):
+            loc = b.mul(b.sub(i, r0), c64(D))
+            ob = b.add(obase, b.mul(i, c64(D)))
+            for d in range(DV):
+                x = _vload(b, accs, b.add(loc, c64(d * DW)), DW)
+                _vstore(b, out, b.add(ob, c64(d * DW)), b.fmul(x, sc), DW)
+        counted_loop(b, r0, r1, 1, fin, "fin")
+
+    def tile(b, bh, j0, i0, r0, r1):
+        skip = None      # the whole R x KT tile masked by the causal / sliding rule
+        if k.kind in ("causal", "sliding"):
+            skip = b.icmp_signed(">", j0, b.add(i0, c64(R - 1)))
+        if k.kind == "sliding":
+            skip = b.or_(skip, b.icmp_signed("<=", b.add(j0, c64(KT - 1)),
+                                             b.sub(i0, c64(k.window))))
+        if skip is None:
+            keys(b, bh, j0, i0, r0, r1)
+        else:
+            with b.if_then(b.not_(skip)):
+                keys(b, bh, j0, i0, r0, r1)
+
+    def keys(b, bh, j0, i0, r0, r1):
+        # rows past the block (R need not divide QB) repeat its last row: same values
+        rows = [_smin(b, b.add(i0, c64(r)), b.sub(r1, c64(1))) for r in range(R)]
+        local = [b.sub(x, r0) for x in rows]
+        qrow = [b.add(b.mul(bh, c64(Sq * D)), b.mul(rows[r], c64(D))) for r in range(R)]
+        Ls = [_splat(b, b.load(b.gep(rowL, [x], inbounds=True)), vl) for x in local]
+        Ds = [_splat(b, b.load(b.gep(rowD, [x], inbounds=True)), vl) for x in local]
+
         def tvecs(src):
             def vecs(b, d):
                 kb = b.add(b.add(b.mul(bh, c64(D * Skp)), b.mul(d, c64(Skp))), j0)
@@ -244,8 +283,9 @@ def emit_dq(g, k):
         def grads(masked):
             return lambda: _grad_tile(b, k, S, DPt, lambda r, j: Ls[r], lambda r, j: Ds[r],
                                       ok_fn, None, Gf, masked)
-        _branch(b, k, _dq_needs_mask(b, k, j0, rows[0], KT), grads)
+        _branch(b, k, _dq_needs_mask(b, k, j0, i0, KT), grads)
         cn = _smin(b, c64(KT), b.sub(c64(Sk), j0))
+        _load_acc(b, DQ, accs, local, D, DW)
 
         def kacc(b, c):
             krow = b.add(b.mul(bh, c64(Sk * D)), b.mul(b.add(j0, c), c64(D)))
@@ -256,6 +296,7 @@ def emit_dq(g, k):
                 for d in range(DV):
                     b.store(_fma(b, gs, ks[d], b.load(DQ[r][d])), DQ[r][d])
         counted_loop(b, c64(0), cn, 1, kacc, "c")
+        _store_acc(b, DQ, accs, local, D, DW)
 
     _items(b, k, lo, hi, Sq, block)
     b.ret_void()
@@ -302,32 +343,54 @@ def emit_dkv(g, k):
     st = _state(b, R, DW, DV, vl, ["acc_dk", "acc_dv", "s", "dp"])
     DK, DVa, S, DPt = st["acc_dk"], st["acc_dv"], st["s"], st["dp"]
     Pf, Gf = _stack(b, R, KT, "p"), _stack(b, R, KT, "g")
+    dks, dvs = _stack(b, QB, D, "dk"), _stack(b, QB, D, "dv")   # the block's keys
     iota = [ir.Constant(ir.VectorType(I32, vl), [j * vl + t for t in range(vl)])
             for j in range(NV)]
 
     def block(b, bh, r0, r1):
-        counted_loop(b, r0, r1, R, lambda b, j0: tile(b, bh, j0), "rt")
-
-    def tile(b, bh, j0):
-        keys_ = [_smin(b, b.add(j0, c64(r)), c64(Sk - 1)) for r in range(R)]
-        _zero(b, DK, DW)
-        _zero(b, DVa, DW)
+        def zero(b, j):
+            loc = b.mul(b.sub(j, r0), c64(D))
+            for d in range(DV):
+                _vstore(b, dks, b.add(loc, c64(d * DW)), _fconst(DW, 0.0), DW)
+                _vstore(b, dvs, b.add(loc, c64(d * DW)), _fconst(DW, 0.0), DW)
+        counted_loop(b, r0, r1, 1, zero, "zero")
         istart, iend = c64(0), c64(Sq)
         if k.kind in ("causal", "sliding"):
-            istart = b.mul(b.sdiv(j0, c64(KT)), c64(KT))
+            istart = b.mul(b.sdiv(r0, c64(KT)), c64(KT))
         if k.kind == "sliding":
-            iend = _smin(b, b.add(j0, c64(R - 1 + k.window)), c64(Sq))
-        counted_loop(b, istart, iend, KT, lambda b, i0: queries(b, bh, i0, j0, keys_), "qt")
+            iend = _smin(b, b.add(r1, c64(k.window - 1)), c64(Sq))
+        # query tile outer, register tiles of keys inner (qt, dOt, q and dO rows from L1)
+        counted_loop(b, istart, iend, KT, lambda b, i0: counted_loop(
+            b, r0, r1, R, lambda b, j0: tile(b, bh, i0, j0, r0, r1), "rt"), "qt")
         obase = b.mul(bh, c64((Sq + 2 * Sk) * D))
         sc = _fconst(DW, k.scale)
-        for r in range(R):
-            kb = b.add(obase, b.mul(b.add(keys_[r], c64(Sq)), c64(D)))
-            vb = b.add(obase, b.mul(b.add(keys_[r], c64(Sq + Sk)), c64(D)))
-            for d in range(DV):
-                _vstore(b, out, b.add(kb, c64(d * DW)), b.fmul(b.load(DK[r][d]), sc), DW)
-                _vstore(b, out, b.add(vb, c64(d * DW)), b.load(DVa[r][d]), DW)
 
-    def queries(b, bh, i0, j0, keys_):
+        def fin(b, j):
+            loc = b.mul(b.sub(j, r0), c64(D))
+            kb = b.add(obase, b.mul(b.add(j, c64(Sq)), c64(D)))
+            vb = b.add(obase, b.mul(b.add(j, c64(Sq + Sk)), c64(D)))
+            for d in range(DV):
+                x = _vload(b, dks, b.add(loc, c64(d * DW)), DW)
+                _vstore(b, out, b.add(kb, c64(d * DW)), b.fmul(x, sc), DW)
+                _vstore(b, out, b.add(vb, c64(d * DW)),
+                        _vload(b, dvs, b.add(loc, c64(d * DW)), DW), DW)
+        counted_loop(b, r0, r1, 1, fin, "fin")
+
+    def tile(b, bh, i0, j0, r0, r1):
+        skip = None      # every query lane of the tile sees none of its R keys
+        if k.kind in ("causal", "sliding"):
+            skip = b.icmp_signed("<", b.add(i0, c64(KT - 1)), j0)
+        if k.kind == "sliding":
+            skip = b.or_(skip, b.icmp_signed(">=", i0, b.add(j0, c64(R - 1 + k.window))))
+        if skip is None:
+            queries(b, bh, i0, j0, r0, r1)
+        else:
+            with b.if_then(b.not_(skip)):
+                queries(b, bh, i0, j0, r0, r1)
+
+    def queries(b, bh, i0, j0, r0, r1):
+        keys_ = [_smin(b, b.add(j0, c64(r)), b.sub(r1, c64(1))) for r in range(R)]
+        local = [b.sub(x, r0) for x in keys_]
         ktk = [b.add(b.mul(bh, c64(D * Skp)), keys_[r]) for r in range(R)]
         vrow = [b.add(b.mul(bh, c64(Sk * D)), b.mul(keys_[r], c64(D))) for r in range(R)]
 
@@ -376,7 +439,9 @@ def emit_dkv(g, k):
         _branch(b, k, need, grads)
         cn = _smin(b, c64(KT), b.sub(c64(Sq), i0))
 
-        def accumulate(acc, w, src):   # acc[r] += sum_c w[r, c] src[i0 + c]  (one loop each)
+        def accumulate(acc, stack, w, src):   # acc[r] += sum_c w[r, c] src[i0 + c]
+            _load_acc(b, acc, stack, local, D, DW)
+
             def body(b, c):
                 row = b.add(b.mul(bh, c64(Sq * D)), b.mul(b.add(i0, c), c64(D)))
                 xs = [_vload(b, src, b.add(row, c64(d * DW)), DW) for d in range(DV)]
@@ -386,8 +451,9 @@ def emit_dkv(g, k):
                     for d in range(DV):
                         b.store(_fma(b, ws, xs[d], b.load(acc[r][d])), acc[r][d])
             counted_loop(b, c64(0), cn, 1, body, "c")
-        accumulate(DVa, Pf, do)
-        accumulate(DK, Gf, q)
+            _store_acc(b, acc, stack, local, D, DW)
+        accumulate(DVa, dvs, Pf, do)
+        accumulate(DK, dks, Gf, q)
 
     _items(b, k, lo, hi, Sk, block)
     b.ret_void()
