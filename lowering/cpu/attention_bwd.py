@@ -5,19 +5,25 @@
           ▼
     LoopKernels  kt = k^T * scale, vt = v^T          (B*H, D, Skp)  keys padded to KT
                  qt = q^T, dot = dO^T                (B*H, D, Sqp)  queries padded to KT
-    AttentionDqKernel  parallel over (bh, block of QB query rows), R rows per tile:
-        Delta[r] = dO[r] . o[r];  write Delta and L to Sqp-padded rows (for the next kernel)
-        for each key tile j0 the rows may see (the forward's ranges):
+    AttentionDqKernel  parallel over (bh, block of QB query rows):
+        Delta[i] = dO[i] . o[i];  L, Delta -> Sqp-padded rows (for the next kernel)
+        for each key tile j0 the block may see (the forward's ranges):
+          for each register tile of R rows (skipped when the rule masks it all):
             S = q . kt,  dP = dO . vt                  (R x KT, FMA over d)
             P = exp(softcap(S) masked - L),  G = P * (dP - Delta) [* (1 - tanh^2)]
-            dQ[r] += sum_c G[r, c] k[j0 + c]           (registers)
-        dq[r] = scale * dQ[r]
-    AttentionDkvKernel  parallel over (bh, block of QB keys), R keys per tile:
-        for each query tile i0 that may see the keys (causal: i >= j; sliding: i < j + w):
+            dQ[r] += sum_c G[r, c] k[j0 + c]           (the block's dQ on the stack)
+        dq = scale * dQ
+    AttentionDkvKernel  parallel over (bh, block of QB keys):
+        for each query tile i0 that may see the block (causal: i >= j; sliding: i < j + w):
+          for each register tile of R keys (skipped when masked entirely):
             S^T = k-scalars(kt) . qt,  dP^T = v . dot  (R x KT, lanes over queries)
             P^T = exp(S^T masked - L[i]),  G^T = P^T * (dP^T - Delta[i]) [* (1 - tanh^2)]
             dV[r] += sum_c P^T[r, c] dO[i0 + c],  dK[r] += sum_c G^T[r, c] q[i0 + c]
-        dk[r] = scale * dK[r],  dv[r] = dV[r]
+        dk = scale * dK,  dv = dV
+
+The tile loop is outside the register-tile loop so that one tile of packed operands
+(kt and vt, or qt and dOt: 2 x D x KT floats) and its rows are read from L1 by the
+whole block; the block's accumulators (QB x D floats each) live on the stack.
 
 Nothing of size Sq x Sk exists: scores live as R x KT register tiles and one R x KT
 row block on the stack.  The scores are the forward kernel's bit for bit (the same
@@ -75,7 +81,7 @@ class _BwdKernel:
 
     @property
     def outputs(self):
-        return [self.bufs[-1]] if self.mask is None else [self.bufs[-2]]
+        return [self.bufs[-1]]
 
     def buffers(self) -> list:
         return list(self.bufs)
