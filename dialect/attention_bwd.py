@@ -51,10 +51,10 @@ def use_fused(op) -> bool:
 # ---------------------------------------------------------------- shapes
 
 def _check_attention(types, what, scale, softcap, kind, window):
-    from .shapes import _infer_attention
+    from .shapes import SHAPES
 
-    try:
-        return _infer_attention(types, scale, softcap, kind, window)
+    try:   # rlx.attention's shape function (its checks of q, k, v and the mask)
+        return SHAPES["rlx.attention"].infer(types, scale, softcap, kind, window)
     except ShapeError as e:
         raise ShapeError(f"{what}: {str(e).removeprefix('attention: ')}") from None
 

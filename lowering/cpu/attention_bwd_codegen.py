@@ -21,9 +21,9 @@ from __future__ import annotations
 import llvmlite.ir as ir
 
 from rlxc.lowering.cpu.attention_bwd import bwd_rows
-from rlxc.lowering.cpu.attention_codegen import (F32, I8, I32, I64, NEG_INF, _exp_nonpos,
-                                                 _fconst, _fma, _hreduce, _smax, _smin, _splat,
-                                                 _unary, _vload, _vstore, _vt, c64)
+from rlxc.lowering.cpu.attention_codegen import (F32, I8, I32, I64, NEG_INF, c64, exp_nonpos,
+                                                 fconst, fma, hreduce, smax, smin, splat, unary,
+                                                 vload, vstore, vt)
 from rlxc.lowering.cpu.attention_kernel import NV, QB, geometry
 from rlxc.lowering.cpu.sgemm_kernels import counted_loop
 
@@ -53,12 +53,12 @@ def _items(b, k, lo, hi, n, body):
         even = b.icmp_signed("==", b.srem(t, c64(2)), c64(0))
         blk = b.select(even, half, b.sub(c64(nb - 1), half))
         r0 = b.mul(blk, c64(QB))
-        body(b, bh, r0, _smin(b, b.add(r0, c64(QB)), c64(n)))
+        body(b, bh, r0, smin(b, b.add(r0, c64(QB)), c64(n)))
     counted_loop(b, lo, hi, 1, item, "item")
 
 
 def _ivec(b, x, w):
-    return _splat(b, b.trunc(x, I32), w)
+    return splat(b, b.trunc(x, I32), w)
 
 
 def _allowed(b, k, iv, jv):
@@ -68,7 +68,7 @@ def _allowed(b, k, iv, jv):
     c = b.icmp_signed("<=", jv, iv)
     if k.kind == "sliding":
         c = b.and_(c, b.icmp_signed("<", b.sub(iv, jv),
-                                    _splat(b, ir.Constant(I32, k.window), k.vl)))
+                                    splat(b, ir.Constant(I32, k.window), k.vl)))
     return c
 
 
@@ -83,14 +83,14 @@ def _mask_lanes(b, k, mask, base, first, stride, count):
     vt8 = ir.VectorType(I8, vl)
     if stride == 0:
         x = b.load(b.gep(mask, [base], inbounds=True), align=1)
-        return _splat(b, b.icmp_unsigned("!=", x, ir.Constant(I8, 0)), vl)
+        return splat(b, b.icmp_unsigned("!=", x, ir.Constant(I8, 0)), vl)
     if stride == 1 and count % (NV * vl) == 0:
         p = b.gep(mask, [b.add(base, first)], inbounds=True)
         x = b.load(b.bitcast(p, vt8.as_pointer()), align=1)
     else:
         x = ir.Constant(vt8, ir.Undefined)
         for t in range(vl):
-            jj = _smin(b, b.add(first, c64(t)), c64(count - 1))
+            jj = smin(b, b.add(first, c64(t)), c64(count - 1))
             e = b.load(b.gep(mask, [b.add(base, b.mul(jj, c64(stride)))], inbounds=True),
                        align=1)
             x = b.insert_element(x, e, ir.Constant(I32, t))
@@ -106,22 +106,22 @@ def _grad_tile(b, k, S, DP, lse, delta, ok_fn, P_out, G_out, masked):
             s = b.load(S[r][j])
             t = None
             if k.softcap:
-                t = _unary(b, "tanh", b.fmul(s, _fconst(vl, 1.0 / k.softcap)))
-                s = b.fmul(t, _fconst(vl, k.softcap))
+                t = unary(b, "tanh", b.fmul(s, fconst(vl, 1.0 / k.softcap)))
+                s = b.fmul(t, fconst(vl, k.softcap))
             ok = ok_fn(b, r, j) if masked else None
             if ok is not None:
-                s = b.select(ok, s, _fconst(vl, NEG_INF))
-            p = _exp_nonpos(b, b.fsub(s, lse(r, j)), vl)
+                s = b.select(ok, s, fconst(vl, NEG_INF))
+            p = exp_nonpos(b, b.fsub(s, lse(r, j)), vl)
             gr = b.fmul(p, b.fsub(b.load(DP[r][j]), delta(r, j)))
             if t is not None:
-                gr = b.fmul(gr, b.fsub(_fconst(vl, 1.0), b.fmul(t, t)))
+                gr = b.fmul(gr, b.fsub(fconst(vl, 1.0), b.fmul(t, t)))
             if ok is not None:
-                p = b.select(ok, p, _fconst(vl, 0.0))
-                gr = b.select(ok, gr, _fconst(vl, 0.0))
+                p = b.select(ok, p, fconst(vl, 0.0))
+                gr = b.select(ok, gr, fconst(vl, 0.0))
             off = c64(r * NV * vl + j * vl)
             if P_out is not None:
-                _vstore(b, P_out, off, p, vl)
-            _vstore(b, G_out, off, gr, vl)
+                vstore(b, P_out, off, p, vl)
+            vstore(b, G_out, off, gr, vl)
 
 
 def _state(b, R, DW, DV, vl, names):
@@ -130,7 +130,7 @@ def _state(b, R, DW, DV, vl, names):
     out = {}
     for n in names:
         w, cnt = (DW, DV) if n.startswith("acc") else (vl, NV)
-        out[n] = [[b.alloca(_vt(w), name=f"{n}{r}_{d}") for d in range(cnt)] for r in range(R)]
+        out[n] = [[b.alloca(vt(w), name=f"{n}{r}_{d}") for d in range(cnt)] for r in range(R)]
     return out
 
 
@@ -142,16 +142,16 @@ def _dot_tiles(b, D, vl, acc, vecs, scalar):
     def body(b, d):
         vs = vecs(b, d)
         for r in range(len(acc)):
-            x = _splat(b, scalar(b, r, d), vl)
+            x = splat(b, scalar(b, r, d), vl)
             for j in range(NV):
-                b.store(_fma(b, x, vs[j], b.load(acc[r][j])), acc[r][j])
+                b.store(fma(b, x, vs[j], b.load(acc[r][j])), acc[r][j])
     counted_loop(b, c64(0), c64(D), 1, body, "d")
 
 
 def _zero(b, tiles, w):
     for row in tiles:
         for a in row:
-            b.store(_fconst(w, 0.0), a)
+            b.store(fconst(w, 0.0), a)
 
 
 def _stack(b, R, KT, name):
@@ -164,13 +164,13 @@ def _load_acc(b, acc, base, local, D, DW):
     """acc[r][d] = base[local[r] * D + d * DW] (the block's accumulators on the stack)."""
     for r, row in enumerate(acc):
         for d, a in enumerate(row):
-            b.store(_vload(b, base, b.add(b.mul(local[r], c64(D)), c64(d * DW)), DW), a)
+            b.store(vload(b, base, b.add(b.mul(local[r], c64(D)), c64(d * DW)), DW), a)
 
 
 def _store_acc(b, acc, base, local, D, DW):
     for r, row in enumerate(acc):
         for d, a in enumerate(row):
-            _vstore(b, base, b.add(b.mul(local[r], c64(D)), c64(d * DW)), b.load(a), DW)
+            vstore(b, base, b.add(b.mul(local[r], c64(D)), c64(d * DW)), b.load(a), DW)
 
 
 def emit_dq(g, k):
@@ -193,11 +193,11 @@ def emit_dq(g, k):
     def block(b, bh, r0, r1):
         def prep(b, i):   # Delta = dO . o and L of each row; padded copies; dQ = 0
             off = b.add(b.mul(bh, c64(Sq * D)), b.mul(i, c64(D)))
-            acc = _fconst(DW, 0.0)
+            acc = fconst(DW, 0.0)
             for d in range(DV):
                 x = b.add(off, c64(d * DW))
-                acc = _fma(b, _vload(b, do, x, DW), _vload(b, o, x, DW), acc)
-            delta = _hreduce(b, acc, DW, lambda b, x, y: b.fadd(x, y))
+                acc = fma(b, vload(b, do, x, DW), vload(b, o, x, DW), acc)
+            delta = hreduce(b, acc, DW, lambda b, x, y: b.fadd(x, y))
             lv = b.load(b.gep(L, [b.add(b.mul(bh, c64(Sq)), i)], inbounds=True))
             pad = b.add(b.mul(bh, c64(Sqp)), i)
             b.store(lv, b.gep(lp, [pad], inbounds=True))
@@ -206,27 +206,27 @@ def emit_dq(g, k):
             b.store(lv, b.gep(rowL, [loc], inbounds=True))
             b.store(delta, b.gep(rowD, [loc], inbounds=True))
             for d in range(DV):
-                _vstore(b, accs, b.add(b.mul(loc, c64(D)), c64(d * DW)), _fconst(DW, 0.0), DW)
+                vstore(b, accs, b.add(b.mul(loc, c64(D)), c64(d * DW)), fconst(DW, 0.0), DW)
         counted_loop(b, r0, r1, 1, prep, "prep")
         kstart, kend = c64(0), c64(Sk)
         if k.kind in ("causal", "sliding"):
-            kend = _smin(b, r1, c64(Sk))
+            kend = smin(b, r1, c64(Sk))
         if k.kind == "sliding":
-            s0 = _smax(b, b.sub(r0, c64(k.window - 1)), c64(0))
+            s0 = smax(b, b.sub(r0, c64(k.window - 1)), c64(0))
             kstart = b.mul(b.sdiv(s0, c64(KT)), c64(KT))
         # key tile outer, register tiles inner: a key tile's kt, vt and k rows are read
         # from L1 by every register tile of the block
         counted_loop(b, kstart, kend, KT, lambda b, j0: counted_loop(
             b, r0, r1, R, lambda b, i0: tile(b, bh, j0, i0, r0, r1), "rt"), "kt")
         obase = b.mul(bh, c64((Sq + 2 * Sk) * D))
-        sc = _fconst(DW, k.scale)
+        sc = fconst(DW, k.scale)
 
         def fin(b, i):
             loc = b.mul(b.sub(i, r0), c64(D))
             ob = b.add(obase, b.mul(i, c64(D)))
             for d in range(DV):
-                x = _vload(b, accs, b.add(loc, c64(d * DW)), DW)
-                _vstore(b, out, b.add(ob, c64(d * DW)), b.fmul(x, sc), DW)
+                x = vload(b, accs, b.add(loc, c64(d * DW)), DW)
+                vstore(b, out, b.add(ob, c64(d * DW)), b.fmul(x, sc), DW)
         counted_loop(b, r0, r1, 1, fin, "fin")
 
     def tile(b, bh, j0, i0, r0, r1):
@@ -244,16 +244,16 @@ def emit_dq(g, k):
 
     def keys(b, bh, j0, i0, r0, r1):
         # rows past the block (R need not divide QB) repeat its last row: same values
-        rows = [_smin(b, b.add(i0, c64(r)), b.sub(r1, c64(1))) for r in range(R)]
+        rows = [smin(b, b.add(i0, c64(r)), b.sub(r1, c64(1))) for r in range(R)]
         local = [b.sub(x, r0) for x in rows]
         qrow = [b.add(b.mul(bh, c64(Sq * D)), b.mul(rows[r], c64(D))) for r in range(R)]
-        Ls = [_splat(b, b.load(b.gep(rowL, [x], inbounds=True)), vl) for x in local]
-        Ds = [_splat(b, b.load(b.gep(rowD, [x], inbounds=True)), vl) for x in local]
+        Ls = [splat(b, b.load(b.gep(rowL, [x], inbounds=True)), vl) for x in local]
+        Ds = [splat(b, b.load(b.gep(rowD, [x], inbounds=True)), vl) for x in local]
 
         def tvecs(src):
             def vecs(b, d):
                 kb = b.add(b.add(b.mul(bh, c64(D * Skp)), b.mul(d, c64(Skp))), j0)
-                return [_vload(b, src, b.add(kb, c64(j * vl)), vl) for j in range(NV)]
+                return [vload(b, src, b.add(kb, c64(j * vl)), vl) for j in range(NV)]
             return vecs
 
         def rowval(src):
@@ -272,7 +272,7 @@ def emit_dq(g, k):
         def ok_fn(b, r, j):
             ok = None
             if Sk % KT:
-                ok = b.icmp_signed("<", jv[j], _splat(b, ir.Constant(I32, Sk), vl))
+                ok = b.icmp_signed("<", jv[j], splat(b, ir.Constant(I32, Sk), vl))
             ok = _and(b, ok, _allowed(b, k, ivs[r], jv[j]))
             if mask is not None:
                 _, _, si, sj = k.mstrides
@@ -284,17 +284,17 @@ def emit_dq(g, k):
             return lambda: _grad_tile(b, k, S, DPt, lambda r, j: Ls[r], lambda r, j: Ds[r],
                                       ok_fn, None, Gf, masked)
         _branch(b, k, _dq_needs_mask(b, k, j0, i0, KT), grads)
-        cn = _smin(b, c64(KT), b.sub(c64(Sk), j0))
+        cn = smin(b, c64(KT), b.sub(c64(Sk), j0))
         _load_acc(b, DQ, accs, local, D, DW)
 
         def kacc(b, c):
             krow = b.add(b.mul(bh, c64(Sk * D)), b.mul(b.add(j0, c), c64(D)))
-            ks = [_vload(b, kk, b.add(krow, c64(d * DW)), DW) for d in range(DV)]
+            ks = [vload(b, kk, b.add(krow, c64(d * DW)), DW) for d in range(DV)]
             for r in range(R):
-                gs = _splat(b, b.load(b.gep(Gf, [b.add(c, c64(r * KT))], inbounds=True),
+                gs = splat(b, b.load(b.gep(Gf, [b.add(c, c64(r * KT))], inbounds=True),
                                       align=4), DW)
                 for d in range(DV):
-                    b.store(_fma(b, gs, ks[d], b.load(DQ[r][d])), DQ[r][d])
+                    b.store(fma(b, gs, ks[d], b.load(DQ[r][d])), DQ[r][d])
         counted_loop(b, c64(0), cn, 1, kacc, "c")
         _store_acc(b, DQ, accs, local, D, DW)
 
@@ -351,29 +351,29 @@ def emit_dkv(g, k):
         def zero(b, j):
             loc = b.mul(b.sub(j, r0), c64(D))
             for d in range(DV):
-                _vstore(b, dks, b.add(loc, c64(d * DW)), _fconst(DW, 0.0), DW)
-                _vstore(b, dvs, b.add(loc, c64(d * DW)), _fconst(DW, 0.0), DW)
+                vstore(b, dks, b.add(loc, c64(d * DW)), fconst(DW, 0.0), DW)
+                vstore(b, dvs, b.add(loc, c64(d * DW)), fconst(DW, 0.0), DW)
         counted_loop(b, r0, r1, 1, zero, "zero")
         istart, iend = c64(0), c64(Sq)
         if k.kind in ("causal", "sliding"):
             istart = b.mul(b.sdiv(r0, c64(KT)), c64(KT))
         if k.kind == "sliding":
-            iend = _smin(b, b.add(r1, c64(k.window - 1)), c64(Sq))
+            iend = smin(b, b.add(r1, c64(k.window - 1)), c64(Sq))
         # query tile outer, register tiles of keys inner (qt, dOt, q and dO rows from L1)
         counted_loop(b, istart, iend, KT, lambda b, i0: counted_loop(
             b, r0, r1, R, lambda b, j0: tile(b, bh, i0, j0, r0, r1), "rt"), "qt")
         obase = b.mul(bh, c64((Sq + 2 * Sk) * D))
-        sc = _fconst(DW, k.scale)
+        sc = fconst(DW, k.scale)
 
         def fin(b, j):
             loc = b.mul(b.sub(j, r0), c64(D))
             kb = b.add(obase, b.mul(b.add(j, c64(Sq)), c64(D)))
             vb = b.add(obase, b.mul(b.add(j, c64(Sq + Sk)), c64(D)))
             for d in range(DV):
-                x = _vload(b, dks, b.add(loc, c64(d * DW)), DW)
-                _vstore(b, out, b.add(kb, c64(d * DW)), b.fmul(x, sc), DW)
-                _vstore(b, out, b.add(vb, c64(d * DW)),
-                        _vload(b, dvs, b.add(loc, c64(d * DW)), DW), DW)
+                x = vload(b, dks, b.add(loc, c64(d * DW)), DW)
+                vstore(b, out, b.add(kb, c64(d * DW)), b.fmul(x, sc), DW)
+                vstore(b, out, b.add(vb, c64(d * DW)),
+                        vload(b, dvs, b.add(loc, c64(d * DW)), DW), DW)
         counted_loop(b, r0, r1, 1, fin, "fin")
 
     def tile(b, bh, i0, j0, r0, r1):
@@ -389,7 +389,7 @@ def emit_dkv(g, k):
                 queries(b, bh, i0, j0, r0, r1)
 
     def queries(b, bh, i0, j0, r0, r1):
-        keys_ = [_smin(b, b.add(j0, c64(r)), b.sub(r1, c64(1))) for r in range(R)]
+        keys_ = [smin(b, b.add(j0, c64(r)), b.sub(r1, c64(1))) for r in range(R)]
         local = [b.sub(x, r0) for x in keys_]
         ktk = [b.add(b.mul(bh, c64(D * Skp)), keys_[r]) for r in range(R)]
         vrow = [b.add(b.mul(bh, c64(Sk * D)), b.mul(keys_[r], c64(D))) for r in range(R)]
@@ -397,7 +397,7 @@ def emit_dkv(g, k):
         def tvecs(src):
             def vecs(b, d):
                 base = b.add(b.add(b.mul(bh, c64(D * Sqp)), b.mul(d, c64(Sqp))), i0)
-                return [_vload(b, src, b.add(base, c64(j * vl)), vl) for j in range(NV)]
+                return [vload(b, src, b.add(base, c64(j * vl)), vl) for j in range(NV)]
             return vecs
         # S^T = (k^T scale)[key] . q^T (the forward's products), dP^T = v[key] . dO^T
         _dot_tiles(b, D, vl, S, tvecs(qt), lambda b, r, d: b.load(
@@ -405,8 +405,8 @@ def emit_dkv(g, k):
         _dot_tiles(b, D, vl, DPt, tvecs(dot), lambda b, r, d: b.load(
             b.gep(vv, [b.add(vrow[r], d)], inbounds=True), align=4))
         pb = b.add(b.mul(bh, c64(Sqp)), i0)
-        Lv = [_vload(b, lp, b.add(pb, c64(j * vl)), vl) for j in range(NV)]
-        Dv = [_vload(b, dp, b.add(pb, c64(j * vl)), vl) for j in range(NV)]
+        Lv = [vload(b, lp, b.add(pb, c64(j * vl)), vl) for j in range(NV)]
+        Dv = [vload(b, dp, b.add(pb, c64(j * vl)), vl) for j in range(NV)]
         iv = [b.add(_ivec(b, i0, vl), iota[j]) for j in range(NV)]
         kvs = [_ivec(b, keys_[r], vl) for r in range(R)]
         mbase = None
@@ -418,7 +418,7 @@ def emit_dkv(g, k):
         def ok_fn(b, r, j):
             ok = None
             if Sq % KT:
-                ok = b.icmp_signed("<", iv[j], _splat(b, ir.Constant(I32, Sq), vl))
+                ok = b.icmp_signed("<", iv[j], splat(b, ir.Constant(I32, Sq), vl))
             ok = _and(b, ok, _allowed(b, k, iv[j], kvs[r]))
             if mask is not None:
                 _, _, si, sj = k.mstrides
@@ -437,19 +437,19 @@ def emit_dkv(g, k):
                 need = _or(b, need, b.icmp_signed("<", i0, b.add(j0, c64(R - 1))))
             need = False if need is None else need
         _branch(b, k, need, grads)
-        cn = _smin(b, c64(KT), b.sub(c64(Sq), i0))
+        cn = smin(b, c64(KT), b.sub(c64(Sq), i0))
 
         def accumulate(acc, stack, w, src):   # acc[r] += sum_c w[r, c] src[i0 + c]
             _load_acc(b, acc, stack, local, D, DW)
 
             def body(b, c):
                 row = b.add(b.mul(bh, c64(Sq * D)), b.mul(b.add(i0, c), c64(D)))
-                xs = [_vload(b, src, b.add(row, c64(d * DW)), DW) for d in range(DV)]
+                xs = [vload(b, src, b.add(row, c64(d * DW)), DW) for d in range(DV)]
                 for r in range(R):
-                    ws = _splat(b, b.load(b.gep(w, [b.add(c, c64(r * KT))], inbounds=True),
+                    ws = splat(b, b.load(b.gep(w, [b.add(c, c64(r * KT))], inbounds=True),
                                           align=4), DW)
                     for d in range(DV):
-                        b.store(_fma(b, ws, xs[d], b.load(acc[r][d])), acc[r][d])
+                        b.store(fma(b, ws, xs[d], b.load(acc[r][d])), acc[r][d])
             counted_loop(b, c64(0), cn, 1, body, "c")
             _store_acc(b, acc, stack, local, D, DW)
         accumulate(DVa, dvs, Pf, do)

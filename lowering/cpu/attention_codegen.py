@@ -335,4 +335,9 @@ def emit_attention(g, k):
     return fn
 
 
-__all__ = ["emit_attention"]
+# the vector helpers attention_bwd_codegen.py shares, under public names
+vt, splat, fconst, hreduce, fma, unary, exp_nonpos, vload, vstore, smin, smax = (
+    _vt, _splat, _fconst, _hreduce, _fma, _unary, _exp_nonpos, _vload, _vstore, _smin, _smax)
+
+__all__ = ["emit_attention", "vt", "splat", "fconst", "hreduce", "fma", "unary", "exp_nonpos",
+           "vload", "vstore", "smin", "smax"]
