@@ -343,6 +343,12 @@ class Expander:
 # ---------------------------------------------------------------- transform rules
 
 def attention_vjp(b, op, g, need):
+    """rlx.attention_lse + rlx.attention_bwd where the fused forward is used (f32, static
+    sizes: dialect/attention_bwd.py), else the expansion's backward."""
+    from .attention_bwd import fused_vjp, use_fused
+
+    if use_fused(op):
+        return fused_vjp(b, op, g, need)
     return Expander(b, op).backward(b.wrap(op.results[0]), g, need)
 
 
@@ -351,23 +357,25 @@ def attention_jvp(b, op, ts):
 
 
 def attention_vmap(bt, op, xs, bs):
-    """Fold the vmapped axis N into B: (N, B, H, S, D) -> (N*B, H, S, D), one op."""
+    """Fold the vmapped axis N into B: (N, B, H, S, D) -> (N*B, H, S, D), one op.  The same
+    rule batches rlx.attention_lse and rlx.attention_bwd (operands (B, H, ...), a mask last)."""
     from .ops import OPS
 
     xs = [x if bb else bt.bcast(x) for x, bb in zip(xs, bs)]
     n = bt.B
     q = xs[0]
     B = shape_of(q)[1]
+    nm = len(xs) - (op.params()["kind"] == "tensor")
     if isinstance(B, str):
         return _vmap_into_heads(bt, op, xs, n)
-    new = [bt.reshape(x, (n * B,) + shape_of(x)[2:]) for x in xs[:3]]
-    if len(xs) > 3:
-        m = xs[3]
+    new = [bt.reshape(x, (n * B,) + shape_of(x)[2:]) for x in xs[:nm]]
+    if len(xs) > nm:
+        m = xs[nm]
         ms = shape_of(m)
         m = bt.emit(OPS["rlx.broadcast_to"], [m], shape=(n, B) + ms[2:]) if ms[1] != B else m
         new.append(bt.reshape(m, (n * B,) + ms[2:]))
-    r = bt.emit(OPS["rlx.attention"], new, **op.params())
-    return bt.reshape(r, (n,) + shape_of(q)[1:])
+    r = bt.emit(OPS[op.name], new, **op.params())
+    return bt.reshape(r, (n, B) + shape_of(r)[1:])
 
 
 def _vmap_into_heads(bt, op, xs, n):
@@ -384,11 +392,12 @@ def _vmap_into_heads(bt, op, xs, n):
         if s[2] != heads:
             x = bt.emit(OPS["rlx.broadcast_to"], [x], shape=(s[1], n, heads) + s[3:])
         return bt.reshape(x, (s[1], n * heads) + s[3:])
-    new = [fold(x, H) for x in xs[:3]]
-    if len(xs) > 3:
-        new.append(fold(xs[3], H))
-    r = bt.emit(OPS["rlx.attention"], new, **op.params())
-    s = shape_of(q)
+    nm = len(xs) - (op.params()["kind"] == "tensor")
+    new = [fold(x, H) for x in xs[:nm]]
+    if len(xs) > nm:
+        new.append(fold(xs[nm], H))
+    r = bt.emit(OPS[op.name], new, **op.params())
+    s = (None,) + tuple(shape_of(q)[1:3]) + tuple(shape_of(r)[2:])
     r = bt.reshape(r, (s[1], n) + s[2:])
     return bt.transpose(r, (1, 0, 2, 3, 4))
 
@@ -401,15 +410,21 @@ def expand_module(module, rows: int | None = None, keep=None):
     from .autodiff import Builder
     from .module import get_func
 
-    if not any(op.name == "rlx.attention" and not (keep and keep(op))
+    from .attention_bwd import expand as expand_derived
+
+    names = ("rlx.attention", "rlx.attention_lse", "rlx.attention_bwd")
+    if not any(op.name in names and not (keep and keep(op))
                for op in get_func(module).body.block.ops):
         return module
     module = module.clone()
     block = get_func(module).body.block
     for op in list(block.ops):
-        if op.name != "rlx.attention" or (keep and keep(op)):
+        if op.name not in names or (keep and keep(op)):
             continue
-        new = Expander(Builder(block, op), op, rows).forward()
+        if op.name != "rlx.attention":   # the fused backward's ops (dialect/attention_bwd.py)
+            new = expand_derived(Builder(block, op), op, rows)
+        else:
+            new = Expander(Builder(block, op), op, rows).forward()
         op.results[0].replace_all_uses_with(new.v)
         block.erase_op(op)
     return module

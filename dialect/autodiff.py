@@ -603,6 +603,16 @@ def _attention_vjp(b, op, g, need):  # dialect/attention.py: recomputes P block 
 VJP_RULES["rlx.attention"] = _attention_vjp
 
 
+def _attention_derived_vjp(b, op, g, need):  # dialect/attention_bwd.py: by expansion
+    from .attention_bwd import vjp_by_expansion
+
+    return vjp_by_expansion(b, op, g, need)
+
+
+VJP_RULES["rlx.attention_lse"] = _attention_derived_vjp
+VJP_RULES["rlx.attention_bwd"] = _attention_derived_vjp
+
+
 # ---------------------------------------------------------------- the transform
 
 def differentiable(value) -> bool:

@@ -235,6 +235,9 @@ from .conv_ref import EVAL_RULES as _CONV_EVAL  # noqa: E402  (convolution famil
 
 EVAL_RULES.update(_CONV_EVAL)
 EVAL_RULES["rlx.attention"] = attention_ref
+from .attention_bwd import bwd_ref as _attn_bwd, lse_ref as _attn_lse  # noqa: E402
+EVAL_RULES["rlx.attention_lse"] = _attn_lse
+EVAL_RULES["rlx.attention_bwd"] = _attn_bwd
 EVAL_RULES["rlx.iota"] = lambda size: np.arange(int(size), dtype=np.int32)   # dialect/iota.py
 
 missing = set(OPS) - set(EVAL_RULES) - {"rlx.constant", "rlx.cast"}

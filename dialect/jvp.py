@@ -193,6 +193,14 @@ def _attention_jvp(b, op, ts):  # dialect/attention.py
     return attention_jvp(b, op, ts)
 
 
+@defrule("rlx.attention_lse")
+@defrule("rlx.attention_bwd")
+def _attention_derived_jvp(b, op, ts):  # dialect/attention_bwd.py: by expansion
+    from .attention_bwd import jvp_by_expansion
+
+    return jvp_by_expansion(b, op, ts)
+
+
 # ---------------------------------------------------------------- the transforms
 
 def jvp_module(module: ModuleOp, tangent_for: list[str], what: str = "rlx-jvp") -> ModuleOp:

@@ -471,6 +471,27 @@ AttentionOp = _define(
     "$inputs `scale` `=` $scale `softcap` `=` $softcap (`kind` `=` $kind^)? `window` `=` $window "
     "attr-dict `:` `(` type($inputs) `)` `->` type($result)")
 
+# attention's fused backward (dialect/attention_bwd.py)
+AttentionLseOp = _define(
+    "attention_lse", "Per-row logsumexp of rlx.attention's masked scores, (B, H, Sq, 1); a "
+    "fully masked row gives 0. Operands and params as rlx.attention.",
+    "%l = rlx.attention_lse %q, %k, %v scale = 1.250000e-01 softcap = 0.000000e+00 kind = "
+    "\"causal\" window = 0 : (tensor<1x2x8x64xf32>, tensor<1x2x8x64xf32>, "
+    "tensor<1x2x8x64xf32>) -> tensor<1x2x8x1xf32>",
+    {"inputs": var_operand_def(TensorType), "result": result_def(TensorType)},
+    "$inputs `scale` `=` $scale `softcap` `=` $softcap (`kind` `=` $kind^)? `window` `=` $window "
+    "attr-dict `:` `(` type($inputs) `)` `->` type($result)")
+AttentionBwdOp = _define(
+    "attention_bwd", "rlx.attention's gradients from q, k, v, o, dO, L [, mask]: [dq; dk; dv] "
+    "stacked on axis 2, (B, H, Sq + 2 Sk, D), P recomputed from q, k and L.",
+    "%g = rlx.attention_bwd %q, %k, %v, %o, %do, %l scale = 1.250000e-01 softcap = "
+    "0.000000e+00 kind = \"causal\" window = 0 : (tensor<1x2x8x64xf32>, tensor<1x2x8x64xf32>, "
+    "tensor<1x2x8x64xf32>, tensor<1x2x8x64xf32>, tensor<1x2x8x64xf32>, tensor<1x2x8x1xf32>) -> "
+    "tensor<1x2x24x64xf32>",
+    {"inputs": var_operand_def(TensorType), "result": result_def(TensorType)},
+    "$inputs `scale` `=` $scale `softcap` `=` $softcap (`kind` `=` $kind^)? `window` `=` $window "
+    "attr-dict `:` `(` type($inputs) `)` `->` type($result)")
+
 
 from .control import CONTROL_OPS  # noqa: E402  (rlx.scan/while/if/yield: regions)
 from .iota import IotaOp  # noqa: E402  (rlx.iota: dynamic modules only, dialect/iota.py)

@@ -619,3 +619,8 @@ def _infer_attention(types, scale, softcap, kind="", window=0):
 _shape("attention", "attention", _infer_attention,
        {"scale": "float", "softcap": "float", "kind": "str", "window": "int"}, root=True,
        cost="heavy", dtypes=FLOAT_DTYPES)
+
+from .attention_bwd import ATTN_PARAMS, BWD_SHAPES  # noqa: E402  (attention's fused backward)
+
+for _n, _f in BWD_SHAPES.items():
+    _shape(_n, "attention", _f, ATTN_PARAMS, root=True, cost="heavy", dtypes=FLOAT_DTYPES)

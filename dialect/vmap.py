@@ -296,6 +296,8 @@ def _attention(bt, op, xs, bs):  # dialect/attention.py: the vmapped axis folds 
 
 
 BATCH_RULES["rlx.attention"] = _attention
+BATCH_RULES["rlx.attention_lse"] = _attention      # the same fold (dialect/attention_bwd.py)
+BATCH_RULES["rlx.attention_bwd"] = _attention
 
 
 # ---------------------------------------------------------------- the transform

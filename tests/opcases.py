@@ -334,6 +334,46 @@ case("attention_causal_softcap", {"q": _a(2, 2, 5, 4), "k": _a(2, 2, 6, 4), "v":
 case("attention_tensor_mask", {"q": _a(2, 2, 5, 4), "k": _a(2, 2, 6, 4), "v": _a(2, 2, 6, 4)},
      lambda s, q, k, v: rlxc.attention(q, k, v, mask=_ATTN_MASK, scale=0.3),
      lambda q, k, v: _attn_oracle(q, k, v, _ATTN_MASK, scale=0.3))
+
+
+def _lse_oracle(q, k, allowed, scale):
+    """Row logsumexp over the allowed keys (0 for an empty row)."""
+    s = np.where(np.broadcast_to(allowed, q.shape[:3] + k.shape[2:3]),
+                 q @ np.swapaxes(k, -1, -2) * scale, -np.inf)
+    mx = s.max(-1, keepdims=True)
+    mx = np.where(np.isinf(mx), 0, mx)
+    den = np.exp(s - mx).sum(-1, keepdims=True)
+    return mx + np.log(np.where(den == 0, 1, den))
+
+
+def _attn_bwd_oracle(q, k, v, do, allowed, scale):
+    """[dq; dk; dv] of sum(attention(q, k, v) * do), softmax derivative written out."""
+    s = q @ np.swapaxes(k, -1, -2) * scale
+    allowed = np.broadcast_to(allowed, s.shape)
+    e = np.where(allowed, np.exp(s - np.where(allowed, s, -np.inf).max(-1, keepdims=True)), 0)
+    p = e / np.maximum(e.sum(-1, keepdims=True), 1e-300)
+    dp = do @ np.swapaxes(v, -1, -2)
+    ds = p * (dp - (p * dp).sum(-1, keepdims=True)) * scale
+    return np.concatenate([ds @ k, np.swapaxes(ds, -1, -2) @ q, np.swapaxes(p, -1, -2) @ do], 2)
+
+
+_AP = dict(scale=0.3, softcap=0.0, kind="tensor", window=0)
+case("attention_lse", {"q": _a(2, 2, 5, 4), "k": _a(2, 2, 6, 4), "v": _a(2, 2, 6, 4)},
+     lambda s, q, k, v: s.emit("rlx.attention_lse", [q, k, v, s.constant(_ATTN_MASK, "i1")],
+                               **_AP),
+     lambda q, k, v: _lse_oracle(q, k, _ATTN_MASK, 0.3))
+
+
+def _attn_bwd_build(s, q, k, v, do):
+    m = s.constant(_ATTN_MASK, "i1")
+    o = s.emit("rlx.attention", [q, k, v, m], **_AP)
+    lse = s.emit("rlx.attention_lse", [q, k, v, m], **_AP)
+    return s.emit("rlx.attention_bwd", [q, k, v, o, do, lse, m], **_AP)
+
+
+case("attention_bwd", {"q": _a(2, 2, 5, 4), "k": _a(2, 2, 6, 4), "v": _a(2, 2, 6, 4),
+                       "do": _a(2, 2, 5, 4)}, _attn_bwd_build,
+     lambda q, k, v, do: _attn_bwd_oracle(q, k, v, do, _ATTN_MASK, 0.3))
 case("einsum_bmm", {"x": _a(2, 3, 4), "y": _a(2, 4, 5)},
      lambda s, x, y: rlxc.einsum("bij,bjk->bik", x, y), lambda x, y: np.einsum("bij,bjk->bik", x, y))
 case("einsum_trace_diag", {"x": _a(3, 4, 4)},

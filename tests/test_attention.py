@@ -17,6 +17,7 @@ import pytest
 
 import rlxc
 from rlxc.dialect import attention as A
+from rlxc.dialect import attention_bwd as AB
 from rlxc.dialect.autodiff import grad_module
 from rlxc.dialect.interpreter import interpret
 from rlxc.dialect.module import get_func
@@ -133,6 +134,7 @@ def test_blocked_expansion_and_backward_match_the_reference(mask, monkeypatch):
     assert not [op for op in get_func(blocked).body.block.ops if op.name == "rlx.attention"]
     got = interpret(blocked, [q, k, v], float_dtype=np.float64)[0]
     np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-7)   # scale: an f32 constant
+    monkeypatch.setattr(AB, "FUSED", False)     # the expansion's backward (not the fused op)
     one = interpret(grad_module(f.module, ["q", "k", "v"]), [q, k, v], float_dtype=np.float64)
     monkeypatch.setattr(A, "SINGLE_ELEMS", 0)
     monkeypatch.setattr(A, "MIN_ROWS", 2)

@@ -166,6 +166,28 @@ case("attention", _QKV, lambda s, q, k, v: rlxc.attention(q, k, v, mask=("slidin
      label="attention_sliding")
 case("attention", _QKV, lambda s, q, k, v: rlxc.attention(q, k, v, mask=_AM, scale=0.7),
      label="attention_tensor_mask")
+# attention's fused backward ops (dialect/attention_bwd.py): derivatives by expansion
+_AP = dict(scale=0.7, softcap=1.5, kind="causal", window=0)
+case("attention_lse", _QKV, lambda s, q, k, v: s.emit("rlx.attention_lse", [q, k, v], **_AP))
+case("attention_lse", _QKV, lambda s, q, k, v: s.emit(
+    "rlx.attention_lse", [q, k, v, s.constant(_AM, "i1")], scale=0.7, softcap=0.0,
+    kind="tensor", window=0), label="attention_lse_tensor_mask")
+
+
+def _attn_bwd_case(s, q, k, v, do, **p):
+    """rlx.attention_bwd on the o and L of q, k, v (its domain: o and L are not free)."""
+    m = [s.constant(_AM, "i1")] if p["kind"] == "tensor" else []
+    o = s.emit("rlx.attention", [q, k, v] + m, **p)
+    lse = s.emit("rlx.attention_lse", [q, k, v] + m, **p)
+    return s.emit("rlx.attention_bwd", [q, k, v, o, do, lse] + m, **p)
+
+
+case("attention_bwd", dict(_QKV, do=_u(1, 2, 3, 4)),
+     lambda s, q, k, v, do: _attn_bwd_case(s, q, k, v, do, **_AP), second=False)
+case("attention_bwd", dict(_QKV, do=_u(1, 2, 3, 4)),
+     lambda s, q, k, v, do: _attn_bwd_case(s, q, k, v, do, scale=0.7, softcap=0.0,
+                                           kind="tensor", window=0),
+     label="attention_bwd_tensor_mask", second=False)
 
 
 def weights(shape):

@@ -177,6 +177,15 @@ CASES["rlx.attention"] = [
     (_op("rlx.attention", _QKV + [("m", (1, 2, 3, 5), "i1")], scale=0.5, softcap=0.0,
          kind="tensor", window=0), {}),
 ]
+_QKVOL = _QKV + [("o", (2, 2, 3, 4), F), ("do", (2, 2, 3, 4), F), ("l", (2, 2, 3, 1), F)]
+CASES["rlx.attention_lse"] = [
+    (_op("rlx.attention_lse", _QKV, scale=0.5, softcap=2.0, kind="causal", window=0), {}),
+    (_op("rlx.attention_lse", _QKV + [("m", (1, 2, 3, 5), "i1")], scale=0.5, softcap=0.0,
+         kind="tensor", window=0), {})]
+CASES["rlx.attention_bwd"] = [
+    (_op("rlx.attention_bwd", _QKVOL, scale=0.5, softcap=2.0, kind="sliding", window=2), {}),
+    (_op("rlx.attention_bwd", _QKVOL + [("m", (2, 1, 3, 5), "i1")], scale=0.5, softcap=0.0,
+         kind="tensor", window=0), {})]
 
 
 def _subsets(names):

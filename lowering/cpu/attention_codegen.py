@@ -118,7 +118,8 @@ def emit_attention(g, k):
     KT = NV * vl
     DW, DV, R = geometry(D, vl)
     nqb = -(-Sq // QB)
-    args = [F32.as_pointer()] * 4 + ([I8.as_pointer()] if k.mask else []) + [I64, I64]
+    args = [F32.as_pointer()] * 4 + ([I8.as_pointer()] if k.mask else []) + \
+        ([F32.as_pointer()] if k.lse else []) + [I64, I64]
     fn = ir.Function(g.m, ir.FunctionType(ir.VoidType(), args), f"{g.sym}.{k.name}")
     fn.linkage = "internal"
     fn.attributes.add("nounwind")
@@ -127,6 +128,7 @@ def emit_attention(g, k):
             a.add_attribute("noalias")
     q, kt, v, out = fn.args[:4]
     mask = fn.args[4] if k.mask else None
+    lse = fn.args[-3] if k.lse else None
     lo, hi = fn.args[-2], fn.args[-1]
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     # register-tile state: one alloca per scalar/vector (SROA turns them into phis)
@@ -178,6 +180,12 @@ def emit_attention(g, k):
                            ir.Constant(F32, 1.0), den)
             inv = _splat(b, b.fdiv(ir.Constant(F32, 1.0), den), DW)
             ob = b.add(qbase, b.mul(rows[r], c64(D)))
+            if lse is not None:   # L = m + log(l): a fully masked row (m -inf, l 0) gives 0
+                m = b.load(M[r])
+                m = b.select(b.fcmp_ordered("==", m, ir.Constant(F32, NEG_INF)),
+                             ir.Constant(F32, 0.0), m)
+                b.store(b.fadd(m, _unary(b, "log", den)),
+                        b.gep(lse, [b.add(b.sdiv(qbase, c64(D)), rows[r])], inbounds=True))
             for d in range(DV):
                 _vstore(b, out, b.add(ob, c64(d * DW)), b.fmul(b.load(O[r][d]), inv), DW)
 
@@ -307,4 +315,9 @@ def emit_attention(g, k):
     return fn
 
 
-__all__ = ["emit_attention"]
+# the vector helpers attention_bwd_codegen.py shares, under public names
+vt, splat, fconst, hreduce, fma, unary, exp_nonpos, vload, vstore, smin, smax = (
+    _vt, _splat, _fconst, _hreduce, _fma, _unary, _exp_nonpos, _vload, _vstore, _smin, _smax)
+
+__all__ = ["emit_attention", "vt", "splat", "fconst", "hreduce", "fma", "unary", "exp_nonpos",
+           "vload", "vstore", "smin", "smax"]

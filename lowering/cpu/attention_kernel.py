@@ -44,13 +44,15 @@ ENABLED = True        # tests switch the kernel off to compare with the expansio
 NV = 4                # score vectors per register-tile row: KT = NV * VL keys per key tile
 QB = 32               # query rows per parallel work item
 REG_BUDGET = {16: 16, 8: 8, 4: 8}   # vector registers for the O accumulators, by lane count
+FUSED_OPS = ("rlx.attention", "rlx.attention_lse", "rlx.attention_bwd")
 
 
 def covers(op) -> bool:
-    """Does the fused kernel compute this rlx.attention (else: the expansion)?"""
+    """Does the fused kernel compute this rlx.attention (else: the expansion)?  The same
+    test serves rlx.attention_lse and rlx.attention_bwd (attention_bwd.py)."""
     q, k = (shape_of(o.type) for o in op.operands[:2])
-    return (ENABLED and dtype_of(op.operands[0].type) == "f32" and q[3] >= 1 and k[2] >= 1
-            and q[2] >= 1 and numel(q) > 0)
+    return (ENABLED and op.name in FUSED_OPS and dtype_of(op.operands[0].type) == "f32"
+            and q[3] >= 1 and k[2] >= 1 and q[2] >= 1 and numel(q) > 0)
 
 
 def geometry(D: int, vl: int):
@@ -88,13 +90,15 @@ class AttentionKernel:
     work: int = 0
     parallel: bool = True
     extra: list = field(default_factory=list)
+    lse: Buffer | None = None   # also write L = rowmax + log(rowsum) (rlx.attention_lse)
 
     @property
     def outputs(self):
-        return [self.out]
+        return [self.out] + ([self.lse] if self.lse else [])
 
     def buffers(self) -> list:
-        return [self.q, self.kt, self.v, self.out] + ([self.mask] if self.mask else [])
+        return [self.q, self.kt, self.v, self.out] + ([self.mask] if self.mask else []) + \
+            ([self.lse] if self.lse else [])
 
     @property
     def items(self) -> int:
@@ -110,7 +114,8 @@ class AttentionKernel:
             f"  parallel for item in [0, {self.items}):  // (bh, block of {QB} query rows)",
             f"    flash attention tile {r} rows x {kt} keys, D={self.D} as {dv}x{dw} lanes,",
             f"      q={self.q!r} kt={self.kt!r} (Skp={self.Skp}) v={self.v!r} -> {self.out!r},",
-            f"      mask {m}, softcap {self.softcap}, Sq={self.Sq} Sk={self.Sk}"])
+            f"      mask {m}, softcap {self.softcap}, Sq={self.Sq} Sk={self.Sk}"
+            + (f", row logsumexp -> {self.lse!r}" if self.lse else "")])
 
     def emit(self, g):
         """The kernel function (g: codegen.ModuleGen); returns (function, buffers, True)."""
@@ -121,9 +126,47 @@ class AttentionKernel:
 
 # ---------------------------------------------------------------- schedule hook
 
-def attention_kernels(bl, v, op, what):
+def operand_buffer(bl, o, what, tag):
+    """The buffer of operand `o`, or a copy into a new temp when it has none (fused)."""
+    b = bl.bufs.get(o)
+    if b is not None and o in bl.plan.materialized:
+        return b
+    shp = shape_of(o.type)
+    b = bl._buf(f"t{len(bl.buffers)}", "temp", dtype_of(o.type), numel(shp))
+    bl.map_kernel(f"{what}: {tag} operand", shp, b, lambda g, idx, o=o: g.value(o, idx),
+                  tag="copy")
+    return b
+
+
+def mask_strides(shape) -> tuple:
+    """Element strides of a (B, H, Sq, Sk)-broadcasting mask; 0 on its size-1 dims."""
+    st, acc = [], 1
+    for n in reversed(shape):
+        st.append(acc if n != 1 else 0)
+        acc *= n
+    return tuple(reversed(st))
+
+
+def pack_transposed(bl, x, what, n_pad, scale=None, label="x^T"):
+    """(B, H, S, D) operand x -> a new (B*H, D, n_pad) temp: x^T [* scale], rows past S 0."""
+    B, H, S, D = shape_of(x.type)
+    out = bl._buf(f"t{len(bl.buffers)}", "temp", "f32", B * H * D * n_pad)
+
+    def pack(g, idx):
+        b_, h_, d_, j_ = idx
+        src = g.value(x, (b_, h_, ix.clamp(j_, 0, S - 1), d_))
+        if scale is not None:
+            src = Op("mul", (src, Const(scale)), "f32")
+        return Op("select", (InRange(j_, 0, S), src, Const(0.0)), "f32")
+    bl.map_kernel(f"{what}: {label}, rows padded to {n_pad}", (B, H, D, n_pad), out, pack,
+                  tag="pack_kt")
+    return out
+
+
+def attention_kernels(bl, v, op, what, lse=None):
     """Append the K^T pack and the fused kernel of `v = rlx.attention(...)` to the
-    schedule.Builder `bl` (operands that have no buffer are copied into one)."""
+    schedule.Builder `bl` (operands that have no buffer are copied into one); with `lse`
+    (a buffer) the kernel also writes the rows' logsumexp (rlx.attention_lse)."""
     from rlxc.lowering.cpu.sgemm_kernels import sgemm_config
     from rlxc.lowering.cpu.schedule import PAR_MIN_WORK
 
@@ -134,46 +177,22 @@ def attention_kernels(bl, v, op, what):
     kt_n = NV * vl
     Skp = -(-Sk // kt_n) * kt_n
     q, k, vv = op.operands[:3]
-
-    def buf_of(o, tag):
-        b = bl.bufs.get(o)
-        if b is not None and o in bl.plan.materialized:
-            return b
-        shp = shape_of(o.type)
-        b = bl._buf(f"t{len(bl.buffers)}", "temp", dtype_of(o.type), numel(shp))
-        bl.map_kernel(f"{what}: {tag} operand", shp, b, lambda g, idx, o=o: g.value(o, idx),
-                      tag="copy")
-        return b
-
-    qb, vb = buf_of(q, "q"), buf_of(vv, "v")
+    qb, vb = operand_buffer(bl, q, what, "q"), operand_buffer(bl, vv, what, "v")
     mb, mstr = None, (0, 0, 0, 0)
     if p["kind"] == "tensor":
         mo = op.operands[3]
-        mb = buf_of(mo, "mask")
-        ms = shape_of(mo.type)
-        st, acc = [], 1
-        for n in reversed(ms):
-            st.append(acc if n != 1 else 0)
-            acc *= n
-        mstr = tuple(reversed(st))
-    kt = bl._buf(f"t{len(bl.buffers)}", "temp", "f32", B * H * D * Skp)
-    scale = float(p["scale"])
-    Skc = Sk
-
-    def pack(g, idx):
-        b_, h_, d_, j_ = idx
-        src = g.value(k, (b_, h_, ix.clamp(j_, 0, Skc - 1), d_))
-        return Op("select", (InRange(j_, 0, Skc), Op("mul", (src, Const(scale)), "f32"),
-                             Const(0.0)), "f32")
-    bl.map_kernel(f"{what}: k^T * scale, keys padded to {Skp}", (B, H, D, Skp), kt, pack,
-                  tag="pack_kt")
+        mb = operand_buffer(bl, mo, what, "mask")
+        mstr = mask_strides(shape_of(mo.type))
+    kt = pack_transposed(bl, k, what, Skp, float(p["scale"]), "k^T * scale")
     eff = Sk if p["kind"] in ("", "tensor") else (
         min(Sk, p["window"]) if p["kind"] == "sliding" else max(1, min(Sk, Sq) // 2))
     work = 4 * B * H * Sq * eff * D
-    out = bl.bufs[v]
+    out = bl.bufs[v] if v is not None else \
+        bl._buf(f"t{len(bl.buffers)}", "temp", "f32", B * H * Sq * D)   # L alone: O is scratch
     bl._add(AttentionKernel(bl._kname("attention"), what, qb, kt, vb, out, mb, mstr, B, H, Sq,
                             Sk, D, Skp, float(p["softcap"] or 0.0), p["kind"], int(p["window"]),
-                            vl, work, work >= PAR_MIN_WORK))
+                            vl, work, work >= PAR_MIN_WORK, lse=lse))
 
 
-__all__ = ["AttentionKernel", "attention_kernels", "covers", "geometry"]
+__all__ = ["AttentionKernel", "attention_kernels", "covers", "geometry", "operand_buffer",
+           "mask_strides", "pack_transposed"]

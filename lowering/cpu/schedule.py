@@ -290,10 +290,14 @@ class Builder:
                 self.concat_kernels(v, op, what)
             elif op.name == "rlx.scatter_add":
                 self.scatter_kernels(v, op, what)
-            elif op.name == "rlx.attention":   # fused flash-style kernel (attention_kernel.py)
-                from rlxc.lowering.cpu.attention_kernel import attention_kernels
+            elif op.name in ("rlx.attention", "rlx.attention_lse"):   # fused flash-style kernel
+                from rlxc.lowering.cpu.attention_bwd import attention_pair_kernels
 
-                attention_kernels(self, v, op, what)
+                attention_pair_kernels(self, v, op, what)   # (attention_kernel.py; O and L)
+            elif op.name == "rlx.attention_bwd":   # fused backward (attention_bwd.py)
+                from rlxc.lowering.cpu.attention_bwd import attention_bwd_kernels
+
+                attention_bwd_kernels(self, v, op, what)
             elif fam in ELEMENTWISE_FAMILIES or op.name in (
                     "rlx.broadcast_to", "rlx.reshape", "rlx.transpose", "rlx.slice", "rlx.pad",
                     "rlx.gather", "rlx.fake_quant"):
