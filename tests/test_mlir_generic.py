@@ -41,6 +41,8 @@ def model(tmp_path):
 
 
 def cli(*args):
+    """The command's result; IR is read from .stdout (.output also holds stderr, where a
+    compile slower than a second prints its progress line)."""
     r = CliRunner().invoke(main, [str(a) for a in args])
     return r
 
@@ -65,43 +67,43 @@ def _run(text: str, fn: int = 0):
 def test_emit_rlx_generic_is_generic_and_reads_back(model, tmp_path):
     r = cli("compile", model, "--emit", "rlx-generic")
     assert r.exit_code == 0, r.output
-    assert r.output.startswith('"builtin.module"() ({')
-    assert '"rlx.matmul"(' in r.output and "rlx.matmul %" not in r.output
-    custom = cli("compile", model, "--emit", "rlx").output
+    assert r.stdout.startswith('"builtin.module"() ({')
+    assert '"rlx.matmul"(' in r.stdout and "rlx.matmul %" not in r.stdout
+    custom = cli("compile", model, "--emit", "rlx").stdout
     # same module: the generic text parses back to the custom one
-    assert M.to_text(M.parse(r.output)) == M.to_text(M.parse(custom))
+    assert M.to_text(M.parse(r.stdout)) == M.to_text(M.parse(custom))
     p = tmp_path / "g.mlir"
-    p.write_text(r.output)
+    p.write_text(r.stdout)
     o = cli("opt", p, "--print-generic")
     assert o.exit_code == 0, o.output
-    assert o.output.startswith('"builtin.module"() ({')
+    assert o.stdout.startswith('"builtin.module"() ({')
 
 
 def test_emit_rlx_with_train_prints_one_module_that_reads_back(model, tmp_path):
     r = cli("compile", model, "--emit", "rlx", "--train", "--optimizer", "sgd")
     assert r.exit_code == 0, r.output
-    assert r.output.count("builtin.module") == 1
+    assert r.stdout.count("builtin.module") == 1
     p = tmp_path / "trained.mlir"
-    p.write_text(r.output)
+    p.write_text(r.stdout)
     o = cli("opt", p, "-p", "cse")
     assert o.exit_code == 0, o.output
-    assert "func.func @mlp(" in o.output and "func.func @mlp_train_step(" in o.output
+    assert "func.func @mlp(" in o.stdout and "func.func @mlp_train_step(" in o.stdout
     # rlxc compile reads it back: the model is the first function
     c = cli("compile", p, "--emit", "rlx")
     assert c.exit_code == 0, c.output
-    assert "func.func @mlp(" in c.output and "train_step" not in c.output
+    assert "func.func @mlp(" in c.stdout and "train_step" not in c.stdout
     c2 = cli("compile", p, "--emit", "rlx", "--train", "--optimizer", "sgd")
     assert c2.exit_code == 0, c2.output
-    assert M.to_text(M.parse_any(c2.output)) == M.to_text(M.parse_any(r.output))
+    assert M.to_text(M.parse_any(c2.stdout)) == M.to_text(M.parse_any(r.stdout))
 
 
 def test_compile_reads_mlir_by_content(model, tmp_path):
-    text = cli("compile", model, "--emit", "rlx").output
+    text = cli("compile", model, "--emit", "rlx").stdout
     p = tmp_path / "model.txt"          # not a .mlir suffix
     p.write_text("// a comment first\n" + text)
     c = cli("compile", p, "--emit", "rlx")
     assert c.exit_code == 0, c.output
-    assert c.output == text
+    assert c.stdout == text
     bad = tmp_path / "notes.txt"
     bad.write_text("hello\n")
     c = cli("compile", bad, "--emit", "rlx")
@@ -115,18 +117,18 @@ def test_upstream_mlir_parses_and_verifies_generic_form(model, tmp_path):
     assert r.exit_code == 0, r.output
     with ir.Context() as ctx:
         ctx.allow_unregistered_dialects = True
-        m = ir.Module.parse(r.output)
+        m = ir.Module.parse(r.stdout)
         assert m.operation.verify()
         back = m.operation.get_asm(print_generic_op_form=True)
     p = tmp_path / "upstream.mlir"
     p.write_text(back)
     o = cli("opt", p, "-p", "cse")
     assert o.exit_code == 0, o.output
-    ref = _run(cli("compile", model, "--emit", "rlx").output)
-    got = _run(o.output)
+    ref = _run(cli("compile", model, "--emit", "rlx").stdout)
+    got = _run(o.stdout)
     np.testing.assert_allclose(np.asarray(got[0]), np.asarray(ref[0]), rtol=1e-6)
     # and upstream rejects a broken module (the check can fail)
     with ir.Context() as ctx:
         ctx.allow_unregistered_dialects = True
         with pytest.raises(Exception):
-            ir.Module.parse(r.output.replace('"func.return"', '"func.return"(%nope)', 1))
+            ir.Module.parse(r.stdout.replace('"func.return"', '"func.return"(%nope)', 1))
