@@ -448,7 +448,8 @@ def dump_artifact(meta: dict, blobs: dict) -> bytes:
     return MAGIC + struct.pack("<I", len(head)) + head + bytes(data)
 
 
-def load_artifact(data: bytes) -> tuple[dict, dict]:
+def load_artifact(data: bytes, fmt: str = FORMAT) -> tuple[dict, dict]:
+    """(meta, blobs) of a container written by dump_artifact whose format is `fmt`."""
     if not data.startswith(MAGIC) or len(data) < 12:
         raise ArtifactError("not an rlxc CUDA artifact (bad magic)")
     (n,) = struct.unpack("<I", data[8:12])
@@ -456,9 +457,9 @@ def load_artifact(data: bytes) -> tuple[dict, dict]:
         meta = json.loads(data[12:12 + n].decode())
     except ValueError as e:
         raise ArtifactError(f"rlxc CUDA artifact: corrupt metadata ({e})") from None
-    if meta.get("format") != FORMAT:
+    if meta.get("format") != fmt:
         raise ArtifactError(f"rlxc CUDA artifact format {meta.get('format')!r}, "
-                            f"this runtime reads {FORMAT!r}")
+                            f"this runtime reads {fmt!r}")
     body = data[12 + n:]
     blobs = {}
     for name, (off, size) in meta.pop("blobs").items():

@@ -28,31 +28,12 @@ from .signature import NP_DTYPES, coerce
 
 FORMAT = "rlxc-cuda-dyn-1"
 _Spec = namedtuple("_Spec", "name kind shape dtype")   # what runtime/dims.bind_sizes reads
-NP_BYTES = {"f32": 4, "f64": 8, "i1": 1, "i32": 4, "i64": 8, "u32": 4}
 
 
 def load_artifact(data: bytes) -> tuple[dict, dict]:
-    """(meta, blobs) of a size-generic program container (runtime.cuda.dump_artifact's
-    layout, format "rlxc-cuda-dyn-1")."""
-    import json
-    import struct
-
-    if not data.startswith(rt.MAGIC) or len(data) < 12:
-        raise ArtifactError("not an rlxc CUDA artifact (bad magic)")
-    (n,) = struct.unpack("<I", data[8:12])
-    try:
-        meta = json.loads(data[12:12 + n].decode())
-    except ValueError as e:
-        raise ArtifactError(f"rlxc CUDA artifact: corrupt metadata ({e})") from None
-    if meta.get("format") != FORMAT:
-        raise ArtifactError(f"rlxc CUDA artifact format {meta.get('format')!r}, "
-                            f"expected {FORMAT!r}")
-    body, blobs = data[12 + n:], {}
-    for name, (off, size) in meta.pop("blobs").items():
-        if off + size > len(body):
-            raise ArtifactError(f"rlxc CUDA artifact: blob {name!r} is truncated")
-        blobs[name] = bytes(body[off:off + size])
-    return meta, blobs
+    """(meta, blobs) of a size-generic program container (runtime.cuda's container,
+    format "rlxc-cuda-dyn-1")."""
+    return rt.load_artifact(data, FORMAT)
 
 
 class DynCudaProgram:
