@@ -86,7 +86,10 @@ def config(Sq: int, D: int, esz: int = 4):
 
 
 def covers(op) -> bool:
-    """Does the fused GPU kernel compute this rlx.attention (else: the expansion)?"""
+    """Does the fused GPU kernel compute this rlx.attention (else: the expansion)?  The
+    fused backward's ops (rlx.attention_lse, rlx.attention_bwd) are always expanded here."""
+    if op.name != "rlx.attention":
+        return False
     q, k = (shape_of(o.type) for o in op.operands[:2])
     if any(isinstance(d, str) for d in q + k):     # symbolic: the GPU runs specialized sizes
         return False

@@ -237,30 +237,9 @@ class Simt:
     def uniform_loop(self, n: int, name="u"):
         """`for i in range(n)` executed by every thread alike; may hold barriers.
         Yields the i32 induction variable."""
-        b = self.b
-        if self.target == "host":
-            self._close_phase()
-        pre = b.block
-        head = self.fn.append_basic_block(name + ".head")
-        body = self.fn.append_basic_block(name + ".body")
-        exit_ = self.fn.append_basic_block(name + ".exit")
-        b.branch(head)
-        b.position_at_end(head)
-        i = b.phi(I32, name=name)
-        i.add_incoming(c32(0), pre)
-        b.cbranch(b.icmp_signed("<", i, c32(n) if isinstance(n, int) else n), body, exit_)
-        b.position_at_end(body)
-        if self.target == "host":
-            self._open_phase()
-        yield i
-        if self.target == "host":
-            self._close_phase()
-        nxt = b.add(i, c32(1))
-        i.add_incoming(nxt, b.block)
-        b.branch(head)
-        b.position_at_end(exit_)
-        if self.target == "host":
-            self._open_phase()
+        with self.uniform_range(lambda b: (c32(0), c32(n) if isinstance(n, int) else n),
+                                name) as i:
+            yield i
 
     @contextmanager
     def uniform_range(self, bounds, name="u"):
