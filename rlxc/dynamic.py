@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
+
 from rlxc.runtime.dims import bind_sizes, is_dynamic
 
 _specs: dict = {}
@@ -93,9 +95,32 @@ class SizedJitted:
         from .dynone import one_library
 
         self._one = None if options else one_library(func, backend)  # every size: dynone.py
+        self._fast = None   # (input names, [(name, position, dtype)], arrays with params)
+        sig = func.signature()
+        bound = {a.name: func.param_binding(a.name) for a in sig if a.kind == "param"}
+        if self._one is not None and all(v is not None for v in bound.values()):
+            from rlxc.runtime.signature import NP_DTYPES
+
+            slots = [(a.name, i, NP_DTYPES[a.dtype]) for i, a in enumerate(sig)
+                     if a.kind == "input"]
+            self._fast = ({n for n, _, _ in slots}, slots,
+                          [bound.get(a.name) for a in sig])
 
     def run(self, *args, **inputs) -> list:
         if self._one is not None:
+            if not args and self._fast is not None and len(inputs) == len(self._fast[0]):
+                # the common call: every input by name, an ndarray of its dtype; the
+                # executor checks every shape (DynExecutor._plan), anything else takes
+                # bind_call with its conversions and messages
+                names, slots, arrays = self._fast
+                arrays = list(arrays)
+                for name, pos, npdt in slots:
+                    a = inputs.get(name)
+                    if type(a) is not np.ndarray or a.dtype != npdt:
+                        break
+                    arrays[pos] = a
+                else:
+                    return self._one.run(arrays)
             return self._one.run(self.func.bind_call(args, inputs, f"{self.func.name}.run"))
         if not args and self._dyn is not None:   # fast path: sizes from the dynamic inputs
             try:

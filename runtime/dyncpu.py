@@ -90,6 +90,8 @@ class DynExecutor:
     def __init__(self, lib: DynLibrary):
         self.lib = lib
         self._local = threading.local()
+        self._plans: dict = {}   # argument shapes -> checked call plan (_plan)
+        self._np_dtypes = [NP_DTYPES[a["dtype"]] for a in lib.args]
         self._in_pos = [i for i, a in enumerate(lib.args) if a["kind"] == "input"]
         self._par_pos = [i for i, a in enumerate(lib.args) if a["kind"] == "param"]
         n = max(1, len(lib.dims))
@@ -98,31 +100,54 @@ class DynExecutor:
                         ctypes.c_void_p * max(1, len(self._par_pos)), ctypes.c_int64 * n)
 
     def _workspace(self, nbytes: int):
-        ws = getattr(self._local, "ws", None)
+        """The c_void_p of this thread's workspace (`_local.ws`), >= nbytes."""
+        loc = self._local
+        ws = getattr(loc, "ws", None)
         if ws is None or ws.size < nbytes:   # grow only: reused while the sizes fit
-            ws = self._local.ws = aligned_empty((max(nbytes, 64),), np.uint8)
-        return ws
+            ws = loc.ws = aligned_empty((max(nbytes, 64),), np.uint8)
+            loc.ptr = ctypes.c_void_p(data_address(ws))
+        return loc.ptr
+
+    def _plan(self, arrays, key):
+        """What a call at shapes `key` needs, checked once: the sizes (bind_sizes: every
+        use of a symbol agrees, none is 0, static dims match), each argument's element
+        count, the output shapes, the dims array and the workspace bytes."""
+        lib = self.lib
+        env = bind_sizes(lib.specs, key, f"{lib.meta['name']}.run")
+        spec = [dict(a, shape=[env[d] if isinstance(d, str) else d for d in a["shape"]])
+                for a in lib.args]
+        for a, s in zip(arrays, spec):
+            checked_array(a, s)   # ShapeError when an element count differs
+        plan = (spec, [(tuple(size_of(d, env) for d in s), dt) for s, dt in lib.outputs],
+                self._ctypes[3](*[env[s] for s in lib.dims]), lib.workspace_size(env))
+        if len(self._plans) >= 64:   # a caller cycling through many sizes: start over
+            self._plans.clear()
+        self._plans[key] = plan
+        return plan
 
     def run(self, arrays) -> list:
         lib = self.lib
         if len(arrays) != len(lib.args):
             raise ValueError(f"{lib.meta['name']}: expected {len(lib.args)} arrays "
                              f"(inputs and params in signature order), got {len(arrays)}")
-        arrays = [np.asarray(a) for a in arrays]
-        env = bind_sizes(lib.specs, [a.shape for a in arrays], f"{lib.meta['name']}.run")
-        spec = [dict(a, shape=[env[d] if isinstance(d, str) else d for d in a["shape"]])
-                for a in lib.args]
-        arrays = [checked_array(a, s) for a, s in zip(arrays, spec)]
-        tin, tout, tpar, tdim = self._ctypes
+        arrays = [a if type(a) is np.ndarray else np.asarray(a) for a in arrays]
+        key = tuple([a.shape for a in arrays])
+        plan = self._plans.get(key)     # the checks of these shapes already passed
+        if plan is None:
+            plan = self._plan(arrays, key)
+        spec, out_shapes, dims, nbytes = plan
+        for i, (a, want) in enumerate(zip(arrays, self._np_dtypes)):
+            if a.dtype != want or not a.flags.c_contiguous:
+                arrays[i] = checked_array(a, spec[i])
+        tin, tout, tpar, _ = self._ctypes
         ins = tin(*[data_address(arrays[i]) for i in self._in_pos])
         pars = tpar(*[data_address(arrays[i]) for i in self._par_pos])
-        outs = [np.empty(tuple(size_of(d, env) for d in s), dt) for s, dt in lib.outputs]
+        outs = [np.empty(s, dt) for s, dt in out_shapes]
         optr = tout(*[data_address(o) for o in outs])
-        dims = tdim(*[env[s] for s in lib.dims])
-        ws = self._workspace(lib.workspace_size(env))
+        ws = self._workspace(nbytes)
         gov = lib.governor
         tok = gov.begin()
-        rc = lib.entry(ins, optr, pars, ctypes.c_void_p(data_address(ws)), dims)
+        rc = lib.entry(ins, optr, pars, ws, dims)
         gov.end(tok)
         if rc:
             raise lib.error(rc)

@@ -123,3 +123,34 @@ def test_trainer_steps_any_batch_on_the_one_library(monkeypatch):
         s, want = ref.specialize(B=B).train_step(opt, {"x": x, "y": y}, device="interp")
         ref = f.with_params(s.params())
         np.testing.assert_allclose(lt, want, rtol=1e-5)
+
+
+def test_call_path_checks_each_shape_once(monkeypatch):
+    """bench_dynamic W3 (issue 14): the per-call Python work of the one library was ~100 us
+    over the static Jitted's (bind_call, then bind_sizes, spec dicts and size evaluation on
+    every call).  Now `SizedJitted.run(**inputs)` skips bind_call for ndarrays of the right
+    dtype, and the executor checks a set of shapes once (DynExecutor._plan); every check
+    still runs on a new set of shapes, and a wrong dtype or a list still converts."""
+    import rlxc.runtime.dyncpu as dyncpu
+
+    f = _func("softmax_ce", "plain")
+    j = f.jit_on("cpu")
+    assert j._one is not None
+    x = _inputs(f, 4)
+    want = f.run_on("interp", **x)
+    calls = []
+    real = dyncpu.bind_sizes
+    monkeypatch.setattr(dyncpu, "bind_sizes", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(type(f), "bind_call", lambda *a: pytest.fail("bind_call on the fast path"))
+    for _ in range(3):
+        _close(j.run(**x), want, "B=4")
+    assert len(calls) == 1, "the shapes of a repeated call were checked again"
+    monkeypatch.undo()
+    with pytest.raises(ShapeError, match="dimension 'B' is 4 from input 'x' but 3"):
+        j.run(x=x["x"], y=x["y"][:3])
+    with pytest.raises(ValueError, match="dimension 'B' is 0"):
+        j.run(x=x["x"][:0], y=x["y"][:0])
+    with pytest.raises(ShapeError):
+        j.run(x=x["x"][:, :-1], y=x["y"])          # a static dim of x differs
+    _close(j.run(x=x["x"].astype(np.float64), y=x["y"].tolist()), want, "converted")
+    _close(j.run(x=np.asfortranarray(x["x"]), y=x["y"]), want, "strided")
