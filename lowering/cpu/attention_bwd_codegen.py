@@ -23,7 +23,7 @@ import llvmlite.ir as ir
 from rlxc.lowering.cpu.attention_bwd import bwd_rows
 from rlxc.lowering.cpu.attention_codegen import (F32, I8, I32, I64, NEG_INF, c64, exp_nonpos,
                                                  fconst, fma, hreduce, smax, smin, splat, unary,
-                                                 vload, vstore, vt)
+                                                 row_block, vload, vstore, vt)
 from rlxc.lowering.cpu.attention_kernel import NV, QB, geometry
 from rlxc.lowering.cpu.sgemm_kernels import counted_loop
 
@@ -47,13 +47,7 @@ def _items(b, k, lo, hi, n, body):
     nb = -(-n // QB)
 
     def item(b, c):
-        bh = b.sdiv(c, c64(nb))
-        t = b.srem(c, c64(nb))
-        half = b.sdiv(t, c64(2))
-        even = b.icmp_signed("==", b.srem(t, c64(2)), c64(0))
-        blk = b.select(even, half, b.sub(c64(nb - 1), half))
-        r0 = b.mul(blk, c64(QB))
-        body(b, bh, r0, smin(b, b.add(r0, c64(QB)), c64(n)))
+        body(b, *row_block(b, c, nb, n))
     counted_loop(b, lo, hi, 1, item, "item")
 
 

@@ -90,6 +90,18 @@ def _exp_nonpos(b, x, w):
     return exp_nonpos(b, x)
 
 
+def _row_block(b, c, nb, n):
+    """Work item c of (batch*head, block of QB rows of n) -> (bh, r0, r1); nb blocks per
+    head, early and late blocks alternate (causal blocks differ in cost)."""
+    bh = b.sdiv(c, c64(nb))
+    t = b.srem(c, c64(nb))
+    half = b.sdiv(t, c64(2))
+    even = b.icmp_signed("==", b.srem(t, c64(2)), c64(0))
+    blk = b.select(even, half, b.sub(c64(nb - 1), half))
+    r0 = b.mul(blk, c64(QB))
+    return bh, r0, _smin(b, b.add(r0, c64(QB)), c64(n))
+
+
 def _vload(b, base, off, w):
     p = b.gep(base, [off], inbounds=True)
     if w == 1:
@@ -142,13 +154,7 @@ def emit_attention(g, k):
             for j in range(NV)]
 
     def item(b, c):
-        bh = b.sdiv(c, c64(nqb))
-        t = b.srem(c, c64(nqb))
-        half = b.sdiv(t, c64(2))
-        even = b.icmp_signed("==", b.srem(t, c64(2)), c64(0))
-        blk = b.select(even, half, b.sub(c64(nqb - 1), half))
-        r0 = b.mul(blk, c64(QB))
-        r1 = _smin(b, b.add(r0, c64(QB)), c64(Sq))
+        bh, r0, r1 = _row_block(b, c, nqb, Sq)
         qbase = b.mul(bh, c64(Sq * D))
         ktbase = b.mul(bh, c64(D * Skp))
         vbase = b.mul(bh, c64(Sk * D))
@@ -316,8 +322,9 @@ def emit_attention(g, k):
 
 
 # the vector helpers attention_bwd_codegen.py shares, under public names
-vt, splat, fconst, hreduce, fma, unary, exp_nonpos, vload, vstore, smin, smax = (
-    _vt, _splat, _fconst, _hreduce, _fma, _unary, _exp_nonpos, _vload, _vstore, _smin, _smax)
+vt, splat, fconst, hreduce, fma, unary, exp_nonpos, vload, vstore, smin, smax, row_block = (
+    _vt, _splat, _fconst, _hreduce, _fma, _unary, _exp_nonpos, _vload, _vstore, _smin, _smax,
+    _row_block)
 
 __all__ = ["emit_attention", "vt", "splat", "fconst", "hreduce", "fma", "unary", "exp_nonpos",
-           "vload", "vstore", "smin", "smax"]
+           "vload", "vstore", "smin", "smax", "row_block"]
