@@ -1,7 +1,7 @@
 """The size-generic C glue of a Func with dynamic dims (issue 14): one library, any size.
 
     ArtifactSpec.dims ["B", ...]  +  one DynKernel per compiled kernel
-          │ tensor tables: a dynamic axis is stored as -1 - (its dim's index)
+          │ tensor tables (glue.tensor_table): a dynamic axis is stored as -1 - (its dim's index)
           │ per kernel: workspace bytes as linear forms {c0, k_0, ..., k_n} over the
           │   sizes (lowering/cpu/dynsizes.py's plan; a static kernel: {bytes, 0, ...})
           │ kernel_call(k, sizes, ...): each dynamic kernel takes the sizes in its own
@@ -17,14 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
-from rlxc.runtime.signature import NP_DTYPES
-
 from .ctext import c_string
 
-__all__ = ["DynKernel", "NotSizeGeneric", "dyn_values", "dyn_table", "encode_dim",
-           "static_numel", "compile_kernel"]
+__all__ = ["DynKernel", "NotSizeGeneric", "dyn_values", "compile_kernel"]
 
 KERNEL_NAMES = ("run", "train_step", "train_grads", "train_apply")
 
@@ -72,37 +67,6 @@ def compile_kernel(module, sym: str, cpu: str, what: str, spec):
         raise NotSizeGeneric(f"{what}: dimensions {unknown} are not inputs' dimensions")
     return meta["object"], meta["errors"], DynKernel(sym, list(meta["dims"]),
                                                      list(meta["workspace"]))
-
-
-def encode_dim(d, dims: list) -> int:
-    """A dim in the C tables: the int itself, or -1 - the index of its symbol."""
-    return d if isinstance(d, int) else -1 - dims.index(d)
-
-
-def static_numel(shape) -> int:
-    """The element count with every dynamic axis counted as 1 (0 iff the tensor is empty
-    at every size: the sizes are >= 1)."""
-    n = 1
-    for d in shape:
-        n *= d if isinstance(d, int) else 1
-    return n
-
-
-def dyn_table(prefix: str, lst: list, dims: list) -> str:
-    """glue.c.in's tensor_info table for inputs or outputs with dynamic axes."""
-    lines = []
-    for i, t in enumerate(lst):
-        enc = ", ".join(str(encode_dim(d, dims)) for d in t.shape) or "0"
-        lines.append(f"static const int64_t {prefix}_dims{i}[] = {{{enc}}};")
-    rows = []
-    for t in lst:
-        esz = np.dtype(NP_DTYPES[t.dtype]).itemsize
-        rows.append(f"    {{{c_string(t.name)}, {c_string(t.dtype)}, {len(t.shape)}, "
-                    f"{prefix}_dims{len(rows)}, {static_numel(t.shape)}u, {esz}u, -1}},")
-    if not rows:
-        rows.append("    {\"\", \"\", 0, NULL, 0u, 0u, -1},")
-    lines.append(f"static const tensor_info {prefix}[] = {{\n" + "\n".join(rows) + "\n};")
-    return "\n".join(lines)
 
 
 def _form(w, dims: list) -> list[int]:
@@ -158,7 +122,8 @@ def _call(kernels: dict, dims: list) -> str:
 
 
 def dyn_values(spec, kernels: dict) -> dict:
-    """The holes of glue.c.in's dyn sections: tables, kernel externs and kernel_call."""
+    """The holes of glue.c.in's dyn sections: size tables, kernel externs and kernel_call
+    (the tensor tables are glue.tensor_table's, with the dynamic axes encoded)."""
     dims = list(spec.dims)
     in_off, end = _offsets(spec.inputs, 0)
     out_off, end = _offsets(spec.outputs, end)
@@ -188,6 +153,4 @@ def dyn_values(spec, kernels: dict) -> dict:
         "",
         _call(kernels, dims),
     ])
-    return {"dyn_tables": tables, "dyn_externs": _externs(kernels),
-            "in_table": dyn_table("IN", spec.inputs, dims),
-            "out_table": dyn_table("OUT", spec.outputs, dims)}
+    return {"dyn_tables": tables, "dyn_externs": _externs(kernels)}

@@ -15,6 +15,7 @@ one binary blob assembled with `.incbin` (blob.s), never a C literal.
 """
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
@@ -27,20 +28,31 @@ from .ctext import c_string, comment, hexd, hexf
 from .spec import BLOB_ALIGN, ArtifactSpec, blob_layout
 from .template import fill
 
-__all__ = ["emit_glue", "emit_blob_asm", "exported_symbols"]
+__all__ = ["emit_glue", "emit_blob_asm", "exported_symbols", "tensor_table", "encode_dim"]
 
 
-def _table(prefix: str, lst: list, blob: dict | None = None) -> str:
+def encode_dim(d, dims) -> int:
+    """A dim in the C tables: the int itself, or -1 - the index of its symbol in `dims`."""
+    return d if isinstance(d, int) else -1 - dims.index(d)
+
+
+def tensor_table(prefix: str, lst: list, dims=(), blob: dict | None = None) -> str:
+    """glue.c.in's tensor_info table (name, dtype, rank, dims, numel, item size, blob
+    offset) of the inputs, outputs or params `lst`.  A dynamic axis (a symbol of the
+    artifact's `dims`) is stored as encode_dim's -1 - index and counts 1 in numel, so
+    numel is 0 iff the tensor is empty at every size (sizes are >= 1); `blob` maps a
+    baked param to its byte offset in the blob (-1: not baked)."""
     lines = []
     for i, t in enumerate(lst):
-        dims = ", ".join(str(d) for d in t.shape) or "0"
-        lines.append(f"static const int64_t {prefix}_dims{i}[] = {{{dims}}};")
+        enc = ", ".join(str(encode_dim(d, dims)) for d in t.shape) or "0"
+        lines.append(f"static const int64_t {prefix}_dims{i}[] = {{{enc}}};")
     rows = []
     for i, t in enumerate(lst):
         off = blob.get(t.name, -1) if blob is not None else -1
         esz = np.dtype(NP_DTYPES[t.dtype]).itemsize
+        numel = math.prod(d if isinstance(d, int) else 1 for d in t.shape)
         rows.append(f"    {{{c_string(t.name)}, {c_string(t.dtype)}, {len(t.shape)}, "
-                    f"{prefix}_dims{i}, {t.numel}u, {esz}u, {off}}},")
+                    f"{prefix}_dims{i}, {numel}u, {esz}u, {off}}},")
     if not rows:
         rows.append("    {\"\", \"\", 0, NULL, 0u, 0u, -1},")
     lines.append(f"static const tensor_info {prefix}[] = {{\n" + "\n".join(rows) + "\n};")
@@ -92,6 +104,7 @@ def emit_glue(spec: ArtifactSpec, kernel_sym: str, step_sym: str | None = None,
     if unknown:
         raise ValueError(f"emit_glue: unknown CPU features {unknown}")
     layout, _ = blob_layout(spec)
+    dims = list(getattr(spec, "dims", None) or [])
     ke = []
     kernels = {step_sym: 1, grads_sym: 2, apply_sym: 3}
     for (sym, code), msg in sorted((errors or {}).items()):
@@ -100,8 +113,9 @@ def emit_glue(spec: ArtifactSpec, kernel_sym: str, step_sym: str | None = None,
     values = {
         "name": n, "title": comment(n), "version": spec.version, "kernel": kernel_sym,
         "nin": len(spec.inputs), "nout": len(spec.outputs), "npar": len(spec.params),
-        "in_table": _table("IN", spec.inputs), "out_table": _table("OUT", spec.outputs),
-        "par_table": _table("PAR", spec.params, layout),
+        "in_table": tensor_table("IN", spec.inputs, dims),
+        "out_table": tensor_table("OUT", spec.outputs, dims),
+        "par_table": tensor_table("PAR", spec.params, blob=layout),
         "blob_ptr": f"rlx_{n}_blob + PAR[i].blob_off" if layout else "NULL",
         "kernel_errors": "".join(ke), "abi": ABI_VERSION, "ir_hash": c_string(spec.ir_hash()),
         "cpu_name": c_string(cpu_label or spec.cpu),
@@ -114,7 +128,7 @@ def emit_glue(spec: ArtifactSpec, kernel_sym: str, step_sym: str | None = None,
     if split:
         values.update(grads=grads_sym, apply=apply_sym,
                       ngrad=spec.train.grads_program.grad_numel)
-    dyn = bool(getattr(spec, "dims", None))
+    dyn = bool(dims)
     if dyn:
         from .dynglue import dyn_values
 
