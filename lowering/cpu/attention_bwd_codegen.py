@@ -91,6 +91,60 @@ def _mask_lanes(b, k, mask, base, first, stride, count):
     return b.icmp_unsigned("!=", x, ir.Constant(vt8, [0] * vl))
 
 
+def _iota(vl):
+    """The lane offsets of a key / query tile: one i32 vector per score vector j."""
+    return [ir.Constant(ir.VectorType(I32, vl), [j * vl + t for t in range(vl)])
+            for j in range(NV)]
+
+
+def _lane_ok(b, k, mask, bh, rows, lane0, iota, lanes_are_queries):
+    """ok_fn(b, r, j): the live lanes of score vector j of register row rows[r] (the
+    tile's lanes from lane0 + iota[j]) as an i1 vector, or None (all live): the lane in
+    range, the causal / sliding rule and the tensor mask's bit.  dq's rows are query rows
+    and its lanes keys; the dk/dv kernel's are the transpose (lanes_are_queries)."""
+    vl = k.vl
+    n = k.Sq if lanes_are_queries else k.Sk          # the lane axis's length
+    lv = [b.add(_ivec(b, lane0, vl), iota[j]) for j in range(NV)]
+    rv = [_ivec(b, x, vl) for x in rows]
+    mbase = rstride = lstride = None
+    if mask is not None:
+        sb, sh, si, sj = k.mstrides
+        mbase = b.add(b.mul(b.sdiv(bh, c64(k.H)), c64(sb)),
+                      b.mul(b.srem(bh, c64(k.H)), c64(sh)))
+        rstride, lstride = (sj, si) if lanes_are_queries else (si, sj)
+
+    def ok_fn(b, r, j):
+        ok = None
+        if n % (NV * vl):
+            ok = b.icmp_signed("<", lv[j], splat(b, ir.Constant(I32, n), vl))
+        iv, jv = (lv[j], rv[r]) if lanes_are_queries else (rv[r], lv[j])
+        ok = _and(b, ok, _allowed(b, k, iv, jv))
+        if mask is not None:
+            ok = _and(b, ok, _mask_lanes(b, k, mask, b.add(mbase, b.mul(rows[r], c64(rstride))),
+                                         b.add(lane0, c64(j * vl)), lstride, n))
+        return ok
+    return ok_fn
+
+
+def _accumulate(b, k, bh, acc, stack, local, w, src, t0, n, cn):
+    """acc[r] += sum_{c < cn} w[r, c] src[bh, t0 + c] (src rows of D floats, n per bh): the
+    block's accumulators of the tile's R rows, loaded from and stored back to `stack`."""
+    D, R, KT = k.D, len(acc), NV * k.vl
+    DW, DV, _ = geometry(D, k.vl)
+    _load_acc(b, acc, stack, local, D, DW)
+
+    def body(b, c):
+        row = b.add(b.mul(bh, c64(n * D)), b.mul(b.add(t0, c), c64(D)))
+        xs = [vload(b, src, b.add(row, c64(d * DW)), DW) for d in range(DV)]
+        for r in range(R):
+            ws = splat(b, b.load(b.gep(w, [b.add(c, c64(r * KT))], inbounds=True),
+                                  align=4), DW)
+            for d in range(DV):
+                b.store(fma(b, ws, xs[d], b.load(acc[r][d])), acc[r][d])
+    counted_loop(b, c64(0), cn, 1, body, "c")
+    _store_acc(b, acc, stack, local, D, DW)
+
+
 def _grad_tile(b, k, S, DP, lse, delta, ok_fn, P_out, G_out, masked):
     """P = exp(softcap(S) masked - L) and G = P (dP - Delta) [(1 - tanh^2)] of one R x NV
     tile; lse/delta(r, j) give the L and Delta vectors; ok_fn(r, j) the lane mask."""
@@ -181,8 +235,7 @@ def emit_dq(g, k):
     Gf = _stack(b, R, KT, "g")
     accs = _stack(b, QB, D, "dq")            # the block's dQ rows (L1-resident)
     rowL, rowD = _stack(b, 1, QB, "l"), _stack(b, 1, QB, "delta")
-    iota = [ir.Constant(ir.VectorType(I32, vl), [j * vl + t for t in range(vl)])
-            for j in range(NV)]
+    iota = _iota(vl)
 
     def block(b, bh, r0, r1):
         def prep(b, i):   # Delta = dO . o and L of each row; padded copies; dQ = 0
@@ -255,42 +308,14 @@ def emit_dq(g, k):
                                           align=4)
         _dot_tiles(b, D, vl, S, tvecs(kt), rowval(q))        # S = q . (k^T scale)
         _dot_tiles(b, D, vl, DPt, tvecs(vt), rowval(do))     # dP = dO . v^T
-        jv = [b.add(_ivec(b, j0, vl), iota[j]) for j in range(NV)]
-        ivs = [_ivec(b, rows[r], vl) for r in range(R)]
-        mbase = None
-        if mask is not None:
-            sb, sh, _, _ = k.mstrides
-            mbase = b.add(b.mul(b.sdiv(bh, c64(k.H)), c64(sb)),
-                          b.mul(b.srem(bh, c64(k.H)), c64(sh)))
-
-        def ok_fn(b, r, j):
-            ok = None
-            if Sk % KT:
-                ok = b.icmp_signed("<", jv[j], splat(b, ir.Constant(I32, Sk), vl))
-            ok = _and(b, ok, _allowed(b, k, ivs[r], jv[j]))
-            if mask is not None:
-                _, _, si, sj = k.mstrides
-                ok = _and(b, ok, _mask_lanes(b, k, mask, b.add(mbase, b.mul(rows[r], c64(si))),
-                                             b.add(j0, c64(j * vl)), sj, Sk))
-            return ok
+        ok_fn = _lane_ok(b, k, mask, bh, rows, j0, iota, False)
 
         def grads(masked):
             return lambda: _grad_tile(b, k, S, DPt, lambda r, j: Ls[r], lambda r, j: Ds[r],
                                       ok_fn, None, Gf, masked)
         _branch(b, k, _dq_needs_mask(b, k, j0, i0, KT), grads)
         cn = smin(b, c64(KT), b.sub(c64(Sk), j0))
-        _load_acc(b, DQ, accs, local, D, DW)
-
-        def kacc(b, c):
-            krow = b.add(b.mul(bh, c64(Sk * D)), b.mul(b.add(j0, c), c64(D)))
-            ks = [vload(b, kk, b.add(krow, c64(d * DW)), DW) for d in range(DV)]
-            for r in range(R):
-                gs = splat(b, b.load(b.gep(Gf, [b.add(c, c64(r * KT))], inbounds=True),
-                                      align=4), DW)
-                for d in range(DV):
-                    b.store(fma(b, gs, ks[d], b.load(DQ[r][d])), DQ[r][d])
-        counted_loop(b, c64(0), cn, 1, kacc, "c")
-        _store_acc(b, DQ, accs, local, D, DW)
+        _accumulate(b, k, bh, DQ, accs, local, Gf, kk, j0, Sk, cn)   # dQ += G k[j0 + c]
 
     _items(b, k, lo, hi, Sq, block)
     b.ret_void()
@@ -338,8 +363,7 @@ def emit_dkv(g, k):
     DK, DVa, S, DPt = st["acc_dk"], st["acc_dv"], st["s"], st["dp"]
     Pf, Gf = _stack(b, R, KT, "p"), _stack(b, R, KT, "g")
     dks, dvs = _stack(b, QB, D, "dk"), _stack(b, QB, D, "dv")   # the block's keys
-    iota = [ir.Constant(ir.VectorType(I32, vl), [j * vl + t for t in range(vl)])
-            for j in range(NV)]
+    iota = _iota(vl)
 
     def block(b, bh, r0, r1):
         def zero(b, j):
@@ -401,24 +425,7 @@ def emit_dkv(g, k):
         pb = b.add(b.mul(bh, c64(Sqp)), i0)
         Lv = [vload(b, lp, b.add(pb, c64(j * vl)), vl) for j in range(NV)]
         Dv = [vload(b, dp, b.add(pb, c64(j * vl)), vl) for j in range(NV)]
-        iv = [b.add(_ivec(b, i0, vl), iota[j]) for j in range(NV)]
-        kvs = [_ivec(b, keys_[r], vl) for r in range(R)]
-        mbase = None
-        if mask is not None:
-            sb, sh, _, _ = k.mstrides
-            mbase = b.add(b.mul(b.sdiv(bh, c64(k.H)), c64(sb)),
-                          b.mul(b.srem(bh, c64(k.H)), c64(sh)))
-
-        def ok_fn(b, r, j):
-            ok = None
-            if Sq % KT:
-                ok = b.icmp_signed("<", iv[j], splat(b, ir.Constant(I32, Sq), vl))
-            ok = _and(b, ok, _allowed(b, k, iv[j], kvs[r]))
-            if mask is not None:
-                _, _, si, sj = k.mstrides
-                ok = _and(b, ok, _mask_lanes(b, k, mask, b.add(mbase, b.mul(keys_[r], c64(sj))),
-                                             b.add(i0, c64(j * vl)), si, Sq))
-            return ok
+        ok_fn = _lane_ok(b, k, mask, bh, keys_, i0, iota, True)
 
         def grads(masked):
             return lambda: _grad_tile(b, k, S, DPt, lambda r, j: Lv[j], lambda r, j: Dv[j],
@@ -432,22 +439,8 @@ def emit_dkv(g, k):
             need = False if need is None else need
         _branch(b, k, need, grads)
         cn = smin(b, c64(KT), b.sub(c64(Sq), i0))
-
-        def accumulate(acc, stack, w, src):   # acc[r] += sum_c w[r, c] src[i0 + c]
-            _load_acc(b, acc, stack, local, D, DW)
-
-            def body(b, c):
-                row = b.add(b.mul(bh, c64(Sq * D)), b.mul(b.add(i0, c), c64(D)))
-                xs = [vload(b, src, b.add(row, c64(d * DW)), DW) for d in range(DV)]
-                for r in range(R):
-                    ws = splat(b, b.load(b.gep(w, [b.add(c, c64(r * KT))], inbounds=True),
-                                          align=4), DW)
-                    for d in range(DV):
-                        b.store(fma(b, ws, xs[d], b.load(acc[r][d])), acc[r][d])
-            counted_loop(b, c64(0), cn, 1, body, "c")
-            _store_acc(b, acc, stack, local, D, DW)
-        accumulate(DVa, dvs, Pf, do)
-        accumulate(DK, dks, Gf, q)
+        _accumulate(b, k, bh, DVa, dvs, local, Pf, do, i0, Sq, cn)   # dV += P^T dO[i0 + c]
+        _accumulate(b, k, bh, DK, dks, local, Gf, q, i0, Sq, cn)     # dK += G^T q[i0 + c]
 
     _items(b, k, lo, hi, Sk, block)
     b.ret_void()
