@@ -6,11 +6,14 @@
           ▼
     a static Func at those sizes -> the backend's executor / jit (compile cache as usual)
 
-The NumPy interpreter runs dynamic modules directly; the CPU and CUDA backends
-get one static program per distinct set of sizes: the first call at a new size
-compiles (then memory and disk caches serve it, like any Func).  Native code
-whose loop bounds come from the call's sizes (one library for every size,
-issue 14) replaces this path when it lands; the interface stays the same.
+The NumPy interpreter runs dynamic modules directly.  A native backend first gets
+ONE program for every size from rlxc/dynone.py (`one_library`): on the host CPU a
+size-generic library (lowering/cpu/dynsizes.py, runtime/dyncpu.py), on CUDA a
+size-generic GPU program (lowering/gpu/dynplan.py, runtime/dyncuda.py).  Only
+when that path refuses the graph (a lowering decision that depends on a size;
+dynone.FALLBACKS says why), or the call passes backend options, does the path
+drawn above run: one static program per distinct set of sizes, the first call at
+a new size compiling it (then memory and disk caches serve it, like any Func).
 """
 from __future__ import annotations
 
@@ -68,7 +71,8 @@ def executor_for(backend, func, **options):
 
 
 class SizedExecutor:
-    """`.run(arrays)` for a dynamic Func on a native backend (one program per sizes)."""
+    """`.run(arrays)` for a dynamic Func on a native backend, one program per sizes (the
+    fallback when rlxc/dynone.py's one program for every size refuses the graph)."""
 
     def __init__(self, func, backend, options: dict):
         self.func, self.backend, self.options = func, backend, options

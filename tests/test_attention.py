@@ -291,9 +291,11 @@ def test_blocked_jvp_matches_one_block(monkeypatch):
 
 
 def test_gpu_ptx_of_a_long_causal_attention_and_its_grad_assembles():
-    """The GPU lowering (the same query-blocked expansion, unfused kernels) of a sequence
-    long enough for blocks and lane-split row reductions: PTX for sm_90, and a cubin
-    where ptxas is installed; the emulator runs a mid-size one against the interpreter."""
+    """The GPU lowering of a sequence long enough for several query blocks: the forward
+    is the fused flash kernel (lowering/gpu/attention.py), the grad's rlx.attention_lse
+    and rlx.attention_bwd take the query-blocked expansion (unfused kernels, lane-split
+    row reductions).  PTX for sm_90, and a cubin where ptxas is installed; the emulator
+    runs a mid-size causal softcapped forward against the interpreter."""
     from rlxc.lowering.gpu import driver as gpu_driver
     from rlxc.lowering.gpu import emu as gpu_emu
     from rlxc.lowering.gpu import nvptx
