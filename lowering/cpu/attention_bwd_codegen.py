@@ -22,8 +22,8 @@ import llvmlite.ir as ir
 
 from rlxc.lowering.cpu.attention_bwd import bwd_rows
 from rlxc.lowering.cpu.attention_codegen import (F32, I8, I32, I64, NEG_INF, c64, exp_nonpos,
-                                                 fconst, fma, hreduce, smax, smin, splat, unary,
-                                                 row_block, vload, vstore, vt)
+                                                 fconst, fma, fma_rows, hreduce, smax, smin,
+                                                 splat, unary, row_block, vload, vstore, vt)
 from rlxc.lowering.cpu.attention_kernel import NV, QB, geometry
 from rlxc.lowering.cpu.sgemm_kernels import counted_loop
 
@@ -129,19 +129,10 @@ def _lane_ok(b, k, mask, bh, rows, lane0, iota, lanes_are_queries):
 def _accumulate(b, k, bh, acc, stack, local, w, src, t0, n, cn):
     """acc[r] += sum_{c < cn} w[r, c] src[bh, t0 + c] (src rows of D floats, n per bh): the
     block's accumulators of the tile's R rows, loaded from and stored back to `stack`."""
-    D, R, KT = k.D, len(acc), NV * k.vl
-    DW, DV, _ = geometry(D, k.vl)
+    D, DW = k.D, geometry(k.D, k.vl)[0]
     _load_acc(b, acc, stack, local, D, DW)
-
-    def body(b, c):
-        row = b.add(b.mul(bh, c64(n * D)), b.mul(b.add(t0, c), c64(D)))
-        xs = [vload(b, src, b.add(row, c64(d * DW)), DW) for d in range(DV)]
-        for r in range(R):
-            ws = splat(b, b.load(b.gep(w, [b.add(c, c64(r * KT))], inbounds=True),
-                                  align=4), DW)
-            for d in range(DV):
-                b.store(fma(b, ws, xs[d], b.load(acc[r][d])), acc[r][d])
-    counted_loop(b, c64(0), cn, 1, body, "c")
+    fma_rows(b, acc, w, src, lambda b, c: b.add(b.mul(bh, c64(n * D)),
+                                                b.mul(b.add(t0, c), c64(D))), cn, NV * k.vl, DW)
     _store_acc(b, acc, stack, local, D, DW)
 
 

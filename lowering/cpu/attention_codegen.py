@@ -125,6 +125,21 @@ def _smax(b, x, y):
     return b.select(b.icmp_signed(">", x, y), x, y)
 
 
+def _fma_rows(b, acc, w, src, row, cn, KT, DW):
+    """acc[r][d] += w[r * KT + c] * src[row(b, c) + d * DW : + DW] for c in [0, cn): a row
+    block of weights (P or G, R x KT on the stack) times cn rows of D floats (v, k, q or
+    dO), one FMA per (r, d) vector and c ascending (the forward's P V, the backward's)."""
+    def body(b, c):
+        base = row(b, c)
+        xs = [_vload(b, src, b.add(base, c64(d * DW)), DW) for d in range(len(acc[0]))]
+        for r in range(len(acc)):
+            ws = _splat(b, b.load(b.gep(w, [b.add(c, c64(r * KT))], inbounds=True), align=4),
+                        DW)
+            for d, a in enumerate(acc[r]):
+                b.store(_fma(b, ws, xs[d], b.load(a)), a)
+    counted_loop(b, c64(0), cn, 1, body, "c")
+
+
 def emit_attention(g, k):
     vl, D, Sq, Sk, Skp = k.vl, k.D, k.Sq, k.Sk, k.Skp
     KT = NV * vl
@@ -285,16 +300,8 @@ def emit_attention(g, k):
         else:
             softmax(b, j0, rows, mbase, k.kind != "")
         cn = _smin(b, c64(KT), b.sub(c64(Sk), j0))
-
-        def pv(b, c):
-            vrow = b.add(vbase, b.mul(b.add(j0, c), c64(D)))
-            vs = [_vload(b, v, b.add(vrow, c64(d * DW)), DW) for d in range(DV)]
-            for r in range(R):
-                pr = _splat(b, b.load(b.gep(Pf, [b.add(c, c64(r * KT))], inbounds=True),
-                                      align=4), DW)
-                for d in range(DV):
-                    b.store(_fma(b, pr, vs[d], b.load(O[r][d])), O[r][d])
-        counted_loop(b, c64(0), cn, 1, pv, "c")
+        _fma_rows(b, O, Pf, v, lambda b, c: b.add(vbase, b.mul(b.add(j0, c), c64(D))), cn, KT,
+                  DW)                                   # O += P v[j0 + c]
 
     def mask_bits(b, mbase, row, j0, j):
         _, _, si, sj = k.mstrides
@@ -325,6 +332,7 @@ def emit_attention(g, k):
 vt, splat, fconst, hreduce, fma, unary, exp_nonpos, vload, vstore, smin, smax, row_block = (
     _vt, _splat, _fconst, _hreduce, _fma, _unary, _exp_nonpos, _vload, _vstore, _smin, _smax,
     _row_block)
+fma_rows = _fma_rows
 
 __all__ = ["emit_attention", "vt", "splat", "fconst", "hreduce", "fma", "unary", "exp_nonpos",
-           "vload", "vstore", "smin", "smax", "row_block"]
+           "vload", "vstore", "smin", "smax", "row_block", "fma_rows"]
