@@ -36,7 +36,7 @@ from .signature import NP_DTYPES, coerce
 
 __all__ = ["CudaError", "CudaUnavailable", "available", "unavailable_reason", "driver",
            "Driver", "Context", "context", "CudaProgram", "pack_args", "dump_artifact",
-           "load_artifact", "DeviceBuffer", "arch_fits"]
+           "load_artifact", "DeviceBuffer", "arch_fits", "LoadedProgram"]
 
 
 class CudaUnavailable(RlxError, RuntimeError):
@@ -484,7 +484,51 @@ def arch_fits(arch: str, capability: tuple[int, int]) -> str | None:
 
 # ---------------------------------------------------------------- programs
 
-class CudaProgram:
+class LoadedProgram:
+    """close(), __del__ and `with` of a program loaded on a device (CudaProgram, and
+    runtime/dyncuda.py's DynCudaProgram): once, and best effort (closing at exit must not
+    raise), its stream is synchronized and destroyed, its memory (`_mem`, a list or a
+    dict of DeviceBuffers and ("host", ptr) pinned buffers) freed, its module unloaded."""
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        drv = self.driver
+        try:
+            drv.stream_synchronize(self.stream)
+            drv.stream_destroy(self.stream)
+        except Exception:  # noqa: BLE001
+            pass
+        for m in (self._mem.values() if isinstance(self._mem, dict) else self._mem):
+            if isinstance(m, tuple):
+                try:
+                    drv.host_free(m[1])
+                except Exception:  # noqa: BLE001
+                    pass
+            else:
+                m.close()
+        self._mem = type(self._mem)()
+        try:
+            drv.module_unload(self.module)
+        except Exception:  # noqa: BLE001
+            pass
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+class CudaProgram(LoadedProgram):
     """A compiled program loaded on a device: `run(args) -> outputs`.
 
     `args` are arrays for every argument in signature order (inputs and params,
@@ -713,43 +757,6 @@ class CudaProgram:
                 drv.event_destroy(e)
         names = [st.get("kernel", "memset") for st in self.meta["steps"]]
         return [(n, t / iters) for n, t in zip(names, tot)]
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        drv = self.driver
-        try:
-            drv.stream_synchronize(self.stream)
-            drv.stream_destroy(self.stream)
-        except Exception:  # noqa: BLE001
-            pass
-        for m in self._mem:
-            if isinstance(m, tuple):
-                try:
-                    drv.host_free(m[1])
-                except Exception:  # noqa: BLE001
-                    pass
-            else:
-                m.close()
-        self._mem = []
-        try:
-            drv.module_unload(self.module)
-        except Exception:  # noqa: BLE001
-            pass
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001
-            pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
 
 
 def load_program(data: bytes, device: int = 0, **kw) -> CudaProgram:

@@ -36,8 +36,9 @@ def load_artifact(data: bytes) -> tuple[dict, dict]:
     return rt.load_artifact(data, FORMAT)
 
 
-class DynCudaProgram:
-    """A size-generic GPU program loaded on a device: `run(args) -> outputs`."""
+class DynCudaProgram(rt.LoadedProgram):
+    """A size-generic GPU program loaded on a device: `run(args) -> outputs` (close / with:
+    cuda.LoadedProgram)."""
 
     def __init__(self, meta: dict, blobs: dict, device: int = 0, drv=None):
         if meta.get("format") != FORMAT:
@@ -211,26 +212,3 @@ class DynCudaProgram:
             exc, msg = self._errors["codes"].get(str(code),
                                                  ("RuntimeError", f"kernel error code {code}"))
             raise {"IndexError": IndexError}.get(exc, RlxError)(msg)
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            self.driver.stream_synchronize(self.stream)
-            self.driver.stream_destroy(self.stream)
-        except Exception:  # noqa: BLE001
-            pass
-        for m in self._mem.values():
-            m.close()
-        self._mem = {}
-        try:
-            self.driver.module_unload(self.module)
-        except Exception:  # noqa: BLE001
-            pass
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001
-            pass
