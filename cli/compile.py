@@ -360,12 +360,16 @@ def _fix_dims(f, dims):
             raise click.BadParameter(f"{d!r}: expected NAME=SIZE with SIZE >= 1",
                                      param_hint="'--sizes'")
         sizes[k.strip()] = int(v)
-    syms = [x for a in f.signature() for x in a.shape if isinstance(x, str)]
-    unknown = sorted(set(sizes) - set(syms))
+    from rlxc.runtime.dims import label
+
+    names = {label(x): x for a in f.signature() for x in a.shape if isinstance(x, str)}
+    syms = list(names.values())   # an anonymous dim by its label: --sizes x.0=SIZE
+    unknown = sorted(set(sizes) - set(names))
     if unknown:
         raise click.BadParameter(f"{unknown}: not a dynamic dimension of {f.name!r} "
-                                 f"(its dimensions: {sorted(set(syms))})", param_hint="'--sizes'")
-    missing = sorted(set(syms) - set(sizes))
+                                 f"(its dimensions: {sorted(names)})", param_hint="'--sizes'")
+    sizes = {names[k]: v for k, v in sizes.items()}
+    missing = sorted(label(s) for s in set(syms) - set(sizes))
     if sizes and missing:
         raise click.ClickException(
             f"--sizes fixes every dynamic dimension of {f.name!r} or none: also pass "
@@ -648,7 +652,9 @@ def compile_cmd(src, outdir, name, target, cpu, transforms, params_file, emit, t
                 except NameLookupError as e:
                     raise click.BadParameter(str(e), param_hint="'--transform'") from None
         f = _fix_dims(f, dims)
-        left = sorted({d for a in f.signature() for d in a.shape if isinstance(d, str)})
+        from rlxc.runtime.dims import label
+
+        left = sorted({label(d) for a in f.signature() for d in a.shape if isinstance(d, str)})
         from rlxc.runtime.targets import target as runtime_target
 
         if left and runtime_target(target).family != "cpu" and not emit:

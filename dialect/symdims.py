@@ -1,7 +1,8 @@
 """Symbolic dimensions: a dimension is an int or a symbol name (a str). No xDSL.
 
     s.input("x", ("B", 784))        a named symbol: every use of "B" is one size
-    s.input("x", (None, 784))       a fresh anonymous symbol ("?1", "?2", ...)
+    s.input("x", (None, 784))       an anonymous symbol named after its input and axis:
+                                    "?x.0", shown as x.0 (runtime/dims.label)
           │
           ▼ shape functions (dialect/shapes.py) compute on dims through this module
     TType(("B", 784), "f32")        prints tensor<?x784xf32>
@@ -44,19 +45,24 @@ def symbols(shape) -> tuple:
     return tuple(out)
 
 
-def fresh() -> str:
-    """A new anonymous symbol (`None` in a user's shape)."""
+def fresh(axis=None) -> str:
+    """A new anonymous symbol (`None` in a user's shape; GraphScope names an input's after
+    the input and `axis`)."""
     return f"?{next(_anon)}"
 
 
-def user_dims(shape, what: str, new=fresh) -> tuple:
-    """A user's shape: ints, symbol names (str) or None (a fresh symbol from `new`)."""
+def user_dims(shape, what: str, new=fresh, anon_ok: bool = False) -> tuple:
+    """A user's shape: ints, symbol names (str) or None (a fresh symbol: new(axis)).
+    `anon_ok`: a str may also be an anonymous symbol ("?x.0") read off a tensor's shape
+    (reshape / broadcast_to; their shape functions check that every symbol exists)."""
     dims = tuple(shape) if hasattr(shape, "__iter__") and not isinstance(shape, str) \
         else (shape,)
     out = []
     for d in dims:
         if d is None:
-            out.append(new())
+            out.append(new(len(out)))
+        elif isinstance(d, str) and anon_ok and d.startswith("?"):
+            out.append(d)
         elif isinstance(d, str):
             if not d or not (d[0].isalpha() or d[0] == "_") or \
                     not d.replace("_", "a").replace(".", "a").isalnum():
@@ -94,9 +100,9 @@ def broadcast_dim(x, y, what: str, a, b):
         return y
     s = x if is_sym(x) else y
     if is_sym(s):
-        raise ShapeError(f"{what}: shapes {a} and {b} do not broadcast: {describe(x)} vs "
-                         f"{describe(y)} (a dynamic dimension only broadcasts against itself "
-                         "or 1)")
+        raise ShapeError(f"{what}: shapes {pretty(a)} and {pretty(b)} do not broadcast: "
+                         f"{describe(x)} vs {describe(y)} (a dynamic dimension only "
+                         "broadcasts against itself or 1)")
     raise ShapeError(f"{what}: shapes {a} and {b} do not broadcast ({x} vs {y})")
 
 

@@ -328,15 +328,19 @@ class Func:
 
     def specialize(self, **sizes) -> "Func":
         """This Func with its dimension symbols fixed (`f.specialize(B=32)`): static shapes,
-        params carried over."""
+        params carried over; an anonymous dim by its label: `f.specialize(**{"x.0": 4})`."""
+        from rlxc.runtime.dims import label
+
         from .dynamic import specialized
 
-        missing = {d for a in self._args for d in a.shape if isinstance(d, str)} - set(sizes)
+        names = {label(d): d for a in self._args for d in a.shape if isinstance(d, str)}
+        sizes = {names.get(k, k): v for k, v in sizes.items()}
+        missing = set(names.values()) - set(sizes)
         if missing:
-            raise ValueError(f"specialize: give a size for {sorted(missing)}")
+            raise ValueError(f"specialize: give a size for {sorted(map(label, missing))}")
         for k, v in sizes.items():
             if int(v) < 1:
-                raise ValueError(f"specialize: dimension {k!r} must be >= 1, got {v}")
+                raise ValueError(f"specialize: dimension {label(k)!r} must be >= 1, got {v}")
         return specialized(self, {k: int(v) for k, v in sizes.items()})
 
     def __repr__(self):

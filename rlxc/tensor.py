@@ -56,11 +56,18 @@ class GraphScope:
         self.trace = Trace()
         self.args: list[Arg] = self.trace.args
         self._splats: dict = {}  # (value bytes, dtype, shape) -> Tensor: one per scalar use
-        self._anon = 0           # anonymous dims (None in a shape): ?1, ?2, ... per scope
 
-    def _fresh(self) -> str:
-        self._anon += 1
-        return f"?{self._anon}"
+    def _anonymous(self, name: str, shape) -> tuple:
+        """The input's shape with each None an anonymous symbol named after the input and
+        axis ("?x.0", shown as x.0); a named symbol may not take such a name."""
+        shape = sd.user_dims(shape, f"input {name!r}", lambda axis: f"?{name}.{axis}")
+        syms = {d for a in self.args for d in a.shape if isinstance(d, str)} | \
+            {d for d in shape if isinstance(d, str)}
+        for d in sorted(syms):
+            if d.startswith("?") and d[1:] in syms:
+                raise ValueError(f"input {name!r}: the dimension symbol {d[1:]!r} is also the "
+                                 f"name of {sd.describe(d)}; choose another symbol name")
+        return shape
 
     # -- leaves ----------------------------------------------------------
     def _arg(self, name: str, shape, dtype: str, kind: str) -> "Tensor":
@@ -71,8 +78,7 @@ class GraphScope:
                              f"{next(a.kind for a in self.args if a.name == name)}")
         if dtype not in DTYPES:
             raise TypeError(f"{kind} {name!r}: unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
-        shape = sd.user_dims(shape, f"{kind} {name!r}", self._fresh) if kind == "input" else \
-            _param_dims(shape, name)
+        shape = self._anonymous(name, shape) if kind == "input" else _param_dims(shape, name)
         if any(not sd.is_sym(d) and d < 0 for d in shape):
             raise ShapeError(f"{kind} {name!r}: negative dimension in {shape}")
         _check_size(f"{kind} {name!r}", shape, dtype)
@@ -81,8 +87,9 @@ class GraphScope:
     def input(self, name: str, shape, dtype: str = "f32") -> "Tensor":
         """A named runtime input of the given shape and dtype (f32, f64, i1, i32, i64, or
         u32 for the (2,) keys of rlxc.random).  A str in the shape is a dynamic dimension
-        symbol (every input naming "B" shares one size, given per call); None is a fresh
-        anonymous symbol."""
+        symbol (every input naming "B" shares one size, given per call); None is an
+        anonymous one, named after the input and axis: "x.0" (shown so in errors and in
+        an artifact's dimension names)."""
         return self._arg(name, shape, dtype, "input")
 
     def param(self, name: str, shape, dtype: str = "f32") -> "Tensor":
@@ -765,7 +772,7 @@ def _dims(shape, what: str) -> tuple:
     dims = tuple(shape) if hasattr(shape, "__iter__") and not isinstance(shape, str) else (shape,)
     if not any(isinstance(d, str) for d in dims):
         return as_dims(dims, what)
-    return sd.user_dims(dims, what)
+    return sd.user_dims(dims, what, anon_ok=True)
 
 
 def _param_dims(shape, name: str) -> tuple:

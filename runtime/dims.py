@@ -18,10 +18,21 @@ def is_dynamic(shape) -> bool:
     return any(isinstance(d, str) for d in shape)
 
 
+def label(d):
+    """A dim as users see it: the int, the symbol's name, or for an anonymous symbol (None
+    in an input's shape, "?x.0") its name without the "?": "x.0" is axis 0 of input x."""
+    return d[1:] or d if is_sym(d) and d.startswith("?") else d
+
+
 def describe(d) -> str:
-    """A dim in an error message: 'B', or 'an anonymous dimension' for `None` symbols."""
+    """A dim in an error message: "dimension 'B'", "anonymous dimension 'x.0' (None at
+    axis 0 of input 'x')", or the int."""
     if is_sym(d):
-        return "an anonymous dynamic dimension" if d.startswith("?") else f"dimension {d!r}"
+        if not d.startswith("?"):
+            return f"dimension {d!r}"
+        inp, _, axis = d[1:].rpartition(".")
+        where = f" (None at axis {axis} of input {inp!r})" if axis.isdigit() and inp else ""
+        return f"anonymous dimension {label(d)!r}{where}"
     return str(d)
 
 
@@ -54,7 +65,7 @@ def bind_sizes(args, shapes, what: str = "run") -> dict:
 
 def pretty(shape) -> str:
     """A symbolic shape for messages: ('B', 784) -> "(B, 784)"."""
-    return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+    return "(" + ", ".join(str(label(d)) for d in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
 def resolve(shape, env: dict) -> tuple:

@@ -60,7 +60,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .cpufeatures import missing_features
-from .dims import bind_sizes, resolve
+from .dims import bind_sizes, label, resolve
 from .errors import ArtifactError, NameLookupError, RlxError, ShapeError
 from .signature import NP_DTYPES, coerce
 from .targets import target as runtime_target
@@ -427,7 +427,7 @@ class _CpuImpl:
         if self.dims:   # names in order, and the shapes at two sizes per dim
             got = [(self.fns["dim_name"](j) or b"").decode() for j in
                    range(self.fns["num_dims"]())]
-            if got != self.dims:
+            if got != [label(d) for d in self.dims] and got != self.dims:   # (older: "?1")
                 raise ArtifactError(f"{lib_path}: library has dims {got}, the JSON {self.dims}")
             for base in (2, 5):
                 env = {d: base + j for j, d in enumerate(self.dims)}

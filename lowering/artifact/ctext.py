@@ -10,6 +10,8 @@ import re
 
 import numpy as np
 
+from rlxc.runtime.dims import label
+
 __all__ = ["c_string", "comment", "hexf", "hexd", "fmt_shape", "macro"]
 
 
@@ -48,7 +50,8 @@ def hexd(x: float) -> str:
 
 
 def fmt_shape(shape) -> str:
-    return "[" + ", ".join(str(d) for d in shape) + "]"
+    """[B, 784]; an anonymous dim (None in an input's shape) by its label: [x.0, 784]."""
+    return "[" + ", ".join(str(label(d)) for d in shape) + "]"
 
 
 def macro(name: str) -> str:

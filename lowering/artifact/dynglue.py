@@ -17,7 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .ctext import c_string
+from rlxc.runtime.dims import label
+
+from .ctext import c_string, comment
 
 __all__ = ["DynKernel", "NotSizeGeneric", "dyn_values", "compile_kernel"]
 
@@ -56,7 +58,7 @@ def compile_kernel(module, sym: str, cpu: str, what: str, spec):
     try:
         meta = compile_dynamic(module, sym, cpu, link=False)
     except DynamicSizeError as e:
-        dims = list(spec.dims)
+        dims = [label(d) for d in spec.dims]
         raise NotSizeGeneric(
             f"the Func {spec.func.name!r} has dynamic dimensions {dims}, but its {what} is "
             f"not size-generic under the CPU lowering ({e}); pass "
@@ -110,7 +112,8 @@ def _call(kernels: dict, dims: list) -> str:
             cases.append(f"    case {k}:\n        return rlx_{kern.sym}(in, out, par, ws);")
         else:
             d = ", ".join(f"dims[{dims.index(s)}]" for s in kern.dims) or "0"
-            cases.append(f"    case {k}: {{ /* sizes {', '.join(kern.dims)} */\n"
+            sizes = comment(", ".join(map(label, kern.dims)))
+            cases.append(f"    case {k}: {{ /* sizes {sizes} */\n"
                          f"        const int64_t d[] = {{{d}}};\n"
                          f"        return rlx_{kern.sym}(in, out, par, ws, d);\n    }}")
     return ("/* Kernel k (0 run, 1 train_step, 2 train_grads, 3 train_apply) at the sizes "
@@ -136,8 +139,8 @@ def dyn_values(spec, kernels: dict) -> dict:
         body = ", ".join("{" + ", ".join(str(v) for v in r) + "}" for r in rows)
         ws.append(f"static const int64_t WS{k}[][1 + NDIM] = {{{body}}}; "
                   f"/* {KERNEL_NAMES[k]} */")
-    names = ", ".join(c_string(d) for d in dims)
-    listing = ", ".join(dims)
+    names = ", ".join(c_string(label(d)) for d in dims)   # header.py's DIM_NAMES
+    listing = ", ".join(label(d) for d in dims)
     tables = "\n".join([
         f"#define NDIM {len(dims)}",
         f"static const char *const DIM_NAMES[] = {{{names}}};",

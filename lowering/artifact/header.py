@@ -7,6 +7,7 @@ two cannot disagree.
 """
 from __future__ import annotations
 
+from rlxc.runtime.dims import label
 from rlxc.runtime.loader import ABI_VERSION, ERROR_CODES, ERROR_DOCS, RLX_OK
 
 from .ctext import c_string, comment, fmt_shape, macro
@@ -65,7 +66,8 @@ def emit_header(spec: ArtifactSpec) -> str:
         values.update(num_grads=train.grads_program.grad_numel)
     dims = list(getattr(spec, "dims", None) or [])
     if dims:
-        values.update(num_dims=len(dims), dim_names=", ".join(c_string(d) for d in dims),
-                      dim_list=comment(", ".join(dims)))
+        names = [label(d) for d in dims]      # an anonymous dim: "x.0" (input x, axis 0)
+        values.update(num_dims=len(dims), dim_names=", ".join(c_string(d) for d in names),
+                      dim_list=comment(", ".join(names)))
     return fill("header.h.in", values, {"train": train is not None, "split": split,
                                         "dyn": bool(dims)})
