@@ -21,9 +21,10 @@ from __future__ import annotations
 import llvmlite.ir as ir
 
 from rlxc.lowering.cpu.attention_bwd import bwd_rows
-from rlxc.lowering.cpu.attention_codegen import (F32, I8, I32, I64, NEG_INF, c64, exp_nonpos,
-                                                 fconst, fma, fma_rows, hreduce, smax, smin,
-                                                 splat, unary, row_block, vload, vstore, vt)
+from rlxc.lowering.cpu.attention_codegen import (F32, I8, I32, I64, NEG_INF, allowed, c64,
+                                                 exp_nonpos, fconst, fma, fma_rows, hreduce,
+                                                 mask_lanes, smax, smin, splat, unary,
+                                                 row_block, vload, vstore, vt)
 from rlxc.lowering.cpu.attention_kernel import NV, QB, geometry
 from rlxc.lowering.cpu.sgemm_kernels import counted_loop
 
@@ -55,40 +56,18 @@ def _ivec(b, x, w):
     return splat(b, b.trunc(x, I32), w)
 
 
-def _allowed(b, k, iv, jv):
-    """The causal / sliding rule on i32 vectors of query rows iv and keys jv (or None)."""
-    if k.kind not in ("causal", "sliding"):
-        return None
-    c = b.icmp_signed("<=", jv, iv)
-    if k.kind == "sliding":
-        c = b.and_(c, b.icmp_signed("<", b.sub(iv, jv),
-                                    splat(b, ir.Constant(I32, k.window), k.vl)))
-    return c
-
-
 def _and(b, x, y):
     return y if x is None else (x if y is None else b.and_(x, y))
 
 
-def _mask_lanes(b, k, mask, base, first, stride, count):
-    """The tensor mask's bits at offsets base + (first + t) * stride, t < vl (indices
-    clamped to count - 1; stride 0: one byte splat) as an i1 vector."""
-    vl = k.vl
-    vt8 = ir.VectorType(I8, vl)
-    if stride == 0:
-        x = b.load(b.gep(mask, [base], inbounds=True), align=1)
-        return splat(b, b.icmp_unsigned("!=", x, ir.Constant(I8, 0)), vl)
-    if stride == 1 and count % (NV * vl) == 0:
-        p = b.gep(mask, [b.add(base, first)], inbounds=True)
-        x = b.load(b.bitcast(p, vt8.as_pointer()), align=1)
+def _unless(b, skip, body):
+    """body() where the i1 `skip` is false (None: always): a register tile's work, skipped
+    when the causal / sliding rule masks the whole tile."""
+    if skip is None:
+        body()
     else:
-        x = ir.Constant(vt8, ir.Undefined)
-        for t in range(vl):
-            jj = smin(b, b.add(first, c64(t)), c64(count - 1))
-            e = b.load(b.gep(mask, [b.add(base, b.mul(jj, c64(stride)))], inbounds=True),
-                       align=1)
-            x = b.insert_element(x, e, ir.Constant(I32, t))
-    return b.icmp_unsigned("!=", x, ir.Constant(vt8, [0] * vl))
+        with b.if_then(b.not_(skip)):
+            body()
 
 
 def _iota(vl):
@@ -118,9 +97,9 @@ def _lane_ok(b, k, mask, bh, rows, lane0, iota, lanes_are_queries):
         if n % (NV * vl):
             ok = b.icmp_signed("<", lv[j], splat(b, ir.Constant(I32, n), vl))
         iv, jv = (lv[j], rv[r]) if lanes_are_queries else (rv[r], lv[j])
-        ok = _and(b, ok, _allowed(b, k, iv, jv))
+        ok = _and(b, ok, allowed(b, k, iv, jv))
         if mask is not None:
-            ok = _and(b, ok, _mask_lanes(b, k, mask, b.add(mbase, b.mul(rows[r], c64(rstride))),
+            ok = _and(b, ok, mask_lanes(b, k, mask, b.add(mbase, b.mul(rows[r], c64(rstride))),
                                          b.add(lane0, c64(j * vl)), lstride, n))
         return ok
     return ok_fn
@@ -274,11 +253,7 @@ def emit_dq(g, k):
         if k.kind == "sliding":
             skip = b.or_(skip, b.icmp_signed("<=", b.add(j0, c64(KT - 1)),
                                              b.sub(i0, c64(k.window))))
-        if skip is None:
-            keys(b, bh, j0, i0, r0, r1)
-        else:
-            with b.if_then(b.not_(skip)):
-                keys(b, bh, j0, i0, r0, r1)
+        _unless(b, skip, lambda: keys(b, bh, j0, i0, r0, r1))
 
     def keys(b, bh, j0, i0, r0, r1):
         # rows past the block (R need not divide QB) repeat its last row: same values
@@ -391,11 +366,7 @@ def emit_dkv(g, k):
             skip = b.icmp_signed("<", b.add(i0, c64(KT - 1)), j0)
         if k.kind == "sliding":
             skip = b.or_(skip, b.icmp_signed(">=", i0, b.add(j0, c64(R - 1 + k.window))))
-        if skip is None:
-            queries(b, bh, i0, j0, r0, r1)
-        else:
-            with b.if_then(b.not_(skip)):
-                queries(b, bh, i0, j0, r0, r1)
+        _unless(b, skip, lambda: queries(b, bh, i0, j0, r0, r1))
 
     def queries(b, bh, i0, j0, r0, r1):
         keys_ = [smin(b, b.add(j0, c64(r)), b.sub(r1, c64(1))) for r in range(R)]

@@ -125,6 +125,38 @@ def _smax(b, x, y):
     return b.select(b.icmp_signed(">", x, y), x, y)
 
 
+def _allowed(b, k, iv, jv):
+    """The causal / sliding rule on i32 vectors of query rows iv and keys jv (or None)."""
+    if k.kind not in ("causal", "sliding"):
+        return None
+    c = b.icmp_signed("<=", jv, iv)
+    if k.kind == "sliding":
+        c = b.and_(c, b.icmp_signed("<", b.sub(iv, jv),
+                                    _splat(b, ir.Constant(I32, k.window), k.vl)))
+    return c
+
+
+def _mask_lanes(b, k, mask, base, first, stride, count):
+    """The tensor mask's bits at offsets base + (first + t) * stride, t < vl (indices
+    clamped to count - 1; stride 0: one byte splat) as an i1 vector."""
+    vl = k.vl
+    vt8 = ir.VectorType(I8, vl)
+    if stride == 0:
+        x = b.load(b.gep(mask, [base], inbounds=True), align=1)
+        return _splat(b, b.icmp_unsigned("!=", x, ir.Constant(I8, 0)), vl)
+    if stride == 1 and count % (NV * vl) == 0:
+        p = b.gep(mask, [b.add(base, first)], inbounds=True)
+        x = b.load(b.bitcast(p, vt8.as_pointer()), align=1)
+    else:
+        x = ir.Constant(vt8, ir.Undefined)
+        for t in range(vl):
+            jj = _smin(b, b.add(first, c64(t)), c64(count - 1))
+            e = b.load(b.gep(mask, [b.add(base, b.mul(jj, c64(stride)))], inbounds=True),
+                       align=1)
+            x = b.insert_element(x, e, ir.Constant(I32, t))
+    return b.icmp_unsigned("!=", x, ir.Constant(vt8, [0] * vl))
+
+
 def _fma_rows(b, acc, w, src, row, cn, KT, DW):
     """acc[r][d] += w[r * KT + c] * src[row(b, c) + d * DW : + DW] for c in [0, cn): a row
     block of weights (P or G, R x KT on the stack) times cn rows of D floats (v, k, q or
@@ -228,13 +260,12 @@ def emit_attention(g, k):
                 if masked and Sk % KT:
                     ok = b.icmp_signed("<", jv[j], _splat(b, ir.Constant(I32, Sk), vl))
                 if masked and k.kind in ("causal", "sliding"):
-                    c = b.icmp_signed("<=", jv[j], iv)
-                    if k.kind == "sliding":
-                        c = b.and_(c, b.icmp_signed("<", b.sub(iv, jv[j]),
-                                                    _splat(b, ir.Constant(I32, k.window), vl)))
+                    c = _allowed(b, k, iv, jv[j])
                     ok = c if ok is None else b.and_(ok, c)
                 if masked and k.kind == "tensor":
-                    c = mask_bits(b, mbase, rows[r], j0, j)
+                    _, _, si, sj = k.mstrides
+                    c = _mask_lanes(b, k, mask, b.add(mbase, b.mul(rows[r], c64(si))),
+                                    b.add(j0, c64(j * vl)), sj, Sk)
                     ok = c if ok is None else b.and_(ok, c)
                 if ok is not None:
                     s = b.select(ok, s, ninf)
@@ -303,26 +334,6 @@ def emit_attention(g, k):
         _fma_rows(b, O, Pf, v, lambda b, c: b.add(vbase, b.mul(b.add(j0, c), c64(D))), cn, KT,
                   DW)                                   # O += P v[j0 + c]
 
-    def mask_bits(b, mbase, row, j0, j):
-        _, _, si, sj = k.mstrides
-        base = b.add(mbase, b.mul(row, c64(si)))
-        vt8 = ir.VectorType(I8, vl)
-        if sj == 0:
-            x = b.load(b.gep(mask, [base], inbounds=True), align=1)
-            return _splat(b, b.icmp_unsigned("!=", x, ir.Constant(I8, 0)), vl)
-        first = b.add(j0, c64(j * vl))
-        if Sk % KT == 0:
-            p = b.gep(mask, [b.add(base, b.mul(first, c64(sj)))], inbounds=True)
-            x = b.load(b.bitcast(p, vt8.as_pointer()), align=1)
-        else:   # the last key tile runs past Sk: per-lane loads at clamped keys
-            x = ir.Constant(vt8, ir.Undefined)
-            for t in range(vl):
-                jj = _smin(b, b.add(first, c64(t)), c64(Sk - 1))
-                e = b.load(b.gep(mask, [b.add(base, b.mul(jj, c64(sj)))], inbounds=True),
-                           align=1)
-                x = b.insert_element(x, e, ir.Constant(I32, t))
-        return b.icmp_unsigned("!=", x, ir.Constant(vt8, [0] * vl))
-
     counted_loop(b, lo, hi, 1, item, "item")
     b.ret_void()
     return fn
@@ -332,7 +343,7 @@ def emit_attention(g, k):
 vt, splat, fconst, hreduce, fma, unary, exp_nonpos, vload, vstore, smin, smax, row_block = (
     _vt, _splat, _fconst, _hreduce, _fma, _unary, _exp_nonpos, _vload, _vstore, _smin, _smax,
     _row_block)
-fma_rows = _fma_rows
+fma_rows, allowed, mask_lanes = _fma_rows, _allowed, _mask_lanes
 
 __all__ = ["emit_attention", "vt", "splat", "fconst", "hreduce", "fma", "unary", "exp_nonpos",
-           "vload", "vstore", "smin", "smax", "row_block", "fma_rows"]
+           "vload", "vstore", "smin", "smax", "row_block", "fma_rows", "allowed", "mask_lanes"]
