@@ -1,6 +1,8 @@
 """Calling a size-generic CPU library: one .so serves every size of its symbols.
 
     DynLibrary(so, meta)    entry(ins, outs, pars, ws, dims), workspace_size(dims)
+    DynLibrary.set_batch_split(min_work), last_split()   the one-region row split of a
+                            batch-separable program (RLXC_BATCH_SPLIT=0: off)
     DynExecutor.run(arrays) per call: sizes from the arrays (runtime/dims.py: agreement,
                             >= 1), output shapes evaluated from the sizes, the
                             workspace of this thread grown when the sizes need more
@@ -63,6 +65,14 @@ class DynLibrary:
         if st is not None:
             st.argtypes, st.restype = [ctypes.c_int32], None
         self.governor = ThreadGovernor(st, env_threads(), bool(meta.get("parallel", True)))
+        # batch split (lowering/cpu/batchsplit_entry.py): RLXC_BATCH_SPLIT=0 turns it off
+        self._split_set = getattr(self.lib, f"{meta['entry']}_set_batch_split", None)
+        self._split_last = getattr(self.lib, f"{meta['entry']}_last_split", None)
+        if self._split_set is not None:
+            self._split_set.argtypes, self._split_set.restype = [ctypes.c_int64], None
+            self._split_last.argtypes, self._split_last.restype = [], ctypes.c_int32
+            if os.environ.get("RLXC_BATCH_SPLIT", "1") == "0":
+                self._split_set(-1)
         for n in (1, 1000):   # the library's size function agrees with the metadata's
             env = {d: n + j for j, d in enumerate(self.dims)}
             arr = (ctypes.c_int64 * max(1, len(self.dims)))(*[env[d] for d in self.dims])
@@ -72,6 +82,18 @@ class DynLibrary:
 
     def set_num_threads(self, n: int) -> None:
         self.governor.configure(int(n))
+
+    def set_batch_split(self, min_work: int) -> bool:
+        """Run a batch-separable library's calls as one region over row chunks when their
+        estimated work reaches `min_work` (< 0: never); False when the library has no split."""
+        if self._split_set is None:
+            return False
+        self._split_set(int(min_work))
+        return True
+
+    def last_split(self) -> int:
+        """Threads the calling thread's last call was split over (0: it ran unsplit)."""
+        return int(self._split_last()) if self._split_last is not None else 0
 
     def workspace_size(self, env: dict) -> int:
         """Bytes of workspace at sizes `env` (the library's own size function, checked

@@ -219,7 +219,21 @@ def lower_dynamic(module, symbols: list, name: str, cpu: str = "native",
     merged.sample = progs[0]
     merged.workspace_ends = plan(merged)
     merged.workspace_size = -1
+    _batch_split(merged, module, symbols, max_threads or default_threads())
     return merged
+
+
+def _batch_split(merged, module, symbols, tcap: int) -> None:
+    """Decide whether the entry runs one region over row chunks (batchsplit.py); when it
+    does, the workspace also holds tcap per-thread slices."""
+    from rlxc.lowering.cpu.batchsplit import Decision, decide, split_ends
+
+    d = decide(module, symbols) if tcap > 1 else Decision(None, "compiled for one thread")
+    merged.batch_split, merged.split_threads = d, tcap
+    merged.body_workspace_ends = list(merged.workspace_ends)
+    if d.symbol is not None:
+        merged.workspace_ends = merged.workspace_ends + split_ends(merged.workspace_ends,
+                                                                   d.symbol, tcap)
 
 
 def module_symbols(module) -> list:
@@ -258,6 +272,11 @@ def compile_dynamic(module, name: str, cpu: str = "native", opt: int = 3,
         m = generate(prog, cpu)
     except (TypeError, ValueError) as e:   # an int() of a size deep in codegen
         raise DynamicSizeError(f"codegen: {e}") from None
+    if prog.batch_split.symbol is not None:
+        from rlxc.lowering.cpu.batchsplit_entry import emit_split_entry
+        from rlxc.lowering.cpu.tuning import PAR_MIN_WORK
+
+        emit_split_entry(m, prog, prog.split_threads, PAR_MIN_WORK)
     text, _ = merge_identical(str(m))
     try:
         obj = emit_object(compile_ir(text, cpu, opt), cpu, opt)
@@ -283,5 +302,7 @@ def compile_dynamic(module, name: str, cpu: str = "native", opt: int = 3,
             "outputs": [{"shape": shape_json(s), "dtype": d} for s, d in prog.outputs],
             "errors": {str(k): list(v) for k, v in prog.errors.items()},
             "error_args": {str(k): list(v) for k, v in prog.error_args.items()},
-            "parallel": has_parallel_kernels(prog.sample, cpu), "cpu": cpu,
+            "parallel": has_parallel_kernels(prog.sample, cpu) or
+            prog.batch_split.symbol is not None, "cpu": cpu,
+            "batch_split": prog.batch_split.to_json(),
             "so_path": so_path, "object": obj}
