@@ -312,3 +312,30 @@ def test_aot_library_splits_through_the_c_abi(tmp_path):
     assert all(rows[n, 1] == (0, 0) for n in (64, 65, 7, 1)), rows
     if (os.cpu_count() or 1) >= 2:   # the library's team cap is the build machine's cores
         assert rows[64, 3] == (1, 0) and rows[65, 3] == (1, 0), rows
+
+
+def test_executor_params_table_follows_the_arrays():
+    """DynExecutor reuses the last call's params table while the same param arrays come
+    back (bound params): a new array, a new dtype or an in-place change is still seen."""
+    f = _func(_mlp, "mlp_params")
+    ex = f.jit()._one
+    sig = f.signature()
+    x = _inputs(f, 5)["x"]
+    params = {a.name: np.asarray(f.param_binding(a.name)) for a in sig if a.kind == "param"}
+
+    def call(ps):
+        return ex.run([x if a.kind == "input" else ps[a.name] for a in sig])[0]
+
+    def call_interp(ps):
+        g = rlxc.Func("mlp_params_ref", _mlp)
+        return g.run_on("interp", x=x, **ps)[0]
+
+    y0 = call(params)
+    np.testing.assert_allclose(y0, call_interp(params), rtol=2e-4, atol=2e-5)
+    assert ex._pcache is not None and ex._pcache[0][0] is params["w1"]
+    params2 = dict(params, w1=params["w1"] * 2.0)          # a new array
+    np.testing.assert_allclose(call(params2), call_interp(params2), rtol=2e-4, atol=2e-5)
+    params2["w1"][:] = 0.5                                  # in place: same address
+    np.testing.assert_allclose(call(params2), call_interp(params2), rtol=2e-4, atol=2e-5)
+    params3 = dict(params2, b1=params2["b1"].astype(np.float64))   # converted per call
+    np.testing.assert_allclose(call(params3), call_interp(params2), rtol=2e-4, atol=2e-5)
