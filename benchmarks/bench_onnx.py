@@ -1,12 +1,16 @@
 """Exported ONNX models: rlxc (from_onnx, native CPU) vs onnxruntime, side by side.
 
 Run:  .venv/bin/python benchmarks/bench_onnx.py [--threads 1] [--runs 50] [--models encoder,mlp,cnn]
+      [--shapes static,dynamic]
 
 Models: the torch.onnx.export outputs committed in tests/fixtures/onnx/ (a post-norm
 transformer encoder layer d=32 seq=6, the digits MLP, the digits CNN: conv-bn-relu-maxpool x2, global average pool, linear), each at batch 1 and 64 (their batch axis is dynamic). onnxruntime
 runs the same file with the CPUExecutionProvider, intra_op_num_threads = --threads,
 graph optimizations on (ORT_ENABLE_ALL); rlxc runs `from_onnx(...).jit()` with
-set_num_threads(--threads). Both sides alternate in blocks; each prints the median
+set_num_threads(--threads), in two forms (--shapes): "static" fixes the batch with
+input_shapes= (one program per batch size), "dynamic" keeps the exported dim_param
+(one Func and one size-generic library for every batch, whose batch-separable
+programs run as one parallel region over row chunks: lowering/cpu/batchsplit.py). Both sides alternate in blocks; each prints the median
 time per call, and ratio = onnxruntime / rlxc (> 1: rlxc is faster; target >= 1.2).
 The outputs are compared first (1e-4 relative).
 """
@@ -39,7 +43,10 @@ def block(fn, n):
     return out
 
 
-def bench(name: str, batch: int, threads: int, runs: int):
+_DYNAMIC: dict = {}   # model -> its one dynamic Jitted (compiled once, every batch)
+
+
+def bench(name: str, batch: int, threads: int, runs: int, shapes: str = "static"):
     import onnxruntime as ort
 
     path = os.path.join(FIX, f"{name}.onnx")
@@ -49,7 +56,12 @@ def bench(name: str, batch: int, threads: int, runs: int):
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
     t0 = time.perf_counter()
-    j = rlxc.from_onnx(path, input_shapes={"x": x.shape}).jit()
+    if shapes == "static":
+        j = rlxc.from_onnx(path, input_shapes={"x": x.shape}).jit()
+    else:
+        j = _DYNAMIC.get(name)
+        if j is None:
+            j = _DYNAMIC[name] = rlxc.from_onnx(path).jit()
     t_compile = time.perf_counter() - t0
     if hasattr(j, "set_num_threads"):
         j.set_num_threads(threads)
@@ -76,16 +88,23 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=50)
     ap.add_argument("--models", default="encoder,mlp,cnn")
     ap.add_argument("--batches", default="1,64")
+    ap.add_argument("--shapes", default="static,dynamic",
+                    help="static (batch fixed by input_shapes=), dynamic (as exported), or both")
     args = ap.parse_args(argv)
     import onnxruntime as ort
 
     print(f"onnxruntime {ort.__version__} CPUExecutionProvider, {args.threads} thread(s); "
           f"median of {args.runs} calls")
-    print(f"{'model':<10}{'batch':>6}{'rlxc us':>12}{'ort us':>12}{'ratio':>8}{'compile s':>11}")
+    print(f"{'model':<10}{'shapes':>9}{'batch':>6}{'rlxc us':>12}{'ort us':>12}{'ratio':>8}"
+          f"{'compile s':>11}")
     for name in args.models.split(","):
-        for b in (int(v) for v in args.batches.split(",")):
-            r, o, tc = bench(name, b, args.threads, args.runs)
-            print(f"{name:<10}{b:>6}{r * 1e6:>12.1f}{o * 1e6:>12.1f}{o / r:>8.2f}{tc:>11.2f}")
+        for shapes in args.shapes.split(","):
+            if shapes not in ("static", "dynamic"):
+                ap.error(f"--shapes: {shapes!r} is not static or dynamic")
+            for b in (int(v) for v in args.batches.split(",")):
+                r, o, tc = bench(name, b, args.threads, args.runs, shapes)
+                print(f"{name:<10}{shapes:>9}{b:>6}{r * 1e6:>12.1f}{o * 1e6:>12.1f}"
+                      f"{o / r:>8.2f}{tc:>11.2f}", flush=True)
     return 0
 
 

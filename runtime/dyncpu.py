@@ -1,6 +1,8 @@
 """Calling a size-generic CPU library: one .so serves every size of its symbols.
 
     DynLibrary(so, meta)    entry(ins, outs, pars, ws, dims), workspace_size(dims)
+    DynLibrary.set_batch_split(min_work), last_split()   the one-region row split of a
+                            batch-separable program (RLXC_BATCH_SPLIT=0: off)
     DynExecutor.run(arrays) per call: sizes from the arrays (runtime/dims.py: agreement,
                             >= 1), output shapes evaluated from the sizes, the
                             workspace of this thread grown when the sizes need more
@@ -63,6 +65,14 @@ class DynLibrary:
         if st is not None:
             st.argtypes, st.restype = [ctypes.c_int32], None
         self.governor = ThreadGovernor(st, env_threads(), bool(meta.get("parallel", True)))
+        # batch split (lowering/cpu/batchsplit_entry.py): RLXC_BATCH_SPLIT=0 turns it off
+        self._split_set = getattr(self.lib, f"{meta['entry']}_set_batch_split", None)
+        self._split_last = getattr(self.lib, f"{meta['entry']}_last_split", None)
+        if self._split_set is not None:
+            self._split_set.argtypes, self._split_set.restype = [ctypes.c_int64], None
+            self._split_last.argtypes, self._split_last.restype = [], ctypes.c_int32
+            if os.environ.get("RLXC_BATCH_SPLIT", "1") == "0":
+                self._split_set(-1)
         for n in (1, 1000):   # the library's size function agrees with the metadata's
             env = {d: n + j for j, d in enumerate(self.dims)}
             arr = (ctypes.c_int64 * max(1, len(self.dims)))(*[env[d] for d in self.dims])
@@ -72,6 +82,18 @@ class DynLibrary:
 
     def set_num_threads(self, n: int) -> None:
         self.governor.configure(int(n))
+
+    def set_batch_split(self, min_work: int) -> bool:
+        """Run a batch-separable library's calls as one region over row chunks when their
+        estimated work reaches `min_work` (< 0: never); False when the library has no split."""
+        if self._split_set is None:
+            return False
+        self._split_set(int(min_work))
+        return True
+
+    def last_split(self) -> int:
+        """Threads the calling thread's last call was split over (0: it ran unsplit)."""
+        return int(self._split_last()) if self._split_last is not None else 0
 
     def workspace_size(self, env: dict) -> int:
         """Bytes of workspace at sizes `env` (the library's own size function, checked
@@ -91,7 +113,8 @@ class DynExecutor:
         self.lib = lib
         self._local = threading.local()
         self._plans: dict = {}   # argument shapes -> checked call plan (_plan)
-        self._np_dtypes = [NP_DTYPES[a["dtype"]] for a in lib.args]
+        self._np_dtypes = [np.dtype(NP_DTYPES[a["dtype"]]) for a in lib.args]
+        self._pcache = None   # (param arrays, their ctypes table): the last call's params
         self._in_pos = [i for i, a in enumerate(lib.args) if a["kind"] == "input"]
         self._par_pos = [i for i, a in enumerate(lib.args) if a["kind"] == "param"]
         n = max(1, len(lib.dims))
@@ -136,12 +159,23 @@ class DynExecutor:
         if plan is None:
             plan = self._plan(arrays, key)
         spec, out_shapes, dims, nbytes = plan
-        for i, (a, want) in enumerate(zip(arrays, self._np_dtypes)):
-            if a.dtype != want or not a.flags.c_contiguous:
-                arrays[i] = checked_array(a, spec[i])
         tin, tout, tpar, _ = self._ctypes
+        dts, par_pos, pc = self._np_dtypes, self._par_pos, self._pcache
+        if pc is not None and all([arrays[i] is q and q.dtype is dts[i]
+                                   for i, q in zip(par_pos, pc[0])]):
+            # the same param arrays as the last call (bound params): they passed the
+            # checks then and the table holds their addresses (shapes are in `key`)
+            pars, check = pc[1], self._in_pos
+        else:
+            pars, check = None, range(len(arrays))
+        for i in check:
+            a = arrays[i]
+            if a.dtype != dts[i] or not a.flags.c_contiguous:
+                arrays[i] = checked_array(a, spec[i])
         ins = tin(*[data_address(arrays[i]) for i in self._in_pos])
-        pars = tpar(*[data_address(arrays[i]) for i in self._par_pos])
+        if pars is None:
+            pars = tpar(*[data_address(arrays[i]) for i in par_pos])
+            self._pcache = (tuple([arrays[i] for i in par_pos]), pars)
         outs = [np.empty(s, dt) for s, dt in out_shapes]
         optr = tout(*[data_address(o) for o in outs])
         ws = self._workspace(nbytes)

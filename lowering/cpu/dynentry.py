@@ -5,6 +5,10 @@
     int64_t rlx_NAME_workspace_size(const int64_t *dims);      bytes at those sizes
     const char *rlx_NAME_signature(void);              symbolic shapes, workspace -1
 
+A batch-separable program (batchsplit.py) is emitted as the internal `rlx_NAME.body`
+with this ABI, and batchsplit_entry.py defines `rlx_NAME` around it (plus
+`rlx_NAME_set_batch_split(int64_t)` and `rlx_NAME_last_split()`).
+
 The entry loads the sizes once and passes them to every kernel as trailing i64
 arguments; trip counts, strides, sgemm M/N/K and workspace offsets are computed
 from them (symint.value).  The sizes are validated by the caller (runtime/dims.py
@@ -69,7 +73,14 @@ def entry_head(gen):
     sb = ir.IRBuilder(sfn.append_basic_block("entry"))
     sb.ret(sb.bitcast(g, I8P))
 
-    entry = ir.Function(m, ir.FunctionType(I32, [I8PP, I8PP, I8PP, I8P, I64P]), sym)
+    split = getattr(p, "batch_split", None)
+    if split is not None and split.symbol is not None:
+        # the program is the body; batchsplit_entry.py defines the exported entry
+        entry = ir.Function(m, ir.FunctionType(I32, [I8PP, I8PP, I8PP, I8P, I64P]),
+                            f"{sym}.body")
+        entry.linkage = "internal"
+    else:
+        entry = ir.Function(m, ir.FunctionType(I32, [I8PP, I8PP, I8PP, I8P, I64P]), sym)
     b = ir.IRBuilder(entry.append_basic_block("entry"))
     dims = _load_dims(b, entry.args[4], p.dims)
     symint.enter(entry, dict(zip(p.dims, dims)), 2 * len(dims))

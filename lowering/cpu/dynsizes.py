@@ -152,12 +152,13 @@ def plan(program) -> list:
         live = [p for p in placed if not (p.last < b.first or b.last < p.first)]
         cands = [0] + [p.offset + need[id(p)] for p in live]
         cands.sort(key=lambda o: (_at(o, big), _at(o, ones)))
+        cands.append(_upper_all(cands))   # above every live end at every size: always fits
         for off in cands:
             end = off + need[id(b)]
             if all(always_le(end, p.offset) or always_le(p.offset + need[id(p)], off)
                    for p in live):
                 break
-        else:  # pragma: no cover - the largest end of the live temps always fits
+        else:  # pragma: no cover - _upper_all of the live ends always fits
             raise DynamicSizeError(f"no workspace offset for temp {b.name}")
         b.offset = off
         placed.append(b)
@@ -171,6 +172,18 @@ def plan(program) -> list:
             uniq.append(e)
     keep = [e for e in uniq if not any(f != e and always_le(e, f) for f in uniq)]
     return keep or [0]
+
+
+def _upper_all(xs):
+    """A linear bound >= every x of xs at every size >= 0: the coefficient-wise max
+    (linear ends are not totally ordered: 4608*B + 1152 vs 5632*B + 64 cross)."""
+    const, coef = 0, {}
+    for x in xs:
+        c, k = SymInt.parts(x)
+        const = max(const, c)
+        for s, v in k.items():
+            coef[s] = max(coef.get(s, 0), v)
+    return SymInt(const, ()) + sum((SymInt(0, ((s, k),)) for s, k in coef.items() if k), 0)
 
 
 def max_one(x):
@@ -206,7 +219,21 @@ def lower_dynamic(module, symbols: list, name: str, cpu: str = "native",
     merged.sample = progs[0]
     merged.workspace_ends = plan(merged)
     merged.workspace_size = -1
+    _batch_split(merged, module, symbols, max_threads or default_threads())
     return merged
+
+
+def _batch_split(merged, module, symbols, tcap: int) -> None:
+    """Decide whether the entry runs one region over row chunks (batchsplit.py); when it
+    does, the workspace also holds tcap per-thread slices."""
+    from rlxc.lowering.cpu.batchsplit import Decision, decide, split_ends
+
+    d = decide(module, symbols) if tcap > 1 else Decision(None, "compiled for one thread")
+    merged.batch_split, merged.split_threads = d, tcap
+    merged.body_workspace_ends = list(merged.workspace_ends)
+    if d.symbol is not None:
+        merged.workspace_ends = merged.workspace_ends + split_ends(merged.workspace_ends,
+                                                                   d.symbol, tcap)
 
 
 def module_symbols(module) -> list:
@@ -245,6 +272,11 @@ def compile_dynamic(module, name: str, cpu: str = "native", opt: int = 3,
         m = generate(prog, cpu)
     except (TypeError, ValueError) as e:   # an int() of a size deep in codegen
         raise DynamicSizeError(f"codegen: {e}") from None
+    if prog.batch_split.symbol is not None:
+        from rlxc.lowering.cpu.batchsplit_entry import emit_split_entry
+        from rlxc.lowering.cpu.tuning import PAR_MIN_WORK
+
+        emit_split_entry(m, prog, prog.split_threads, PAR_MIN_WORK)
     text, _ = merge_identical(str(m))
     try:
         obj = emit_object(compile_ir(text, cpu, opt), cpu, opt)
@@ -270,5 +302,7 @@ def compile_dynamic(module, name: str, cpu: str = "native", opt: int = 3,
             "outputs": [{"shape": shape_json(s), "dtype": d} for s, d in prog.outputs],
             "errors": {str(k): list(v) for k, v in prog.errors.items()},
             "error_args": {str(k): list(v) for k, v in prog.error_args.items()},
-            "parallel": has_parallel_kernels(prog.sample, cpu), "cpu": cpu,
+            "parallel": has_parallel_kernels(prog.sample, cpu) or
+            prog.batch_split.symbol is not None, "cpu": cpu,
+            "batch_split": prog.batch_split.to_json(),
             "so_path": so_path, "object": obj}

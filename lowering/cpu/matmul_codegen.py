@@ -119,6 +119,11 @@ def _batch_team(g, k, b, fn, argbufs, live, sg, epi, slots):
     per = k.scratch.numel // k.par_batch
 
     def team_body(wb, lo, hi, tid, nt, args):
+        if g.dims:   # sizes in the outlined worker: its copies of fn's trailing size args
+            from rlxc.lowering.cpu import symint
+            saved = symint.save()
+            symint.enter(wb.function, dict(zip(g.dims, args[len(args) - len(g.dims):])),
+                         len(wb.function.entry_basic_block.instructions))
         wptrs = {id(x): a for x, a in zip(argbufs, args)}
         wbody = Body(wb.function, wptrs)
         ctx = wb.alloca(ir.ArrayType(F32P, max(1, len(slots))), name="epi.ctx")
@@ -132,6 +137,8 @@ def _batch_team(g, k, b, fn, argbufs, live, sg, epi, slots):
                 rest = bb.udiv(rest, c64(v.extent))
             _call(bb, k, sg, epi, slots, wptrs, wbody, ctx, ws, c64(per), at)
         wbody.loop(wb, For(flat, ix.ZERO, ix.const(nb), []), {}, lohi=(lo, hi), body_fn=one)
+        if g.dims:
+            symint.restore(saved)   # flushes the worker's size computations
 
     parallel.emit_parallel_ranges(g.m, b, c64(nb), team_body, list(fn.args),
                                   name=f"{fn.name}.team", work=c64(k.work),

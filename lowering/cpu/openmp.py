@@ -137,11 +137,15 @@ def _smin(b, x, y):
 
 def emit_team_limit(module: ir.Module, b: ir.IRBuilder) -> ir.Value:
     """i64: the most threads a parallel region may use right now (rlxc_num_threads when
-    set, else omp_get_max_threads()), before any per-region cap."""
+    set, else omp_get_max_threads()), before any per-region cap; 1 inside an active
+    OpenMP region (a batch-split entry's chunk, batchsplit_entry.py, or a caller's own
+    region), so nested loops run inline whatever OMP_MAX_ACTIVE_LEVELS says."""
     t = b.load(thread_control(module))
     t = b.select(b.icmp_signed(">", t, ir.Constant(I32, 0)), t,
                  b.call(_omp(module, "omp_get_max_threads"), []))
-    return b.sext(t, I64)
+    inside = b.icmp_signed("!=", b.call(_omp(module, "omp_in_parallel"), []),
+                           ir.Constant(I32, 0))
+    return b.sext(b.select(inside, ir.Constant(I32, 1), t), I64)
 
 
 def _emit_region(module, builder, n_chunks, captured, name, work, min_work,

@@ -159,6 +159,9 @@ def flush() -> None:
     if CTX.side is None or not CTX.side.instructions:
         return
     entry = CTX.fn.entry_basic_block
+    for j, i in enumerate(entry.instructions):   # below the size loads, wherever allocas
+        if any(i is v for v in CTX.dims.values()):   # hoisted to the top moved them
+            CTX.at = max(CTX.at, j + 1)
     for i in CTX.side.instructions:
         i.parent = entry
     entry.instructions[CTX.at:CTX.at] = CTX.side.instructions
