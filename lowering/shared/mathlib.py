@@ -84,7 +84,8 @@ float32 algorithms (in parentheses the maximum measured over all 2^32 inputs wit
             moves by <= 3e-8, < 0.05 ulp of tanh); a clamped to 10; copysign.
                                                                               2 ulp (1.77 / 1.86)
   sigmoid   2^-64 / (2^-64 + e^-x*2^-64), x clamped to [-110, 40]: e^-x*2^-64 is a normal
-            number, the one division rounds the result once, also into the subnormals.
+            number, the one division rounds the result once, also into the subnormals; the
+            denominator is one FMA, s*p + 2^-64, p = e^r as one Horner chain (no cancellation).
                                                                               3 ulp (2.48 / 2.48)
   silu      x*sigmoid(x) = x/(1+e), e = e^-|x|; x < 0: (x*e*2^64)/((1+e)*2^64), x*e formed
             as x*2^(n+64) + (x*2^(n+64))*em with one rounding, so a tiny result rounds once
@@ -298,14 +299,16 @@ _EXP_Q4 = (0.4999999403953552, 0.1666652113199234, 0.041668254882097244, 0.00836
            0.0013821468455716968)
 
 
-def _exp_scaled(o, v, c, k, one_part=False):
+def _exp_scaled(o, v, c, k, one_part=False, whole=False):
     """e^(c*v) = s * (1 + c*h) * 2^-k for c = -1 or 2 and an already clamped v (NaN passes).
     The reduction is done on v itself: u = v - n*ln2/c = r/c, h = u + c*u^2*Q(c*u) = em/c,
     with the coefficients of Q(c*u)*c scaled by powers of two, so h is em/c with the same
     roundings and neither -v nor 2v costs an instruction.  s = 2^(n+k) comes straight from the
     bits of the rounding sum: with the magic 1.5*2^23 + 127 + k, bits(t) << 23 is the float
     2^(n+k) (the magic's own bits shift out), for n + k + 127 in [1, 254].  one_part: ln2 as
-    one float (one FMA less; the argument moves by n*1.9e-9/c, which only tanh can afford)."""
+    one float (one FMA less; the argument moves by n*1.9e-9/c, which only tanh can afford).
+    whole: returns (s, p) with e^(c*v) = s*p*2^-k, p = 1 + c*u + (c*u)^2*Q(c*u) as one
+    Horner chain (for callers that add e^(c*v) to something of its size: no cancellation)."""
     magic = _MAGIC + 127.0 + k
     t = o.fma(v, o.f(c * _LOG2E), o.f(magic))
     nf = o.sub(t, o.f(magic))
@@ -314,8 +317,11 @@ def _exp_scaled(o, v, c, k, one_part=False):
     else:
         u = o.fma(nf, o.f(-_LN2_HI / c), v)          # exact, as in _exp_reduce
         u = o.fma(nf, o.f(-_LN2_LO / c), u)
+    sc = o.flt(o.shl(o.bits(t), 23))
+    if whole:                                        # e^(c*u) itself, one Horner chain
+        return sc, o.horner(u, [1.0, float(c)] + [qk * c ** (i + 2) for i, qk in enumerate(_EXP_Q4)])
     q = o.horner(u, [qk * c ** (i + 1) for i, qk in enumerate(_EXP_Q4)])
-    return o.flt(o.shl(o.bits(t), 23)), o.fma(o.mul(u, u), q, u)
+    return sc, o.fma(o.mul(u, u), q, u)
 
 
 _SCALE = 2.0 ** -64
@@ -325,9 +331,9 @@ def _sigmoid(o, x):
     # 1/(1 + e^-x) = 2^-64 / (2^-64 + e^-x*2^-64): e^-x*2^-64 is a normal float for x in
     # [-110, 40], so the one division rounds the result once, also into the subnormals.
     # Beyond the clamp the result is 0 (x < -103.98) or 1 (x > 17.3).
-    s, h = _exp_scaled(o, o.clamp(x, -110.0, 40.0), -1.0, -64)
-    e = o.fma(o.neg(s), h, s)                        # e^-x * 2^-64, one rounding
-    return o.div(o.f(_SCALE), o.add(e, o.f(_SCALE)))
+    s, p = _exp_scaled(o, o.clamp(x, -110.0, 40.0), -1.0, -64, whole=True)
+    den = o.fma(s, p, o.f(_SCALE))                   # (e^-x + 1) * 2^-64, one rounding
+    return o.div(o.f(_SCALE), den)
 
 
 def _scaled_logistic(o, w, f):

@@ -1,9 +1,9 @@
-"""lowering/shared/mathlib.py tanh (float32): one exp and one division for every |x|
-(issue 19, W1).  A strided sweep of every binade against float64 NumPy on the host (FMA) and
+"""lowering/shared/mathlib.py tanh and sigmoid (float32), the two functions of W1 (issue 19):
+tanh takes one exp and one division for every |x|, sigmoid's denominator is one FMA.  A strided sweep of every binade against float64 NumPy on the host (FMA) and
 baseline x86-64 (no FMA), the worst arguments of the exhaustive search, the values around the
 branch point and the clamp, and the cost of the kernel: W1's fused tanh*sigmoid loop is
 bound by vector ALU instructions, so the count is checked (Cephes' small-|x| polynomial next
-to the exp branch took 26 AVX-512 instructions, the merged form 20).
+to the exp branch took 26 AVX-512 instructions, the merged form 20; sigmoid 16 -> 15).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import llvmlite.binding as llvm
 from llvmlite import ir
 
 from rlxc.lowering.shared import mathlib
-from test_mathlib import TARGETS, _optimize, compile_for, ulp_error
+from test_mathlib import TARGETS, _optimize, _sigmoid64, compile_for, ulp_error
 
 BOUND = mathlib.SUPPORTED["tanh"]
 
@@ -26,11 +26,11 @@ def _run(c, x):
 
 @pytest.mark.parametrize("target", list(TARGETS))
 def test_tanh_binade_sweep(target):
-    """Every 29th float32 in [2^-20, 10] and its negative (the odd stride walks the low
+    """Every 53rd float32 in [2^-20, 10] and its negative (the odd stride walks the low
     mantissa bits), both loop kinds: max error within the bound, same bits in both."""
     c = compile_for(target)
     lo, hi = np.float32(2.0 ** -20).view(np.int32), np.float32(10.0).view(np.int32)
-    x = np.arange(lo, hi, 29, dtype=np.int32).view(np.float32)
+    x = np.arange(lo, hi, 53, dtype=np.int32).view(np.float32)
     x = np.concatenate([x, -x])
     y, ys = _run(c, x)
     err = ulp_error(y, np.tanh(x.astype(np.float64)))
@@ -88,9 +88,32 @@ def _avx512_alu_count(name: str) -> tuple[int, int]:
     return len(alu), sum(op.startswith("vdiv") for op in alu)
 
 
-def test_tanh_kernel_cost():
+def test_kernel_cost():
     """The merged tanh: one division, at most 21 AVX-512 ALU instructions (26 before: the
-    separate small-|x| polynomial, its select and the two-part ln2)."""
+    separate small-|x| polynomial, its select and the two-part ln2); sigmoid at most 15
+    (16 before: e^-x*2^-64 rounded, then + 2^-64)."""
     alu, divs = _avx512_alu_count("tanh")
     assert divs == 1, divs
     assert alu <= 21, f"tanh f32 takes {alu} zmm ALU instructions"
+    alu, divs = _avx512_alu_count("sigmoid")
+    assert (alu, divs) <= (15, 1), f"sigmoid f32 takes {alu} zmm ALU instructions"
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_sigmoid_sweeps(target):
+    """sigmoid: every 61st float32 in [-110, 20] (both signs), and every float32 of the
+    subnormal results (x in [-104, -87]) and around the hard -16.64 (e^-x = 2^24: adding the
+    1 starts to round), within the bound, same bits in both loop kinds."""
+    c = compile_for(target)
+    lo, hi = np.float32(2.0 ** -20).view(np.int32), np.float32(110.0).view(np.int32)
+    x = np.arange(lo, hi, 61, dtype=np.int32).view(np.float32)
+    x = np.concatenate([x[x <= 20], -x])
+    for a, b in ((87.0, 104.0), (16.5, 16.75)):
+        x = np.concatenate([x, -np.arange(np.float32(a).view(np.int32),
+                                          np.float32(b).view(np.int32), dtype=np.int32)
+                            .view(np.float32)])
+    y, ys = c.run("sigmoid_vec", x), c.run("sigmoid_scalar", x)
+    err = ulp_error(y, _sigmoid64(x.astype(np.float64)))
+    bound = mathlib.SUPPORTED["sigmoid"]
+    assert err.max() <= bound, f"sigmoid {target}: {err.max():.3f} ulp at {x[np.argmax(err)]!r}"
+    assert (y.view(np.uint32) == ys.view(np.uint32)).all()
