@@ -86,7 +86,7 @@ float32 algorithms (in parentheses the maximum measured over all 2^32 inputs wit
   sigmoid   2^-64 / (2^-64 + e^-x*2^-64), x clamped to [-110, 40]: e^-x*2^-64 is a normal
             number, the one division rounds the result once, also into the subnormals; the
             denominator is one FMA, s*p + 2^-64, p = e^r as one Horner chain (no cancellation).
-                                                                              3 ulp (2.48 / 2.48)
+                                                                              3 ulp (2.48 / 2.45)
   silu      x*sigmoid(x) = x/(1+e), e = e^-|x|; x < 0: (x*e*2^64)/((1+e)*2^64), x*e formed
             as x*2^(n+64) + (x*2^(n+64))*em with one rounding, so a tiny result rounds once
             into the subnormals.                                              3 ulp (2.67 / 2.73)
