@@ -1,5 +1,5 @@
-"""lowering/shared/mathlib.py tanh and sigmoid (float32), the two functions of W1 (issue 19):
-tanh takes one exp and one division for every |x|, sigmoid's denominator is one FMA.  A strided sweep of every binade against float64 NumPy on the host (FMA) and
+"""lowering/shared/mathlib.py tanh and sigmoid (float32), the two functions of W1 (issue
+19): tanh takes one exp and one division for every |x|, sigmoid's denominator is one FMA.  A strided sweep of every binade against float64 NumPy on the host (FMA) and
 baseline x86-64 (no FMA), the worst arguments of the exhaustive search, the values around the
 branch point and the clamp, and the cost of the kernel: W1's fused tanh*sigmoid loop is
 bound by vector ALU instructions, so the count is checked (Cephes' small-|x| polynomial next

@@ -319,7 +319,8 @@ def _exp_scaled(o, v, c, k, one_part=False, whole=False):
         u = o.fma(nf, o.f(-_LN2_LO / c), u)
     sc = o.flt(o.shl(o.bits(t), 23))
     if whole:                                        # e^(c*u) itself, one Horner chain
-        return sc, o.horner(u, [1.0, float(c)] + [qk * c ** (i + 2) for i, qk in enumerate(_EXP_Q4)])
+        return sc, o.horner(u, [1.0, float(c)] + [qk * c ** (i + 2)
+                                                  for i, qk in enumerate(_EXP_Q4)])
     q = o.horner(u, [qk * c ** (i + 1) for i, qk in enumerate(_EXP_Q4)])
     return sc, o.fma(o.mul(u, u), q, u)
 
