@@ -1,9 +1,10 @@
 """lowering/shared/mathlib.py tanh and sigmoid (float32), the two functions of W1 (issue
-19): tanh takes one exp and one division for every |x|, sigmoid's denominator is one FMA.  A strided sweep of every binade against float64 NumPy on the host (FMA) and
-baseline x86-64 (no FMA), the worst arguments of the exhaustive search, the values around the
-branch point and the clamp, and the cost of the kernel: W1's fused tanh*sigmoid loop is
-bound by vector ALU instructions, so the count is checked (Cephes' small-|x| polynomial next
-to the exp branch took 26 AVX-512 instructions, the merged form 20; sigmoid 16 -> 15).
+19): tanh takes one exp and one division for every |x|, sigmoid's denominator is one FMA.
+Strided sweeps of every binade against float64 NumPy on the host (FMA) and baseline x86-64
+(no FMA), the worst arguments of the exhaustive search, the values around the branch point
+and the clamp, and the cost of the kernels: W1's fused tanh*sigmoid loop is bound by vector
+ALU instructions, so their count is checked (Cephes' small-|x| polynomial next to the exp
+branch took 26 AVX-512 instructions, the merged tanh 20; sigmoid 16 -> 15).
 """
 from __future__ import annotations
 
