@@ -36,7 +36,7 @@ in parentheses:
     log1p      2 (1.44)       2 (1.43)       acos    1.5 (1.07)   1.5 (1.16)
     sin        2 (1.55)       1 (0.77)       sinh    3 (2.27)     3 (2.21)
     cos        2 (1.55)       1 (0.77)       cosh    2 (1.51)     2 (1.17)
-    tanh       2 (1.13)       3 (2.34)       tan     3 (2.32)     3 (2.04)
+    tanh       2 (1.70)       3 (2.34)       tan     3 (2.32)     3 (2.04)
     sigmoid    3 (2.33)       2.5 (1.98)     asinh   2.5 (1.81)   2.5 (1.88)
     silu       3 (2.34)       3.5 (2.84)     acosh   2.5 (2.02)   2.5 (1.80)
     erf        1.5 (0.94)     1.5 (0.98)     atanh   2.5 (1.83)   2.5 (1.80)
@@ -76,12 +76,17 @@ float32 algorithms (in parentheses the maximum measured over all 2^32 inputs wit
             two c, so -v or 2v costs nothing), e^r = 1 + r + r^2*Q(r) of degree 6 (minimax,
             2^-28.3), and 2^(n+k) read off the rounding sum t = c*v/ln2 + 1.5*2^23 + 127 + k as
             bits(t) << 23 (no ldexp: the callers keep n + k in the normal range).
-  tanh      |x| < 0.625: x + x^3*P(x^2) (Cephes); else 1 - 2/(1 + e^2|x|), 1 + e^2|x| =
-            (1 + 2^n) + 2^n*em rounded once (1 + 2^n is exact while it matters); |x| clamped
-            to 20; copysign.                                                  2 ulp (1.20 / 1.19)
+  tanh      one exp and one division for every |x| (no second polynomial for small |x|:
+            W1's fused tanh*sigmoid loop is bound by vector ALU ops, not by its divisions):
+            g = (e^2a - 1)/2 and D = (e^2a + 1)/2 (a = |x|), each (2^n -+ 1)/2 + 2^n*h
+            rounded once; a >= 0.625: 1 - 1/D; below, q = g/D refined as g - g*q (the
+            error of q scaled by g < 1.2).  ln2 as one float in the reduction (the argument
+            moves by <= 3e-8, < 0.05 ulp of tanh); a clamped to 10; copysign.
+                                                                              2 ulp (1.77 / 1.86)
   sigmoid   2^-64 / (2^-64 + e^-x*2^-64), x clamped to [-110, 40]: e^-x*2^-64 is a normal
-            number, the one division rounds the result once, also into the subnormals.
-                                                                              3 ulp (2.48 / 2.48)
+            number, the one division rounds the result once, also into the subnormals; the
+            denominator is one FMA, s*p + 2^-64, p = e^r as one Horner chain (no cancellation).
+                                                                              3 ulp (2.48 / 2.45)
   silu      x*sigmoid(x) = x/(1+e), e = e^-|x|; x < 0: (x*e*2^64)/((1+e)*2^64), x*e formed
             as x*2^(n+64) + (x*2^(n+64))*em with one rounding, so a tiny result rounds once
             into the subnormals.                                              3 ulp (2.67 / 2.73)
@@ -165,6 +170,7 @@ _MAGIC = 12582912.0          # 1.5*2^23: (v + MAGIC) - MAGIC = round(v) for |v| 
 _MAGIC_BITS = 0x4B400000
 _LN2_HI = 0.693359375        # 9 significant bits: n*_LN2_HI exact for |n| < 2^15
 _LN2_LO = -2.12194440e-4     # ln2 - _LN2_HI
+_LN2 = 0.6931471824645996   # ln2 rounded to float32 (ln2 - _LN2 = -1.9e-9)
 # e^r = 1 + r + r^2*Q(r) on |r| <= ln2/2 (Cephes expf)
 _EXP_Q = (5.0000001201e-1, 1.6666665459e-1, 4.1665795894e-2, 8.3334519073e-3,
           1.3981999507e-3, 1.9875691500e-4)
@@ -293,20 +299,30 @@ _EXP_Q4 = (0.4999999403953552, 0.1666652113199234, 0.041668254882097244, 0.00836
            0.0013821468455716968)
 
 
-def _exp_scaled(o, v, c, k):
+def _exp_scaled(o, v, c, k, one_part=False, whole=False):
     """e^(c*v) = s * (1 + c*h) * 2^-k for c = -1 or 2 and an already clamped v (NaN passes).
     The reduction is done on v itself: u = v - n*ln2/c = r/c, h = u + c*u^2*Q(c*u) = em/c,
     with the coefficients of Q(c*u)*c scaled by powers of two, so h is em/c with the same
     roundings and neither -v nor 2v costs an instruction.  s = 2^(n+k) comes straight from the
     bits of the rounding sum: with the magic 1.5*2^23 + 127 + k, bits(t) << 23 is the float
-    2^(n+k) (the magic's own bits shift out), for n + k + 127 in [1, 254]."""
+    2^(n+k) (the magic's own bits shift out), for n + k + 127 in [1, 254].  one_part: ln2 as
+    one float (one FMA less; the argument moves by n*1.9e-9/c, which only tanh can afford).
+    whole: returns (s, p) with e^(c*v) = s*p*2^-k, p = 1 + c*u + (c*u)^2*Q(c*u) as one
+    Horner chain (for callers that add e^(c*v) to something of its size: no cancellation)."""
     magic = _MAGIC + 127.0 + k
     t = o.fma(v, o.f(c * _LOG2E), o.f(magic))
     nf = o.sub(t, o.f(magic))
-    u = o.fma(nf, o.f(-_LN2_HI / c), v)              # exact, as in _exp_reduce
-    u = o.fma(nf, o.f(-_LN2_LO / c), u)
+    if one_part:                                     # ln2 as one float: u off by n*1.9e-9/c
+        u = o.fma(nf, o.f(-_LN2 / c), v)
+    else:
+        u = o.fma(nf, o.f(-_LN2_HI / c), v)          # exact, as in _exp_reduce
+        u = o.fma(nf, o.f(-_LN2_LO / c), u)
+    sc = o.flt(o.shl(o.bits(t), 23))
+    if whole:                                        # e^(c*u) itself, one Horner chain
+        return sc, o.horner(u, [1.0, float(c)] + [qk * c ** (i + 2)
+                                                  for i, qk in enumerate(_EXP_Q4)])
     q = o.horner(u, [qk * c ** (i + 1) for i, qk in enumerate(_EXP_Q4)])
-    return o.flt(o.shl(o.bits(t), 23)), o.fma(o.mul(u, u), q, u)
+    return sc, o.fma(o.mul(u, u), q, u)
 
 
 _SCALE = 2.0 ** -64
@@ -316,9 +332,9 @@ def _sigmoid(o, x):
     # 1/(1 + e^-x) = 2^-64 / (2^-64 + e^-x*2^-64): e^-x*2^-64 is a normal float for x in
     # [-110, 40], so the one division rounds the result once, also into the subnormals.
     # Beyond the clamp the result is 0 (x < -103.98) or 1 (x > 17.3).
-    s, h = _exp_scaled(o, o.clamp(x, -110.0, 40.0), -1.0, -64)
-    e = o.fma(o.neg(s), h, s)                        # e^-x * 2^-64, one rounding
-    return o.div(o.f(_SCALE), o.add(e, o.f(_SCALE)))
+    s, p = _exp_scaled(o, o.clamp(x, -110.0, 40.0), -1.0, -64, whole=True)
+    den = o.fma(s, p, o.f(_SCALE))                   # (e^-x + 1) * 2^-64, one rounding
+    return o.div(o.f(_SCALE), den)
 
 
 def _scaled_logistic(o, w, f):
@@ -352,21 +368,25 @@ def _gelu_tanh(o, x):
     return _scaled_logistic(o, w, xc)
 
 
-# tanh(x) = x + x^3*P(x^2) for |x| < 0.625 (Cephes tanhf)
-_TANH_P = (-3.33332819422e-1, 1.33314422036e-1, -5.37397155531e-2, 2.06390887954e-2,
-           -5.70498872745e-3)
-
-
 def _tanh(o, x):
+    # One exp and one division for every |x|: e^2a = sc*(1 + 2h) (sc = 2^n), g = (e^2a - 1)/2
+    # and D = (e^2a + 1)/2 = g + 1, each rounded once ((sc -+ 1)/2 is exact while it
+    # matters, n <= 24), so tanh(a) = g/D.  With num = g (a < 0.625) or 1, q = num/D and
+    # tanh = num - num*q: 1 - 1/D above, and below q = g/D refined as g - g*q (= g*(1 -
+    # tanh) = tanh), which scales q's error by g <~ 1.2 and replaces Cephes' separate
+    # polynomial for small |x|: one FMA for both branches.  a is clamped to 10, where the
+    # result rounds to 1; the one-part reduction (ln2 in one float) moves the argument by
+    # n*1e-9 <= 3e-8: (1 - tanh^2)*3e-8, under 0.05 ulp.  copysign gives tanh(-0) = -0.
     a = o.abs(x)
-    z = o.mul(a, a)
-    small = o.fma(o.mul(a, z), o.horner(z, _TANH_P), a)
-    # 1 - 2/(1 + e^2a), 1 + e^2a = 1 + s + 2s*h rounded once (1 + s is exact while it
-    # matters, s <= 2^23).  a is clamped to 20, where the result rounds to 1.
-    s2, h = _exp_scaled(o, o.sel(o.gt(a, o.f(20.0)), o.f(20.0), a), 2.0, 1)   # s2 = 2^(n+1)
-    d = o.fma(s2, h, o.fma(s2, o.f(0.5), o.f(1.0)))
-    large = o.sub(o.f(1.0), o.div(o.f(2.0), d))
-    return o.copysign(o.sel(o.lt(a, o.f(0.625)), small, large), x)
+    sc, h = _exp_scaled(o, o.sel(o.gt(a, o.f(10.0)), o.f(10.0), a), 2.0, 0, one_part=True)
+    g = o.fma(sc, h, o.fma(sc, o.f(0.5), o.f(-0.5)))
+    dd = o.fma(sc, h, o.fma(sc, o.f(0.5), o.f(0.5)))
+    num = o.sel(o.lt(a, o.f(_TANH_SMALL)), g, o.f(1.0))
+    q = o.div(num, dd)
+    return o.copysign(o.fma(o.neg(num), q, num), x)     # g - g*q, or 1 - 1/D
+
+
+_TANH_SMALL = 0.625     # below: g/D refined; above: 1 - 1/D (the result is >= 0.55)
 
 
 # ---------------------------------------------------------------------------- erf family
