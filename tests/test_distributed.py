@@ -166,6 +166,52 @@ def test_one_in_place_allreduce_per_step_on_the_engine_buffer():
                for fa in eng._af)
 
 
+class MpiCallLog:
+    """Stands in for Comm.mpi (an mpi4py communicator): forwards every method and logs
+    (name, args, kwargs), so a test sees each MPI call a step makes, pickle-based
+    lowercase ones (allreduce, bcast, allgather) and barriers included."""
+
+    def __init__(self, real):
+        self._real, self.calls = real, []
+
+    def __getattr__(self, name):
+        attr = getattr(self._real, name)
+        if not callable(attr):
+            return attr
+
+        def logged(*args, **kw):
+            self.calls.append((name, args, kw))
+            return attr(*args, **kw)
+        return logged
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adamclip"])
+def test_a_step_makes_one_mpi_call_an_in_place_sum_allreduce(opt_name):
+    """Issue 18: the whole MPI traffic of a distributed step is ONE in-place
+    MPI_Allreduce(SUM) of the engine's flat buffer: no barrier, no broadcast, no
+    pickled lowercase collective (e.g. to reduce the loss or the clip norm)."""
+    from mpi4py import MPI
+
+    from rlxc.runtime.call import data_address
+
+    comm = init()
+    opt = optim.SGD(0.1) if opt_name == "sgd" else optim.Adam(0.01)
+    tr = mlp(8).trainer(opt, max_grad_norm=0.0 if opt_name == "sgd" else 0.05, comm=comm,
+                        device="cpu")
+    log = MpiCallLog(comm.mpi)
+    comm.mpi = log
+    try:
+        losses = [tr.step(inp) for inp in batches(8, 3)]
+    finally:
+        comm.mpi = log._real
+    assert [c[0] for c in log.calls] == ["Allreduce"] * 3, [c[0] for c in log.calls]
+    for name, args, kw in log.calls:
+        assert args[0] is MPI.IN_PLACE and data_address(args[1]) == data_address(
+            tr._engine.flat) and args[1].size == tr._engine.flat.size
+        assert kw.get("op", args[2] if len(args) > 2 else None) == MPI.SUM
+    assert all(np.isfinite(losses))
+
+
 def test_distributed_is_reachable_from_the_package():
     """`import rlxc; rlxc.distributed.init` works without importing the submodule first."""
     import subprocess
