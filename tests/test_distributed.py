@@ -222,6 +222,39 @@ def test_distributed_is_reachable_from_the_package():
     assert out.returncode == 0 and out.stdout.split() == ["True", "True"], out.stderr
 
 
+_YIELD_PROBE = """
+import os, sys
+{pre}
+from rlxc.distributed import init
+c = init()
+print("yield=" + os.environ.get("OMPI_MCA_mpi_yield_when_idle", "unset"))
+"""
+
+
+@pytest.mark.parametrize("pre,env,want", [
+    ("", None, "1"),                       # init() asks Open MPI to yield while idle
+    ("", "0", "0"),                        # mpiexec --mca mpi_yield_when_idle 0 / the user
+    ("from mpi4py import MPI", None, "unset"),  # MPI already initialized: too late, untouched
+])
+def test_init_makes_waiting_ranks_yield_their_core(pre, env, want):
+    """A rank waiting in the Allreduce yields (OMPI_MCA_mpi_yield_when_idle=1, set
+    before MPI_Init) instead of spinning on a core other processes want (issue 18:
+    the 2-rank step under load; rlxc/distributed.py docstring); a setting of the
+    user or mpiexec is kept."""
+    import os
+    import subprocess
+    import sys
+
+    e = dict(os.environ)
+    e.pop("OMPI_MCA_mpi_yield_when_idle", None)
+    if env is not None:
+        e["OMPI_MCA_mpi_yield_when_idle"] = env
+    p = subprocess.run([sys.executable, "-c", _YIELD_PROBE.format(pre=pre)], env=e,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split()[-1] == f"yield={want}", p.stdout + p.stderr
+
+
 class _TwoBufferComm(Comm):
     """Size-1 comm whose grad_buffer has separate local and result arrays (like the
     shared-memory window): reduce() copies local into result, counting calls."""
