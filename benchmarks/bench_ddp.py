@@ -27,6 +27,11 @@ SGD(0.01) (the MLP of issue W4; 669,706 params, a 2.6 MB gradient buffer).
   the fastest reduce over the fastest grads + it + the fastest apply.
 * --repeat R runs all of it R times, interleaved; the tables show medians over
   the repeats and the load average before and after.
+* --fifo runs every measured process (the 1-rank runs and each rank) under
+  `chrt -f 1` (SCHED_FIFO, root on Linux): the other processes of a shared
+  machine then wait while the benchmark runs (the kernel's RT throttling still
+  leaves them 5%), which measures the step as on quiet cores.  Keep such runs
+  short on a machine others use.
 
 On a shared machine the medians mostly measure the other processes: the
 reduction is a collective, so a rank preempted anywhere in it stalls both,
@@ -206,7 +211,7 @@ def one_rank(args, threads: str) -> dict:
     """The fused single-process Trainer on the whole batch, in a fresh process
     (threads are read when the library loads)."""
     env = dict(os.environ, RLXC_NUM_THREADS=threads)
-    p = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", "--steps",
+    p = subprocess.run(fifo(args) + [sys.executable, os.path.abspath(__file__), "--one", "--steps",
                         str(args.steps), "--warmup", str(args.warmup)],
                        env=env, capture_output=True, text=True, timeout=900)
     if p.returncode != 0:
@@ -281,6 +286,11 @@ def sweep(args) -> int:
     return 0
 
 
+def fifo(args) -> list:
+    """The command prefix of a measured process: `chrt -f 1` with --fifo."""
+    return ["chrt", "-f", "1"] if getattr(args, "fifo", False) else []
+
+
 def mpiexec_line(args) -> list:
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     cmd = [mpiexec, "-n", str(args.ranks)]
@@ -302,9 +312,9 @@ def run_ranks(args, mode: str) -> dict:
         env.pop("OMP_NUM_THREADS", None)
     else:
         env["RLXC_NUM_THREADS"] = args.threads
-    p = subprocess.run(mpiexec_line(args) + [sys.executable, os.path.abspath(__file__),
-                                             "--worker", "--steps", str(args.steps),
-                                             "--warmup", str(args.warmup)],
+    worker = [sys.executable, os.path.abspath(__file__), "--worker", "--steps",
+              str(args.steps), "--warmup", str(args.warmup)]
+    p = subprocess.run(mpiexec_line(args) + fifo(args) + worker,
                        env=env, capture_output=True, text=True, timeout=900)
     if p.returncode != 0:
         raise RuntimeError(f"mpiexec ({mode}) failed:\n{p.stdout}{p.stderr}")
@@ -318,6 +328,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--threads", default="auto",
                     help="threads per rank: auto (rlxc.distributed.init decides) or N")
+    ap.add_argument("--fifo", action="store_true",
+                    help="run the measured processes under chrt -f 1 (as on quiet cores)")
     ap.add_argument("--bind", choices=("core", "none"), default="core",
                     help="mpiexec --bind-to core (one rank per core) or none")
     ap.add_argument("--mca", action="append", default=[], metavar="KEY=VALUE",
@@ -356,7 +368,8 @@ def main(argv=None) -> int:
           f"{args.repeat} repeat(s) of {args.steps} steps")
     print(f"load average (1/5/15 min) before {'/'.join(f'{x:.2f}' for x in load0)}, after "
           f"{'/'.join(f'{x:.2f}' for x in load1)} on {os.cpu_count()} CPUs")
-    print("N ranks: " + " ".join(mpiexec_line(args)[1:]) + " python ... ; threads per rank: "
+    print("N ranks: " + " ".join(mpiexec_line(args)[1:] + fifo(args)) + " python ... ; "
+          "threads per rank: "
           + (args.threads if args.threads != "auto" else "auto (rlxc.distributed.init)"))
     for t, label in (("1", "1 thread"), ("0", "all cores")):
         rs = ones[t]
