@@ -211,9 +211,9 @@ def one_rank(args, threads: str) -> dict:
     """The fused single-process Trainer on the whole batch, in a fresh process
     (threads are read when the library loads)."""
     env = dict(os.environ, RLXC_NUM_THREADS=threads)
-    p = subprocess.run(fifo(args) + [sys.executable, os.path.abspath(__file__), "--one", "--steps",
-                        str(args.steps), "--warmup", str(args.warmup)],
-                       env=env, capture_output=True, text=True, timeout=900)
+    cmd = [sys.executable, os.path.abspath(__file__), "--one", "--steps", str(args.steps),
+           "--warmup", str(args.warmup)]
+    p = subprocess.run(fifo(args) + cmd, env=env, capture_output=True, text=True, timeout=900)
     if p.returncode != 0:
         raise RuntimeError(f"1-rank run failed:\n{p.stdout}{p.stderr}")
     return json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("{")][-1])
@@ -395,6 +395,7 @@ def main(argv=None) -> int:
             print(f"      rank {k} phases, median / 20th percentile / fastest ms: " + ", ".join(
                 f"{p} {pm[p]:.3f} / {pq[p]:.3f} / {pn[p]:.3f}" for p in pm))
         fr = [r["per_rank"][0] for r in rs]
+
         def med_of(key, prs):  # the median over the repeats that have the value
             vals = [p[key] for p in prs if p[key] is not None]
             return med(vals) if vals else None
