@@ -248,7 +248,8 @@ def _install_abort_hook(comm: Comm) -> None:
 def init(comm=None, reduce: str | None = None) -> Comm:
     """A Comm over `comm` (an mpi4py communicator; default MPI.COMM_WORLD, which
     initializes MPI).  Also installs the abort-on-uncaught-exception hook, and
-    before MPI_Init asks Open MPI to yield idle cores (see the module docstring).  Without mpiexec this is a communicator of size 1.
+    before MPI_Init asks Open MPI to yield idle cores (see the module docstring).
+    Without mpiexec this is a communicator of size 1.
 
     `reduce` (default: $RLXC_DDP_REDUCE, else "allreduce") says how a step sums the
     gradient buffer: "allreduce" (one in-place MPI_Allreduce; the default), or,
