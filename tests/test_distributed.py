@@ -255,6 +255,49 @@ def test_init_makes_waiting_ranks_yield_their_core(pre, env, want):
     assert p.stdout.split()[-1] == f"yield={want}", p.stdout + p.stderr
 
 
+def _mapping_of(addr: int) -> tuple[int, int, str]:
+    """(start, end, VmFlags) of the mapping of this process that holds addr."""
+    start = end = None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                start, end = (lo, hi) if lo <= addr < hi else (None, None)
+            elif head == "VmFlags:" and start is not None:
+                return start, end, line
+    raise AssertionError(f"no mapping holds {addr:#x}")
+
+
+def test_large_allreduce_buffer_is_on_huge_pages():
+    """Issue 18: the Allreduce's CMA copies pin the peer's buffer page by page; a
+    buffer of 2 MB or more is its own 2 MB-aligned mapping of whole huge pages,
+    marked MADV_HUGEPAGE (VmFlags "hg"), zeroed after the advice; a small one is an
+    ordinary 64-byte aligned array."""
+    import mmap
+    import sys
+
+    if not sys.platform.startswith("linux") or not hasattr(mmap, "MADV_HUGEPAGE"):
+        pytest.skip("transparent huge pages are a Linux feature")
+    from rlxc.reduce_buffer import HUGE, AllreduceBuffer
+
+    comm = init()
+    n = 669_707  # the W4 MLP's [grads | loss]
+    buf = comm.grad_buffer(n)
+    assert isinstance(buf, AllreduceBuffer) and buf.local is buf.result
+    a = buf.local
+    assert a.dtype == np.float32 and a.shape == (n,) and a.flags.c_contiguous
+    assert a.flags.writeable and not a.any()
+    addr = a.ctypes.data
+    assert addr % HUGE == 0
+    lo, hi, flags = _mapping_of(addr)
+    assert " hg" in flags, flags
+    assert hi - addr >= -(-4 * n // HUGE) * HUGE  # whole huge pages under the buffer
+    small = comm.grad_buffer(1000).local
+    assert small.ctypes.data % 64 == 0 and " hg" not in _mapping_of(small.ctypes.data)[2]
+    comm.allreduce_sum_(a)   # MPI takes it like any float32 array
+
+
 class _TwoBufferComm(Comm):
     """Size-1 comm whose grad_buffer has separate local and result arrays (like the
     shared-memory window): reduce() copies local into result, counting calls."""
