@@ -246,12 +246,19 @@ SWEEP = {
 
 def raw_allreduce(args) -> None:
     """One rank: in-place MPI_Allreduce of a buffer the size of the step's, after a
-    barrier, --steps times; rank 0 prints median / p20 / min ms."""
+    barrier, --steps times, in the memory AllreduceBuffer gives the step; rank 0
+    prints median / p20 / min ms."""
     from mpi4py import MPI
 
     c = MPI.COMM_WORLD
-    buf = np.ones(sum(SIZES[i] * SIZES[i + 1] + SIZES[i + 1] for i in range(len(SIZES) - 1))
-                  + 1, np.float32)
+    n = sum(SIZES[i] * SIZES[i + 1] + SIZES[i + 1] for i in range(len(SIZES) - 1)) + 1
+    try:  # the memory of the step's buffer (huge pages where they are offered)
+        from rlxc.reduce_buffer import huge_page_empty
+        buf = huge_page_empty(n)
+    except ImportError:
+        buf = None
+    if buf is None:
+        buf = np.empty(n, np.float32)
     ts = []
     for i in range(args.steps + args.warmup):
         buf[:] = 1  # written just before, as the grads call writes it
