@@ -53,6 +53,20 @@ rank for `mpiexec -n 2` on 2 cores, bound (`--bind-to core`) or not.  It only
 sets RLXC_NUM_THREADS, read when a compiled library is loaded: call init()
 before compiling.  Placement itself (binding) is left to mpiexec.
 
+Waiting ranks yield their core.  A rank that reaches the Allreduce first polls
+for its peer, and Open MPI polls by spinning unless a node is oversubscribed.
+When other processes share the cores (a workstation, a shared CI machine, a
+node whose cores are not all given to the job), the spinning rank uses up its
+share of the core while it waits, and the scheduler then preempts it while it
+computes: a collective advances only when every rank runs, so each preemption
+stalls every rank (measured on the 2-core VM of benchmarks/bench_ddp.py, the
+2-rank W4 step next to 7-9 other runnable processes: 40-59 ms spinning, 24-40
+ms yielding; see benchmarks/RESULTS.md).  `init()` therefore sets Open MPI's
+`mpi_yield_when_idle` (OMPI_MCA_mpi_yield_when_idle=1: sched_yield() in an
+idle progress loop; a no-op on a core nobody else wants) when MPI is not yet
+initialized and neither the environment nor `mpiexec --mca` set it; pass
+`--mca mpi_yield_when_idle 0` to keep pure polling.
+
 Fail-stop: a rank that dies in the middle of a step would leave the others in
 Allreduce forever.  `init()` installs a sys.excepthook (and a threading one)
 that prints the traceback and calls MPI_Abort, so an uncaught exception on
@@ -233,8 +247,9 @@ def _install_abort_hook(comm: Comm) -> None:
 
 def init(comm=None, reduce: str | None = None) -> Comm:
     """A Comm over `comm` (an mpi4py communicator; default MPI.COMM_WORLD, which
-    initializes MPI).  Also installs the abort-on-uncaught-exception hook (see the
-    module docstring).  Without mpiexec this is a communicator of size 1.
+    initializes MPI).  Also installs the abort-on-uncaught-exception hook, and
+    before MPI_Init asks Open MPI to yield idle cores (see the module docstring).
+    Without mpiexec this is a communicator of size 1.
 
     `reduce` (default: $RLXC_DDP_REDUCE, else "allreduce") says how a step sums the
     gradient buffer: "allreduce" (one in-place MPI_Allreduce; the default), or,
@@ -255,6 +270,10 @@ def init(comm=None, reduce: str | None = None) -> Comm:
         # line when a shared window is made without UCX hardware; the shared
         # window (osc/sm) and the portable osc/rdma are unaffected
         os.environ["OMPI_MCA_osc"] = "^ucx"
+    if "mpi4py.MPI" not in sys.modules and "OMPI_MCA_mpi_yield_when_idle" not in os.environ:
+        # a rank waiting in a collective yields its core instead of spinning on it
+        # (module docstring); MPI reads it in MPI_Init, i.e. at the import below
+        os.environ["OMPI_MCA_mpi_yield_when_idle"] = "1"
     try:
         from mpi4py import MPI
     except ImportError as e:

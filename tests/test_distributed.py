@@ -166,6 +166,52 @@ def test_one_in_place_allreduce_per_step_on_the_engine_buffer():
                for fa in eng._af)
 
 
+class MpiCallLog:
+    """Stands in for Comm.mpi (an mpi4py communicator): forwards every method and logs
+    (name, args, kwargs), so a test sees each MPI call a step makes, pickle-based
+    lowercase ones (allreduce, bcast, allgather) and barriers included."""
+
+    def __init__(self, real):
+        self._real, self.calls = real, []
+
+    def __getattr__(self, name):
+        attr = getattr(self._real, name)
+        if not callable(attr):
+            return attr
+
+        def logged(*args, **kw):
+            self.calls.append((name, args, kw))
+            return attr(*args, **kw)
+        return logged
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adamclip"])
+def test_a_step_makes_one_mpi_call_an_in_place_sum_allreduce(opt_name):
+    """Issue 18: the whole MPI traffic of a distributed step is ONE in-place
+    MPI_Allreduce(SUM) of the engine's flat buffer: no barrier, no broadcast, no
+    pickled lowercase collective (e.g. to reduce the loss or the clip norm)."""
+    from mpi4py import MPI
+
+    from rlxc.runtime.call import data_address
+
+    comm = init()
+    opt = optim.SGD(0.1) if opt_name == "sgd" else optim.Adam(0.01)
+    tr = mlp(8).trainer(opt, max_grad_norm=0.0 if opt_name == "sgd" else 0.05, comm=comm,
+                        device="cpu")
+    log = MpiCallLog(comm.mpi)
+    comm.mpi = log
+    try:
+        losses = [tr.step(inp) for inp in batches(8, 3)]
+    finally:
+        comm.mpi = log._real
+    assert [c[0] for c in log.calls] == ["Allreduce"] * 3, [c[0] for c in log.calls]
+    for name, args, kw in log.calls:
+        assert args[0] is MPI.IN_PLACE and data_address(args[1]) == data_address(
+            tr._engine.flat) and args[1].size == tr._engine.flat.size
+        assert kw.get("op", args[2] if len(args) > 2 else None) == MPI.SUM
+    assert all(np.isfinite(losses))
+
+
 def test_distributed_is_reachable_from_the_package():
     """`import rlxc; rlxc.distributed.init` works without importing the submodule first."""
     import subprocess
@@ -174,6 +220,82 @@ def test_distributed_is_reachable_from_the_package():
     code = "import rlxc; print(callable(rlxc.distributed.init), callable(rlxc.distributed.shard))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.split() == ["True", "True"], out.stderr
+
+
+_YIELD_PROBE = """
+import os, sys
+{pre}
+from rlxc.distributed import init
+c = init()
+print("yield=" + os.environ.get("OMPI_MCA_mpi_yield_when_idle", "unset"))
+"""
+
+
+@pytest.mark.parametrize("pre,env,want", [
+    ("", None, "1"),                       # init() asks Open MPI to yield while idle
+    ("", "0", "0"),                        # mpiexec --mca mpi_yield_when_idle 0 / the user
+    ("from mpi4py import MPI", None, "unset"),  # MPI already initialized: too late, untouched
+])
+def test_init_makes_waiting_ranks_yield_their_core(pre, env, want):
+    """A rank waiting in the Allreduce yields (OMPI_MCA_mpi_yield_when_idle=1, set
+    before MPI_Init) instead of spinning on a core other processes want (issue 18:
+    the 2-rank step under load; rlxc/distributed.py docstring); a setting of the
+    user or mpiexec is kept."""
+    import os
+    import subprocess
+    import sys
+
+    e = dict(os.environ)
+    e.pop("OMPI_MCA_mpi_yield_when_idle", None)
+    if env is not None:
+        e["OMPI_MCA_mpi_yield_when_idle"] = env
+    p = subprocess.run([sys.executable, "-c", _YIELD_PROBE.format(pre=pre)], env=e,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split()[-1] == f"yield={want}", p.stdout + p.stderr
+
+
+def _mapping_of(addr: int) -> tuple[int, int, str]:
+    """(start, end, VmFlags) of the mapping of this process that holds addr."""
+    start = end = None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                start, end = (lo, hi) if lo <= addr < hi else (None, None)
+            elif head == "VmFlags:" and start is not None:
+                return start, end, line
+    raise AssertionError(f"no mapping holds {addr:#x}")
+
+
+def test_large_allreduce_buffer_is_on_huge_pages():
+    """Issue 18: the Allreduce's CMA copies pin the peer's buffer page by page; a
+    buffer of 2 MB or more is its own 2 MB-aligned mapping of whole huge pages,
+    marked MADV_HUGEPAGE (VmFlags "hg"), zeroed after the advice; a small one is an
+    ordinary 64-byte aligned array."""
+    import mmap
+    import sys
+
+    if not sys.platform.startswith("linux") or not hasattr(mmap, "MADV_HUGEPAGE"):
+        pytest.skip("transparent huge pages are a Linux feature")
+    from rlxc.reduce_buffer import HUGE, AllreduceBuffer
+
+    comm = init()
+    n = 669_707  # the W4 MLP's [grads | loss]
+    buf = comm.grad_buffer(n)
+    assert isinstance(buf, AllreduceBuffer) and buf.local is buf.result
+    a = buf.local
+    assert a.dtype == np.float32 and a.shape == (n,) and a.flags.c_contiguous
+    assert a.flags.writeable and not a.any()
+    addr = a.ctypes.data
+    assert addr % HUGE == 0
+    lo, hi, flags = _mapping_of(addr)
+    assert " hg" in flags, flags
+    assert hi - addr >= -(-4 * n // HUGE) * HUGE  # whole huge pages under the buffer
+    small = comm.grad_buffer(1000).local
+    assert small.ctypes.data % 64 == 0 and " hg" not in _mapping_of(small.ctypes.data)[2]
+    comm.allreduce_sum_(a)   # MPI takes it like any float32 array
 
 
 class _TwoBufferComm(Comm):

@@ -95,6 +95,21 @@ def check_default():
     x, y = ddp_worker.data(4, 1)[0]
     tr.step({"x": x, "y": y})
     assert comm.allreduce_calls == calls + 1   # ONE Allreduce per step
+    # ... and no other MPI call: every method of the mpi4py communicator is logged
+    real, names = comm.mpi, []
+
+    class Log:
+        def __getattr__(self, name):
+            attr = getattr(real, name)
+            if not callable(attr):
+                return attr
+            return lambda *a, **k: (names.append(name), attr(*a, **k))[1]
+
+    comm.mpi = Log()
+    for x, y in ddp_worker.data(4, 3):
+        tr.step({"x": x, "y": y})
+    comm.mpi = real
+    assert names == ["Allreduce"] * 3, names
     os.environ["RLXC_DDP_REDUCE"] = "auto"   # the opt-in, on one node: the window
     assert init().reduce_mode == "shm"
 
