@@ -100,6 +100,7 @@ class SizedJitted:
 
         self._one = None if options else one_library(func, backend)  # every size: dynone.py
         self._fast = None   # (input names, [(name, position, dtype)], arrays with params)
+        self._bcall = None
         sig = func.signature()
         bound = {a.name: func.param_binding(a.name) for a in sig if a.kind == "param"}
         if self._one is not None and all(v is not None for v in bound.values()):
@@ -109,6 +110,9 @@ class SizedJitted:
                      if a.kind == "input"]
             self._fast = ({n for n, _, _ in slots}, slots,
                           [bound.get(a.name) for a in sig])
+            # the params never change: a BoundCall passes only the inputs (runtime/dyncpu.py)
+            mk = getattr(self._one, "bound", None)
+            self._bcall = mk(self._fast[2]) if mk is not None else None
 
     def run(self, *args, **inputs) -> list:
         if self._one is not None:
@@ -117,13 +121,18 @@ class SizedJitted:
                 # executor checks every shape (DynExecutor._plan), anything else takes
                 # bind_call with its conversions and messages
                 names, slots, arrays = self._fast
-                arrays = list(arrays)
+                ins = []
                 for name, pos, npdt in slots:
                     a = inputs.get(name)
                     if type(a) is not np.ndarray or a.dtype != npdt:
                         break
-                    arrays[pos] = a
+                    ins.append(a)
                 else:
+                    if self._bcall is not None:
+                        return self._bcall.run(ins)
+                    arrays = list(arrays)
+                    for (_, pos, _), a in zip(slots, ins):
+                        arrays[pos] = a
                     return self._one.run(arrays)
             return self._one.run(self.func.bind_call(args, inputs, f"{self.func.name}.run"))
         if not args and self._dyn is not None:   # fast path: sizes from the dynamic inputs

@@ -7,6 +7,9 @@
                             >= 1), output shapes evaluated from the sizes, the
                             workspace of this thread grown when the sizes need more
                             (one allocation, reused while the sizes do not grow)
+    DynExecutor.bound(arrays) -> BoundCall: for a caller whose params never change (a
+                            Jitted with every param bound): .run(inputs) passes only the
+                            inputs; the params' table is built once, as CpuCaller's is
 
 A size in the metadata is an int or [c0, [[symbol, k], ...]] (c0 + sum k * symbol,
 lowering/cpu/symint.py).  NumPy, ctypes and the standard library only.
@@ -53,6 +56,10 @@ class DynLibrary:
         fn.restype, fn.argtypes = ctypes.c_int32, [ctypes.c_void_p] * 5
         wsf.restype, wsf.argtypes = ctypes.c_int64, [ctypes.c_void_p]
         self.entry, self.wsf = fn, wsf
+        # a second handle without argtypes for callers that always pass their own ctypes
+        # arrays and a c_void_p (BoundCall): no per-argument conversion on the call
+        self.entry_fast = self.lib[meta["entry"]]
+        self.entry_fast.restype = ctypes.c_int32
         self.dims = list(meta["dims"])
         self.args = meta["args"]
         self.specs = [_Spec(a["name"], a["kind"], tuple(a["shape"]), a["dtype"])
@@ -122,6 +129,17 @@ class DynExecutor:
                         ctypes.c_void_p * max(1, len(lib.outputs)),
                         ctypes.c_void_p * max(1, len(self._par_pos)), ctypes.c_int64 * n)
 
+    def bound(self, arrays):
+        """A BoundCall for `arrays` (signature order; the params are the ones every call
+        will use, the inputs' entries are ignored), or None when a param is not already
+        a C-contiguous ndarray of its dtype (run's conversions are then needed)."""
+        for i in self._par_pos:
+            a = arrays[i]
+            if type(a) is not np.ndarray or a.dtype != self._np_dtypes[i] or \
+                    not a.flags.c_contiguous:
+                return None
+        return BoundCall(self, arrays)
+
     def _workspace(self, nbytes: int):
         """The c_void_p of this thread's workspace (`_local.ws`), >= nbytes."""
         loc = self._local
@@ -182,6 +200,58 @@ class DynExecutor:
         gov = lib.governor
         tok = gov.begin()
         rc = lib.entry(ins, optr, pars, ws, dims)
+        gov.end(tok)
+        if rc:
+            raise lib.error(rc)
+        return outs
+
+
+class BoundCall:
+    """`run(inputs)` (the inputs in signature order) of a DynExecutor whose params are
+    fixed: the same contract as CpuCaller with bound params (runtime/cpu.py), whose
+    pointers are taken once.  A call at input shapes seen before skips the checks that
+    passed then (the plan also holds the param checks: DynExecutor._plan checked every
+    argument) and re-checks only each input's dtype and layout; anything new or unusual
+    goes through DynExecutor.run with its checks and conversions."""
+
+    __slots__ = ("ex", "full", "pars", "plans")
+
+    def __init__(self, ex: DynExecutor, arrays):
+        self.ex = ex
+        self.full = list(arrays)
+        self.pars = ex._ctypes[2](*[data_address(arrays[i]) for i in ex._par_pos])
+        self.plans: dict = {}   # input shapes -> DynExecutor plan
+
+    def _general(self, ins) -> list:
+        ex, full = self.ex, list(self.full)
+        for p, a in zip(ex._in_pos, ins):
+            full[p] = a
+        outs = ex.run(full)
+        plan = ex._plans.get(tuple([a.shape for a in full]))
+        if plan is not None and all([type(a) is np.ndarray for a in ins]):
+            if len(self.plans) >= 64:
+                self.plans.clear()
+            self.plans[tuple([a.shape for a in ins])] = plan
+        return outs
+
+    def run(self, ins) -> list:
+        ex = self.ex
+        plan = self.plans.get(tuple([a.shape for a in ins]))
+        if plan is None:
+            return self._general(ins)
+        dts = ex._np_dtypes
+        for a, p in zip(ins, ex._in_pos):
+            if a.dtype != dts[p] or not a.flags.c_contiguous:
+                return self._general(ins)
+        _, out_shapes, dims, nbytes = plan
+        tin, tout = ex._ctypes[0], ex._ctypes[1]
+        outs = [np.empty(s, dt) for s, dt in out_shapes]
+        lib = ex.lib
+        gov = lib.governor
+        tok = gov.begin()
+        rc = lib.entry_fast(tin(*[data_address(a) for a in ins]),
+                            tout(*[data_address(o) for o in outs]), self.pars,
+                            ex._workspace(nbytes), dims)
         gov.end(tok)
         if rc:
             raise lib.error(rc)
