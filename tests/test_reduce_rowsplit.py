@@ -51,17 +51,39 @@ def test_batch1_mlp_matches_numpy():
 
 
 @pytest.mark.parametrize("kind", ["sum", "mean", "max"])
-def test_column_reduction_ragged_chunks(kind):
-    """1003 rows (4 chunks of 251, the last 250) x 600 columns: above the parallel
-    threshold, so the rows are split; every kind's combine and mean's division."""
-    n, m = 1003, 600
+def test_column_reduction_chunks(kind):
+    """1004 rows (4 chunks of 251) x 600 columns: above the parallel threshold, so the
+    rows are split; every kind's combine and mean's division."""
+    n, m = 1004, 600
     f = Func(f"rowsplit_{kind}", lambda s: getattr(s.input("a", (n, m)), kind)(axes=(0,)))
     text = emit_loops(f.module, f"rowsplit_{kind}", "native")
-    assert "reduce_rows" in text, text
+    assert "reduce_rows" in text and "c*251 + 251" in text, text
     a = np.random.default_rng(5).standard_normal((n, m)).astype(np.float32)
     got = f.jit().run(a)[0]
     want = getattr(a.astype(np.float64), kind)(axis=0)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_uneven_rows_keep_column_blocks():
+    """1003 rows: no equal chunks, so no split (chunk bounds must stay linear in the
+    row count for size-generic programs); the result is still right."""
+    n, m = 1003, 600
+    f = Func("rowsplit_odd", lambda s: s.input("a", (n, m)).sum(axes=(0,)))
+    assert "reduce_rows" not in emit_loops(f.module, "rowsplit_odd", "native")
+    a = np.random.default_rng(6).standard_normal((n, m)).astype(np.float32)
+    np.testing.assert_allclose(f.jit().run(a)[0], a.astype(np.float64).sum(0),
+                               rtol=1e-5, atol=1e-4)
+
+
+def test_dynamic_batch_sum_is_one_program():
+    """A sum over a dynamic batch B (a bias gradient) above the parallel threshold still
+    lowers to ONE size-generic program (a ragged row split would not: ceil(B/4))."""
+    from rlxc.lowering.cpu import dynsizes
+
+    f = Func("rowsplit_dyn", lambda s: (s.input("x", ("B", 512)) * 2.0 + 1.0).relu().sum(0))
+    prog = dynsizes.lower_dynamic(f.module, dynsizes.module_symbols(f.module),
+                                  "rowsplit_dyn", "native")
+    assert prog.dims == ["B"]
 
 
 def test_row_split_off_restores_column_blocks(monkeypatch):

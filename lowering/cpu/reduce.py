@@ -267,10 +267,15 @@ ROW_SPLIT_MAX_INNER = 4096  # ... and a kept row this short (a partial row stays
 
 def _row_split(red, inner) -> bool:
     """Whether a parallel buffer-mode reduction with no kept dim outside it (x @ W at
-    batch 1: out[q] = sum_k x[k] W[k, q]) is split over its rows (see _buffer_split)."""
+    batch 1: out[q] = sum_k x[k] W[k, q]) is split over its rows (see _buffer_split).
+    Only into equal chunks: their bounds c * n/C are then linear in the row count n,
+    which a size-generic program (dynsizes.py fits every bound as c0 + k * size) needs;
+    a ragged split (ceil(n/C)) would make a dynamic batch's bias gradient (sum over B)
+    fall back to one program per size."""
     n_inner = _prod(u.extent for u in inner)
-    return (ROW_SPLIT_CHUNKS >= 2 and len(red) >= 1 and n_inner <= ROW_SPLIT_MAX_INNER and
-            red[0].extent >= ROW_SPLIT_CHUNKS * ROW_SPLIT_MIN_ROWS)
+    n0 = red[0].extent if red else 0
+    return (ROW_SPLIT_CHUNKS >= 2 and n_inner <= ROW_SPLIT_MAX_INNER and
+            n0 >= ROW_SPLIT_CHUNKS * ROW_SPLIT_MIN_ROWS and n0 % ROW_SPLIT_CHUNKS == 0)
 
 
 def _buffer_split(b, cx, out, off, inner, what, work, gen):
@@ -285,18 +290,17 @@ def _buffer_split(b, cx, out, off, inner, what, work, gen):
     784x512 and 512x512 layers) and only its own rows: with two threads each core
     reads half of W, which then stays in its own L2 across calls.  The chunk count is
     fixed at compile time (ROW_SPLIT_CHUNKS), so the result does not depend on the
-    thread count; a partial row is at most ROW_SPLIT_MAX_INNER elements (in L1)."""
+    thread count; a partial row is at most ROW_SPLIT_MAX_INNER elements (in L1), and the
+    row count is a multiple of the chunk count."""
     dt, combine = cx.dt, cx.combine
     r0 = cx.red[0]
-    n0 = r0.extent
     chunks = ROW_SPLIT_CHUNKS
-    cs = -(-n0 // chunks)
-    chunks = -(-n0 // cs)
+    cs = r0.extent // chunks      # _row_split: equal chunks
     n_inner = _prod(u.extent for u in inner)
     part = b._buf(f"part{len(b.buffers)}", "temp", dt, chunks * n_inner)
     c = ix.Var("c", chunks)
     start = ix.scale(ix.var(c), cs)
-    stop = ix.minimum(ix.add(start, cs), ix.const(n0)) if n0 % cs else ix.add(start, cs)
+    stop = ix.add(start, cs)
     poff = ix.add(ix.scale(ix.var(c), n_inner), off)
     body = (nest(inner, [Store(part, poff, identity(combine, dt))]) +
             [For(r0, start, stop, nest(cx.red[1:], nest(inner, [
