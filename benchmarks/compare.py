@@ -10,6 +10,24 @@ Options: --only W1,W3   --runs 30 (>= 20)   --warmup 5   --threads 2   --w7-runs
          `rlxc compile`; "portable" is the x86-64-v3 baseline; the code must run here)
          --blas-coretype Haswell (OPENBLAS_CORETYPE for this process: the kernels
          OpenBLAS picks on an AVX2 CPU; default: unset, OpenBLAS picks for the host)
+         --peer-isa avx2 (every peer restricted to AVX2 for this process, set before
+         the libraries load, for comparing an AVX2 rlxc build (--cpu znver3 / portable)
+         on an AVX-512 host; see "Peer ISA" below)
+
+Peer ISA (--peer-isa avx2).  OpenBLAS: OPENBLAS_CORETYPE=Haswell (unless
+--blas-coretype says otherwise); PyTorch: ATEN_CPU_CAPABILITY=avx2 (ATen's own
+kernels); MKL: MKL_ENABLE_INSTRUCTIONS=AVX2 (torch's sgemm); oneDNN (torch and
+XLA): ONEDNN_MAX_CPU_ISA=AVX2; XLA: --xla_cpu_max_isa=AVX2 (the code XLA generates
+with LLVM).  The header verifies each: OpenBLAS's kernel (threadpoolctl), torch's
+capability, the instruction set MKL reports (its verbose line), and every peer's
+sgemm 1024^3 in GFLOP per CPU-second on one thread (an AVX2 core peaks at 16 FMA
+lanes per cycle: half what AVX-512 code reaches).  Known limit (2026-12, jax 0.10.2
+on a Sapphire Rapids VM): XLA runs its dots through YNNPACK, which picks its kernels
+from cpuid and ignores --xla_cpu_max_isa (one-thread sgemm 135-142 GFLOP/s with or
+without the flag, OpenBLAS Haswell 81, SkylakeX 148); JAX's matmul-heavy rows
+(W2-W5, W8) therefore still run AVX-512 dots, and the header says so.  XLA's
+elementwise code (W1) was the same speed with and without the flag (LLVM already
+prefers 256-bit vectors on this CPU).
 
 Workloads (float32; MLP = 784-512-512-10, ReLU, softmax cross-entropy on
 integer labels, batch 128):
@@ -114,6 +132,149 @@ def _setup_threads(n: int) -> None:
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                    " --xla_cpu_multi_thread_eigen=false "
                                    "intra_op_parallelism_threads=1").strip()
+
+
+PEER_ISA_ENV = {  # --peer-isa avx2: set before any peer library loads
+    "OPENBLAS_CORETYPE": "Haswell",
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+}
+XLA_AVX2_FLAG = "--xla_cpu_max_isa=AVX2"
+
+
+def _setup_peer_isa(isa: str, blas_coretype=None) -> None:
+    """Before NumPy, torch or jax is imported: restrict their kernels to `isa`
+    ("native": leave them to the host; "avx2": PEER_ISA_ENV and XLA's max ISA).
+    An explicit --blas-coretype wins over the ISA's OpenBLAS kernel."""
+    for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):   # before NumPy loads OpenBLAS
+        os.environ.pop(k, None)
+    if isa == "avx2":
+        os.environ.update(PEER_ISA_ENV)
+        flags = os.environ.get("XLA_FLAGS", "")
+        if XLA_AVX2_FLAG not in flags:
+            os.environ["XLA_FLAGS"] = (flags + " " + XLA_AVX2_FLAG).strip()
+    elif isa != "native":
+        raise ValueError(f"--peer-isa must be native or avx2, got {isa!r}")
+    if blas_coretype:
+        os.environ["OPENBLAS_CORETYPE"] = blas_coretype
+
+
+def _cpu_gflops(fn, reps=5, clock=time.thread_time) -> float:
+    """sgemm 1024^3 GFLOP per CPU-second of `clock` (median of reps, one warm call)."""
+    fn()
+    ts = []
+    for _ in range(reps):
+        t = clock()
+        fn()
+        ts.append(clock() - t)
+    return 2 * 1024 ** 3 / max(statistics.median(ts), 1e-9) / 1e9
+
+
+def _mkl_isa_line(torch) -> str:
+    """The instruction set MKL reports on its verbose line for one small sgemm (its C
+    stdout captured through the file descriptor), or why it cannot tell."""
+    import ctypes
+    import re
+
+    try:
+        verbose = torch.backends.mkl.verbose
+        on = torch.backends.mkl.VERBOSE_ON
+    except AttributeError:
+        return "MKL verbose not available"
+    a = torch.ones(64, 64)
+    sys.stdout.flush()
+    fd = os.dup(1)
+    with tempfile.TemporaryFile() as tf:
+        os.dup2(tf.fileno(), 1)
+        try:
+            with verbose(on):
+                a @ a
+            ctypes.CDLL(None).fflush(None)
+        finally:
+            os.dup2(fd, 1)
+            os.close(fd)
+        tf.seek(0)
+        text = tf.read().decode(errors="replace")
+    m = re.search(r"architecture .*?\(Intel\(R\) ([^)]*)\)", text)
+    if m:
+        return m.group(1)
+    return "no MKL verbose line (torch's sgemm did not go through MKL?)"
+
+
+def peer_isa_report(args) -> list:
+    """Header lines that check what --peer-isa asked for actually took effect, with a
+    one-thread sgemm rate per peer (GFLOP per CPU-second: AVX2 code cannot pass half of
+    what AVX-512 code reaches)."""
+    out = [f"peer ISA: {args.peer_isa}" + (
+        f" ({', '.join(f'{k}={os.environ.get(k)}' for k in PEER_ISA_ENV)}, XLA_FLAGS="
+        f"{os.environ.get('XLA_FLAGS', '')!r})" if args.peer_isa != "native" else
+        " (every peer picks kernels for the host)")]
+    np = np_mod()
+    a = np.ones((1024, 1024), np.float32)
+    try:
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(limits=1, user_api="blas"):
+            g = _cpu_gflops(lambda: a @ a)
+        out.append(f"  NumPy BLAS on one thread: {g:.0f} GFLOP/s (kernel: "
+                   f"{', '.join(str(i.get('architecture')) for i in _blas_pools())})")
+    except Exception as e:  # noqa: BLE001
+        out.append(f"  NumPy: cannot check ({e})")
+    try:
+        torch = peer("torch")
+        n = torch.get_num_threads()
+        t = torch.from_numpy(a)
+        torch.set_num_threads(1)
+        try:
+            g = _cpu_gflops(lambda: t @ t)
+        finally:
+            torch.set_num_threads(n)
+        out.append(f"  torch on one thread: {g:.0f} GFLOP/s; ATen capability "
+                   f"{torch.backends.cpu.get_cpu_capability()}; MKL: {_mkl_isa_line(torch)}")
+    except Skip:
+        pass
+    except Exception as e:  # noqa: BLE001
+        out.append(f"  torch: cannot check ({e})")
+    try:
+        peer("jax")
+        out.append(f"  XLA dot on one thread: {_xla_one_thread_gflops()} (YNNPACK dots pick "
+                   "their kernels from cpuid: --xla_cpu_max_isa does not cap them)")
+    except Skip:
+        pass
+    return out
+
+
+_XLA_PROBE = '''
+import time, statistics, numpy as np, jax
+x = jax.numpy.asarray(np.ones((1024, 1024), np.float32))
+f = jax.jit(lambda a: a @ a)
+f(x).block_until_ready()
+ts = []
+for _ in range(5):
+    t = time.process_time(); f(x).block_until_ready(); ts.append(time.process_time() - t)
+print("GFLOPS", 2 * 1024 ** 3 / statistics.median(ts) / 1e9)
+'''
+
+
+def _xla_one_thread_gflops() -> str:
+    """XLA's sgemm 1024^3 on one thread (its pool cannot shrink in a running process, so
+    a child with this process's environment and XLA's single-thread flags measures it)."""
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false "
+                        "intra_op_parallelism_threads=1").strip()
+    try:
+        r = subprocess.run([sys.executable, "-c", _XLA_PROBE], env=env, capture_output=True,
+                           text=True, timeout=120)
+        return f"{float(r.stdout.split('GFLOPS')[1]):.0f} GFLOP/s"
+    except Exception as e:  # noqa: BLE001
+        return f"cannot measure ({type(e).__name__})"
+
+
+def _blas_pools():
+    from threadpoolctl import threadpool_info
+
+    return [i for i in threadpool_info() if i.get("user_api") == "blas"]
 
 
 class Skip(Exception):
@@ -1288,6 +1449,9 @@ def main(argv=None) -> int:
     ap.add_argument("--blas-coretype", default=None,
                     help="OPENBLAS_CORETYPE for this run (e.g. Haswell: what OpenBLAS runs "
                     "on an AVX2 CPU); default: unset")
+    ap.add_argument("--peer-isa", default="native", choices=("native", "avx2"),
+                    help="restrict every peer (OpenBLAS, MKL, ATen, oneDNN, XLA) to this "
+                    "ISA for the run, to compare AVX2 rlxc builds on an AVX-512 host")
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args(argv)
     if args.runs < 20:
@@ -1297,10 +1461,7 @@ def main(argv=None) -> int:
     if bad:
         ap.error(f"unknown workloads {bad}; valid: {list(WORKLOADS)}")
     _setup_threads(args.threads)
-    for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):   # before NumPy loads OpenBLAS
-        os.environ.pop(k, None)
-    if args.blas_coretype:
-        os.environ["OPENBLAS_CORETYPE"] = args.blas_coretype
+    _setup_peer_isa(args.peer_isa, args.blas_coretype)
     sys.path.insert(0, ROOT)
     np = np_mod()
     import rlxc  # noqa: F401
@@ -1324,6 +1485,8 @@ def main(argv=None) -> int:
         print(f"NumPy BLAS: {blas_info()}")
         if "torch" in _MODS and not isinstance(_MODS["torch"], Exception):
             print(f"torch: {torch_info(_MODS['torch'])}")
+        for line in peer_isa_report(args):
+            print(line, flush=True)
         for key in only:
             if key == "W7":
                 continue
