@@ -176,8 +176,7 @@ class DynExecutor:
         plan = self._plans.get(key)     # the checks of these shapes already passed
         if plan is None:
             plan = self._plan(arrays, key)
-        spec, out_shapes, dims, nbytes = plan
-        tin, tout, tpar, _ = self._ctypes
+        spec, tpar = plan[0], self._ctypes[2]
         dts, par_pos, pc = self._np_dtypes, self._par_pos, self._pcache
         if pc is not None and all([arrays[i] is q and q.dtype is dts[i]
                                    for i, q in zip(par_pos, pc[0])]):
@@ -190,16 +189,23 @@ class DynExecutor:
             a = arrays[i]
             if a.dtype != dts[i] or not a.flags.c_contiguous:
                 arrays[i] = checked_array(a, spec[i])
-        ins = tin(*[data_address(arrays[i]) for i in self._in_pos])
         if pars is None:
             pars = tpar(*[data_address(arrays[i]) for i in par_pos])
             self._pcache = (tuple([arrays[i] for i in par_pos]), pars)
+        return self._invoke(lib.entry, [arrays[i] for i in self._in_pos], pars, plan)
+
+    def _invoke(self, entry, ins, pars, plan) -> list:
+        """One native call at `plan`'s sizes: fresh outputs, this thread's workspace,
+        the governor around the call; `ins` are checked input arrays, `pars` the params'
+        ctypes table."""
+        _, out_shapes, dims, nbytes = plan
+        tin, tout = self._ctypes[0], self._ctypes[1]
         outs = [np.empty(s, dt) for s, dt in out_shapes]
-        optr = tout(*[data_address(o) for o in outs])
-        ws = self._workspace(nbytes)
+        lib = self.lib
         gov = lib.governor
         tok = gov.begin()
-        rc = lib.entry(ins, optr, pars, ws, dims)
+        rc = entry(tin(*[data_address(a) for a in ins]), tout(*[data_address(o) for o in outs]),
+                   pars, self._workspace(nbytes), dims)
         gov.end(tok)
         if rc:
             raise lib.error(rc)
@@ -243,16 +249,4 @@ class BoundCall:
         for a, p in zip(ins, ex._in_pos):
             if a.dtype != dts[p] or not a.flags.c_contiguous:
                 return self._general(ins)
-        _, out_shapes, dims, nbytes = plan
-        tin, tout = ex._ctypes[0], ex._ctypes[1]
-        outs = [np.empty(s, dt) for s, dt in out_shapes]
-        lib = ex.lib
-        gov = lib.governor
-        tok = gov.begin()
-        rc = lib.entry_fast(tin(*[data_address(a) for a in ins]),
-                            tout(*[data_address(o) for o in outs]), self.pars,
-                            ex._workspace(nbytes), dims)
-        gov.end(tok)
-        if rc:
-            raise lib.error(rc)
-        return outs
+        return ex._invoke(ex.lib.entry_fast, ins, self.pars, plan)
