@@ -36,11 +36,19 @@ def mpi_env() -> dict:
     return env
 
 
-def run_mpi(args, n=2, timeout=240):
-    cmd = [mpiexec(), "-n", str(n), "--oversubscribe", sys.executable, *args]
+def run_mpi(args, n=2, timeout=240, env=None, mpi_args=()):
+    cmd = [mpiexec(), "-n", str(n), "--oversubscribe", *mpi_args, sys.executable, *args]
     t0 = time.monotonic()
-    p = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=timeout)
+    p = subprocess.run(cmd, env=mpi_env() if env is None else env, capture_output=True,
+                       text=True, timeout=timeout)
     return p, time.monotonic() - t0
+
+
+def assert_ranks_ok(p, n=2):
+    """The job exited 0 and every rank printed its "rank R: ok" line."""
+    assert p.returncode == 0, p.stdout + p.stderr
+    for r in range(n):
+        assert f"rank {r}: ok" in p.stdout, p.stdout + p.stderr
 
 
 def reference(opt_name, global_batch, steps, model="mlp"):
@@ -124,16 +132,14 @@ def test_shared_window_reduce_equals_allreduce(n):
     buffers smaller and larger than the number of ranks (some ranks own an empty
     slice), every rank reads the same result, and a buffer is reused per size."""
     p, _ = run_mpi([REDUCE_WORKER, "buffer"], n=n, timeout=120)
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert all(f"rank {r}: ok" in p.stdout for r in range(n)), p.stdout + p.stderr
+    assert_ranks_ok(p, n)
 
 
 def test_shared_window_trainer_equals_allreduce_trainer():
     """10 SGD and clipped-Adam steps on 2 ranks: reduce="shm" gives bitwise the params
     of reduce="allreduce", and bitwise equal params on both ranks after every step."""
     p, _ = run_mpi([REDUCE_WORKER, "trainers"], n=2, timeout=240)
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert "rank 0: ok" in p.stdout and "rank 1: ok" in p.stdout, p.stdout + p.stderr
+    assert_ranks_ok(p)
 
 
 def test_default_reduce_is_one_mpi_allreduce():
@@ -142,10 +148,8 @@ def test_default_reduce_is_one_mpi_allreduce():
     (a reduction written in rlxc) is only an opt-in (RLXC_DDP_REDUCE=auto|shm)."""
     env = mpi_env()
     env.pop("RLXC_DDP_REDUCE", None)
-    cmd = [mpiexec(), "-n", "2", "--oversubscribe", sys.executable, REDUCE_WORKER, "default"]
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert "rank 0: ok" in p.stdout and "rank 1: ok" in p.stdout, p.stdout + p.stderr
+    p, _ = run_mpi([REDUCE_WORKER, "default"], env=env, timeout=120)
+    assert_ranks_ok(p)
 
 
 THREADS_WORKER = os.path.join(HERE, "mpi", "threads_worker.py")
@@ -161,18 +165,14 @@ def test_ranks_sharing_cores_do_not_oversubscribe_them(mode):
     env.pop("RLXC_NUM_THREADS", None)
     if mode == "user":
         env["RLXC_NUM_THREADS"] = "2"
-    cmd = [mpiexec(), "-n", "2", "--oversubscribe", "--bind-to", "none", sys.executable,
-           THREADS_WORKER, mode]
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert "rank 0: ok" in p.stdout and "rank 1: ok" in p.stdout, p.stdout + p.stderr
+    p, _ = run_mpi([THREADS_WORKER, mode], env=env, timeout=180,
+                   mpi_args=("--bind-to", "none"))
+    assert_ranks_ok(p)
 
 
 def test_init_of_an_existing_comm_applies_reduce():
     """init(existing_comm, reduce="shm") switched nothing before (reduce= was ignored)."""
     env = mpi_env()
     env.pop("RLXC_DDP_REDUCE", None)
-    cmd = [mpiexec(), "-n", "2", "--oversubscribe", sys.executable, THREADS_WORKER, "reinit"]
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert "rank 0: ok" in p.stdout and "rank 1: ok" in p.stdout, p.stdout + p.stderr
+    p, _ = run_mpi([THREADS_WORKER, "reinit"], env=env, timeout=180)
+    assert_ranks_ok(p)
