@@ -138,13 +138,16 @@ class ThreadGovernor:
     that only affects which count is chosen, never a result (split reductions have a
     fixed chunk count)."""
 
-    __slots__ = ("_set", "nmax", "cur", "calls", "hist", "seen", "adaptive", "_fixed",
+    __slots__ = ("_set", "nmax", "_cell", "calls", "hist", "seen", "adaptive", "_fixed",
                  "best", "other", "every", "ready", "ones", "prev", "last_end", "cold")
 
-    def __init__(self, setter, n: int, parallel: bool = True):
+    def __init__(self, setter, n: int, parallel: bool = True, cell: list | None = None):
+        """`setter(n)` sets the library's thread count; `cell` ([count last set]) is shared
+        by the governors of one library (GovernorTable), so that each knows what the
+        library runs with whichever governor set it."""
         self._set = setter
         self.adaptive = _env_flag("RLXC_ADAPTIVE_THREADS") and parallel
-        self.cur = None
+        self._cell = [None] if cell is None else cell
         self.configure(n)
 
     def configure(self, n: int) -> None:
@@ -166,8 +169,8 @@ class ThreadGovernor:
                        (n == 0 and _cores() <= 1))
 
     def _apply(self, n: int) -> None:
-        if n != self.cur:
-            self.cur = n
+        if n != self._cell[0]:
+            self._cell[0] = n
             if self._set is not None:
                 self._set(n)
 
@@ -185,7 +188,7 @@ class ThreadGovernor:
                 n = self.other if c % every >= every - burst else self.best
             if n == 1:
                 self.ones += 1
-            if n != self.cur:
+            if n != self._cell[0]:
                 self._apply(n)
         now = time.perf_counter()
         last = self.last_end
@@ -232,6 +235,48 @@ class ThreadGovernor:
             every = EXPLORE if ratio < 1.5 else EXPLORE * 4 if ratio < 4 else EXPLORE * 16
         self.every = every
         self.best, self.other = best, (1 if best != 1 else nmax)
+
+
+class GovernorTable:
+    """The ThreadGovernors of a size-generic library (runtime/dyncpu.py), one per size
+    class: batch 1 and batch 64 of one library want different thread counts, and one
+    governor fed both would judge each by a median of the other's call times.  A call's
+    class is the bit length of the product of its sizes (classes are 2x apart); its
+    governor is made on the first call of the class and kept, so a call plan can hold it.
+    The governors share the library's setter and the record of the count last set."""
+
+    __slots__ = ("_set", "nmax", "parallel", "_cell", "_by")
+
+    def __init__(self, setter, n: int, parallel: bool = True):
+        self._set, self.parallel, self._cell = setter, parallel, [None]
+        self._by: dict = {}
+        self.configure(n)
+
+    @property
+    def adaptive(self) -> bool:
+        return _env_flag("RLXC_ADAPTIVE_THREADS") and self.parallel
+
+    def configure(self, n: int) -> None:
+        """Maximum threads `n` (0 = all cores) for every class; resets what was learned."""
+        self.nmax = int(n)
+        for g in list(self._by.values()):
+            g.configure(self.nmax)
+        self._cell[0] = None
+        if self._set is not None:   # applied now, as a lone ThreadGovernor does
+            self._set(self.nmax)
+            self._cell[0] = self.nmax
+
+    def for_sizes(self, sizes) -> ThreadGovernor:
+        """The governor of the class of a call at `sizes` (the values of its symbols)."""
+        work = 1
+        for v in sizes:
+            work *= max(1, int(v))
+        cls = work.bit_length()
+        g = self._by.get(cls)
+        if g is None:
+            g = ThreadGovernor(self._set, self.nmax, self.parallel, self._cell)
+            g = self._by.setdefault(cls, g)
+        return g
 
 
 def _median(d) -> float:

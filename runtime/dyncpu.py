@@ -42,7 +42,7 @@ class DynLibrary:
     """A loaded size-generic library and its metadata (lowering/cpu/dynsizes.py)."""
 
     def __init__(self, so_path: str, meta: dict):
-        from .cpu import ThreadGovernor, env_threads   # public names of runtime/cpu.py
+        from .cpu import GovernorTable, env_threads   # public names of runtime/cpu.py
 
         if meta.get("abi") != 1 or "dims" not in meta:
             raise ArtifactError(f"{so_path}: not a size-generic CPU library")
@@ -71,7 +71,8 @@ class DynLibrary:
         st = getattr(self.lib, "rlxc_set_num_threads", None)
         if st is not None:
             st.argtypes, st.restype = [ctypes.c_int32], None
-        self.governor = ThreadGovernor(st, env_threads(), bool(meta.get("parallel", True)))
+        # one thread-count governor per size class (a call plan holds its class's)
+        self.governor = GovernorTable(st, env_threads(), bool(meta.get("parallel", True)))
         # batch split (lowering/cpu/batchsplit_entry.py): RLXC_BATCH_SPLIT=0 turns it off
         self._split_set = getattr(self.lib, f"{meta['entry']}_set_batch_split", None)
         self._split_last = getattr(self.lib, f"{meta['entry']}_last_split", None)
@@ -160,7 +161,8 @@ class DynExecutor:
         for a, s in zip(arrays, spec):
             checked_array(a, s)   # ShapeError when an element count differs
         plan = (spec, [(tuple(size_of(d, env) for d in s), dt) for s, dt in lib.outputs],
-                self._ctypes[3](*[env[s] for s in lib.dims]), lib.workspace_size(env))
+                self._ctypes[3](*[env[s] for s in lib.dims]), lib.workspace_size(env),
+                lib.governor.for_sizes([env[s] for s in lib.dims]))
         if len(self._plans) >= 64:   # a caller cycling through many sizes: start over
             self._plans.clear()
         self._plans[key] = plan
@@ -198,11 +200,10 @@ class DynExecutor:
         """One native call at `plan`'s sizes: fresh outputs, this thread's workspace,
         the governor around the call; `ins` are checked input arrays, `pars` the params'
         ctypes table."""
-        _, out_shapes, dims, nbytes = plan
+        _, out_shapes, dims, nbytes, gov = plan
         tin, tout = self._ctypes[0], self._ctypes[1]
         outs = [np.empty(s, dt) for s, dt in out_shapes]
         lib = self.lib
-        gov = lib.governor
         tok = gov.begin()
         rc = entry(tin(*[data_address(a) for a in ins]), tout(*[data_address(o) for o in outs]),
                    pars, self._workspace(nbytes), dims)

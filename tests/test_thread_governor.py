@@ -159,3 +159,46 @@ def test_concurrent_calls_of_one_library_are_safe_and_exact():
     assert not errors, errors[:1]
     assert not bad, bad[:1]
     assert min(calls) > 0
+
+
+def test_size_classes_of_a_dynamic_library_are_governed_apart():
+    """A caller alternating a cheap size (one thread wins) and a large one (the team wins):
+    each size class has its own governor, so each settles on its own count; one governor
+    fed both would take its medians over a mix of the two."""
+    from rlxc.runtime.cpu import GovernorTable
+
+    set_to = []
+    table = GovernorTable(set_to.append, 2)
+    small, large = table.for_sizes([1]), table.for_sizes([64])
+    assert small is table.for_sizes([1]) and large is table.for_sizes([127])  # 64..127: one class
+    assert small is not large
+    costs = {small: {1: 1e-5, 2: 2e-4}, large: {1: 2e-3, 2: 1.1e-3}}
+    used = {small: [], large: []}
+    for i in range(800):
+        g = small if i % 2 else large
+        n, _t0, cold = g.begin()
+        used[g].append(n)
+        assert set_to[-1] == n   # the library runs with what this class chose
+        g.end((n, time.perf_counter() - costs[g][n], cold))
+    assert used[small][100:].count(1) > 0.9 * 300
+    assert used[large][100:].count(2) > 0.9 * 300
+
+
+def test_set_num_threads_reaches_every_size_class():
+    """DynLibrary.set_num_threads reconfigures the governors call plans already hold."""
+    import numpy as np
+
+    from rlxc import Func
+
+    f = Func("gov_dyn", lambda s: (s.input("x", ("B", 4096)).tanh() * 2.0).sum(-1))
+    j = f.jit()
+    lib = j._one.lib   # the one size-generic library (rlxc/dynone.py)
+    for b in (1, 64, 1, 64):
+        out = j.run(x=np.ones((b, 4096), np.float32))[0]
+        np.testing.assert_allclose(out, np.full(b, 2 * 4096 * np.tanh(1.0)), rtol=1e-5)
+    classes = list(lib.governor._by.values())
+    assert len(classes) == 2
+    j.set_num_threads(1)
+    assert all(g._fixed and g.nmax == 1 for g in classes)
+    j.run(x=np.ones((64, 4096), np.float32))
+    assert lib.governor._cell[0] == 1
