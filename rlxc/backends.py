@@ -137,16 +137,8 @@ def library(func, device: str = "cpu", **options) -> CpuLibrary:
     """The loaded library for `func` (memory cache, then disk cache, then compile)."""
     _check_device(device)
     cpu, opt, threads = _options(options)
-    mkey = (func.ir_hash(), device, cpu, opt, threads)
-    lib = _libs.get(mkey)
-    if lib is not None:
-        STATS["memory_hits"] += 1
-        return lib
-    with _key_lock(mkey):
-        lib = _libs.get(mkey)
-        if lib is not None:
-            STATS["memory_hits"] += 1
-            return lib
+
+    def load_or_compile():
         key = _entry_key(func.ir_hash(), device, cpu, opt, threads)
         lib = cache.load(key, "cpu", _open_cpu, _signature_check(func))
         if lib is not None:
@@ -154,8 +146,23 @@ def library(func, device: str = "cpu", **options) -> CpuLibrary:
         else:
             lib = _compile_entry(key, func, cpu, opt, threads)
         lib.cache_key = key
-        _libs[mkey] = lib
         return lib
+
+    return _memoized((func.ir_hash(), device, cpu, opt, threads), load_or_compile)
+
+
+def _memoized(mkey, build) -> CpuLibrary:
+    """`_libs[mkey]`, made by `build()` on a miss; one builder per key at a time (a
+    second thread asking for the same key waits for the first one's library)."""
+    lib = _libs.get(mkey)
+    if lib is None:
+        with _key_lock(mkey):
+            lib = _libs.get(mkey)
+            if lib is None:
+                lib = _libs[mkey] = build()
+                return lib
+    STATS["memory_hits"] += 1
+    return lib
 
 
 def library_for(alias: str, make_func, device: str = "cpu", check=None,
@@ -173,16 +180,8 @@ def library_for(alias: str, make_func, device: str = "cpu", check=None,
     _check_device(device)
     cpu, opt, threads = _options(options)
     akey = _entry_key("alias:" + alias, device, cpu, opt, threads)
-    mkey = ("alias", akey)
-    lib = _libs.get(mkey)
-    if lib is not None:
-        STATS["memory_hits"] += 1
-        return lib
-    with _key_lock(mkey):
-        lib = _libs.get(mkey)
-        if lib is not None:
-            STATS["memory_hits"] += 1
-            return lib
+
+    def resolve():
         hit = cache.read_alias(akey)
         if hit is not None:
             target, sig = hit
@@ -199,15 +198,15 @@ def library_for(alias: str, make_func, device: str = "cpu", check=None,
             if lib is not None:
                 STATS["disk_hits"] += 1
                 lib.cache_key = target
-                _libs[mkey] = lib
                 return lib
         lib = library(make_func(), device, **options)
         if check is not None:
             check(lib.meta)
         if os.path.isfile(os.path.join(cache_dir(), lib.cache_key + ".json")):
             cache.write_alias(akey, lib.cache_key, lib.meta)
-        _libs[mkey] = lib
         return lib
+
+    return _memoized(("alias", akey), resolve)
 
 
 def _compile_entry(key, func, cpu, opt, threads) -> CpuLibrary:
