@@ -28,52 +28,52 @@ def _model():
     return Func("thr", build).init_randn(0, 0.2)
 
 
-def test_two_threads_share_one_jitted():
-    f = _model()
-    j = f.jit()
-    xs = [RNG.standard_normal((32, 64)).astype(np.float32) for _ in range(2)]
-    refs = [f.run_on("interp", x=x) for x in xs]
+def _in_threads(body, n: int) -> None:
+    """Runs body(k) on n threads at once (k = 0..n-1); re-raises the first exception."""
     errors = []
-    barrier = threading.Barrier(2)
 
     def worker(k):
         try:
-            barrier.wait()
-            for _ in range(300):
-                out = j.run(x=xs[k])
-                for o, r in zip(out, refs[k]):
-                    np.testing.assert_allclose(o, r, rtol=2e-5, atol=1e-6)
+            body(k)
         except Exception as e:  # noqa: BLE001
             errors.append(e)
 
-    ts = [threading.Thread(target=worker, args=(k,)) for k in range(2)]
+    ts = [threading.Thread(target=worker, args=(k,)) for k in range(n)]
     for t in ts:
         t.start()
     for t in ts:
         t.join()
     assert not errors, errors[0]
+
+
+def test_two_threads_share_one_jitted():
+    f = _model()
+    j = f.jit()
+    xs = [RNG.standard_normal((32, 64)).astype(np.float32) for _ in range(2)]
+    refs = [f.run_on("interp", x=x) for x in xs]
+    barrier = threading.Barrier(2)
+
+    def calls(k):
+        barrier.wait()
+        for _ in range(300):
+            out = j.run(x=xs[k])
+            for o, r in zip(out, refs[k]):
+                np.testing.assert_allclose(o, r, rtol=2e-5, atol=1e-6)
+
+    _in_threads(calls, 2)
 
 
 def test_two_threads_share_one_executor():
     f = _model()
     xs = [RNG.standard_normal((32, 64)).astype(np.float32) for _ in range(2)]
     refs = [f.run(x=x) for x in xs]
-    errors = []
 
-    def worker(k):
-        try:
-            for _ in range(100):
-                for o, r in zip(f.run(x=xs[k]), refs[k]):
-                    np.testing.assert_array_equal(o, r)
-        except Exception as e:  # noqa: BLE001
-            errors.append(e)
+    def calls(k):
+        for _ in range(100):
+            for o, r in zip(f.run(x=xs[k]), refs[k]):
+                np.testing.assert_array_equal(o, r)
 
-    ts = [threading.Thread(target=worker, args=(k,)) for k in range(2)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    assert not errors, errors[0]
+    _in_threads(calls, 2)
 
 
 def test_results_do_not_depend_on_thread_count():
@@ -138,19 +138,11 @@ def test_threads_compiling_different_functions_at_once():
     funcs = [Func(f"par{k}", lambda s, k=k: (s.input("x", (50,)) * float(k + 1)).tanh().sum())
              for k in range(4)]
     x = np.linspace(-1, 1, 50).astype(np.float32)
-    out, errors = {}, []
+    out = {}
 
-    def worker(k):
-        try:
-            out[k] = funcs[k].run(x=x)[0]
-        except Exception as e:  # noqa: BLE001
-            errors.append(e)
+    def compile_and_run(k):
+        out[k] = funcs[k].run(x=x)[0]
 
-    ts = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    assert not errors, errors[0]
+    _in_threads(compile_and_run, 4)
     for k in range(4):
         np.testing.assert_allclose(out[k], np.tanh(x * (k + 1)).sum(), rtol=1e-5, atol=1e-6)
