@@ -21,7 +21,7 @@ import shutil
 import subprocess
 import tempfile
 
-__all__ = ["unavailable", "build", "enable", "reinstall", "state", "cpuid", "avx512f",
+__all__ = ["IsacapError", "unavailable", "build", "enable", "reinstall", "state", "cpuid", "avx512f",
            "ENV"]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -34,16 +34,16 @@ class IsacapError(RuntimeError):
     """The cap cannot be set up here (the message says why)."""
 
 
-def unavailable() -> str | None:
+def unavailable(cpuinfo: str = "/proc/cpuinfo") -> str | None:
     """Why the cap cannot work on this machine, or None when it can."""
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return f"needs Linux on x86-64 (this is {platform.system()} {platform.machine()})"
     try:
-        with open("/proc/cpuinfo") as f:
+        with open(cpuinfo) as f:
             flags = next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")),
                          [])
     except OSError as e:
-        return f"cannot read /proc/cpuinfo ({e})"
+        return f"cannot read {cpuinfo} ({e})"
     if "cpuid_fault" not in flags:
         return ("the CPU (or hypervisor) offers no CPUID faulting: /proc/cpuinfo has no "
                 "cpuid_fault flag")
