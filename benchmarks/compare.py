@@ -1529,6 +1529,10 @@ def main(argv=None) -> int:
           f"load {os.getloadavg()[0]:.2f}; {versions()}")
     print(f"CPU: {cpu_model()}; rlxc --cpu {args.cpu}"
           f"{f' (= {cpu})' if cpu != args.cpu else ''}: {sgemm_line(cpu)}")
+    if _CPUID_CAP["on"] and cpu == "native":
+        print("NOTE: --peer-isa avx2 with rlxc --cpu native: rlxc's LLVM reads the capped "
+              "cpuid (AVX2) but its sgemm choice reads /proc/cpuinfo (AVX-512); pass "
+              "--cpu znver3 (or portable) to compare AVX2 builds")
     print(f"threads: {args.threads} each (rlxc RLXC_NUM_THREADS, NumPy BLAS via threadpoolctl, "
           f"torch.set_num_threads, XLA pool = affinity {len(os.sched_getaffinity(0))} cores"
           f"{', Eigen pool off' if args.threads == 1 else ''})")
