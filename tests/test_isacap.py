@@ -160,3 +160,32 @@ def test_compare_header_says_when_cpuid_is_not_capped():
     """)
     assert r.returncode == 0, r.stderr
     assert "cpuid: NOT capped (no cpuid_fault)" in r.stdout, r.stdout
+
+
+@needs_fault
+def test_rlxc_compiles_and_runs_under_the_cap(tmp_path):
+    """rlxc in the capped process (compare.py's): its load-time check reads
+    /proc/cpuinfo, its library's own check reads the capped cpuid; an AVX2 (znver3) build
+    passes both and runs, and so does a native one (LLVM then sees an AVX2 host)."""
+    env_cache = str(tmp_path / "cache")
+    r = _child(f"""
+        import os
+        os.environ["RLXC_CACHE_DIR"] = {env_cache!r}
+        isacap.enable()
+        import numpy as np
+        from rlxc import Func
+        from rlxc.registry import backend
+        from rlxc.runtime.cpufeatures import host_features, missing_features
+        assert "avx2" in host_features()
+        assert missing_features(["avx2", "fma"]) == []
+        x = np.arange(64, dtype=np.float32)
+        for cpu in ("znver3", "native"):
+            backend("cpu").default_cpu = cpu
+            f = Func("isacap_" + cpu, lambda s: (s.input("x", (64,)) * 2.0 + 1.0).tanh().sum())
+            got = f.jit().run(x)[0]
+            assert np.allclose(got, np.tanh(x * 2 + 1).sum(), rtol=1e-5), (cpu, got)
+        assert not isacap.avx512f() and isacap.state()["handler"]
+        print("OK")
+    """, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "OK" in r.stdout
