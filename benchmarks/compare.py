@@ -293,7 +293,7 @@ def peer_isa_report(args) -> list:
         peer("jax")
         capped = ("cpuid capped: YNNPACK sees AVX2" if _CPUID_CAP["on"] else
                   "YNNPACK dots pick their kernels from cpuid: --xla_cpu_max_isa does not "
-                  "cap them")
+                  "cap them" if args.peer_isa != "native" else "YNNPACK dots, host cpuid")
         out.append(f"  XLA dot on one thread: {_xla_one_thread_gflops()} ({capped})")
     except Skip:
         pass
