@@ -189,3 +189,36 @@ def test_rlxc_compiles_and_runs_under_the_cap(tmp_path):
     """, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "OK" in r.stdout
+
+
+@needs_fault
+def test_openmp_worker_threads_inherit_the_cap(tmp_path):
+    """libgomp's pool (like XLA's and Eigen's) is created after enable(): every worker
+    executes its own cpuid and must see the capped leaf 7."""
+    src = tmp_path / "omp.c"
+    src.write_text(textwrap.dedent("""
+        #include <cpuid.h>
+        int omp_cpuid_avx512f(int *nthreads) {
+            int seen = 0, n = 0;
+            #pragma omp parallel num_threads(4) reduction(+:seen, n)
+            { unsigned a, b, c, d; __cpuid_count(7, 0, a, b, c, d);
+              seen += (b >> 16) & 1; n += 1; }
+            *nthreads = n; return seen;
+        }
+    """))
+    so = tmp_path / "omp.so"
+    cc = subprocess.run([os.environ.get("CC", "cc"), "-O2", "-fPIC", "-shared", "-fopenmp",
+                         "-o", str(so), str(src)], capture_output=True, text=True)
+    if cc.returncode != 0:
+        pytest.skip(f"cc -fopenmp does not build here: {cc.stderr.strip()[:200]}")
+    r = _child(f"""
+        import ctypes
+        isacap.enable()
+        lib = ctypes.CDLL({str(so)!r})
+        n = ctypes.c_int()
+        seen = lib.omp_cpuid_avx512f(ctypes.byref(n))
+        print("threads", n.value, "avx512f", seen, "trapped", isacap.state()["emulated"])
+    """)
+    assert r.returncode == 0, r.stderr
+    assert "threads 4 avx512f 0" in r.stdout, r.stdout
+    assert int(r.stdout.split("trapped")[1]) >= 4
