@@ -64,7 +64,12 @@ def build() -> str:
     with open(SOURCE, "rb") as f:
         src = f.read()
     out_dir = _cache_dir()
-    os.makedirs(out_dir, exist_ok=True)
+    os.makedirs(out_dir, mode=0o700, exist_ok=True)
+    st = os.stat(out_dir)
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise IsacapError(f"{out_dir} is not a private directory of this user (owner uid "
+                          f"{st.st_uid}, mode {st.st_mode & 0o777:o}): will not load code "
+                          "from it")
     path = os.path.join(out_dir, f"isacap-{hashlib.sha256(src).hexdigest()[:16]}.so")
     if os.path.exists(path):
         return path

@@ -222,3 +222,13 @@ def test_openmp_worker_threads_inherit_the_cap(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "threads 4 avx512f 0" in r.stdout, r.stdout
     assert int(r.stdout.split("trapped")[1]) >= 4
+
+
+def test_build_refuses_a_shared_cache_directory(tmp_path, monkeypatch):
+    """The shim is loaded into the process: never from a directory others can write."""
+    shared = tmp_path / "rlxc-isacap"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    with pytest.raises(isacap.IsacapError, match="not a private directory"):
+        isacap.build()
