@@ -18,16 +18,16 @@ Peer ISA (--peer-isa avx2).  OpenBLAS: OPENBLAS_CORETYPE=Haswell (unless
 --blas-coretype says otherwise); PyTorch: ATEN_CPU_CAPABILITY=avx2 (ATen's own
 kernels); MKL: MKL_ENABLE_INSTRUCTIONS=AVX2 (torch's sgemm); oneDNN (torch and
 XLA): ONEDNN_MAX_CPU_ISA=AVX2; XLA: --xla_cpu_max_isa=AVX2 (the code XLA generates
-with LLVM).  The header verifies each: OpenBLAS's kernel (threadpoolctl), torch's
-capability, the instruction set MKL reports (its verbose line), and every peer's
-sgemm 1024^3 in GFLOP per CPU-second on one thread (an AVX2 core peaks at 16 FMA
-lanes per cycle: half what AVX-512 code reaches).  Known limit (2026-12, jax 0.10.2
-on a Sapphire Rapids VM): XLA runs its dots through YNNPACK, which picks its kernels
-from cpuid and ignores --xla_cpu_max_isa (one-thread sgemm 135-142 GFLOP/s with or
-without the flag, OpenBLAS Haswell 81, SkylakeX 148); JAX's matmul-heavy rows
-(W2-W5, W8) therefore still run AVX-512 dots, and the header says so.  XLA's
-elementwise code (W1) was the same speed with and without the flag (LLVM already
-prefers 256-bit vectors on this CPU).
+with LLVM).  XLA runs its dots through YNNPACK, which picks its kernels from cpuid
+and ignores that flag, so on top of the variables the process's cpuid itself is
+capped: benchmarks/isacap.c traps every cpuid (Linux CPUID faulting, the CPU flag
+cpuid_fault) and answers with the AVX-512/AMX/AVX-VNNI bits cleared, from before
+NumPy loads, in this process and in the children that measure (XLA probe, W7).
+Where the CPU has no cpuid_fault the variables alone apply and the header says that
+XLA's dots are NOT capped.  The header verifies each: that cpuid is trapped, OpenBLAS's
+kernel (threadpoolctl), torch's capability, the instruction set MKL reports (its
+verbose line), and every peer's sgemm 1024^3 in GFLOP per CPU-second on one thread
+(an AVX2 core peaks at 16 FMA lanes per cycle: half what AVX-512 code reaches).
 
 Workloads (float32; MLP = 784-512-512-10, ReLU, softmax cross-entropy on
 integer labels, batch 128):
@@ -160,6 +160,57 @@ def _setup_peer_isa(isa: str, blas_coretype=None) -> None:
         os.environ["OPENBLAS_CORETYPE"] = blas_coretype
 
 
+_CPUID_CAP = {"on": False, "why": "not asked (--peer-isa native)"}
+
+
+def _setup_cpuid_cap(isa: str) -> dict:
+    """--peer-isa avx2: trap cpuid in this process (benchmarks/isacap.c) before any peer
+    library loads or any thread starts, so that libraries which read cpuid themselves
+    (YNNPACK under XLA) pick AVX2 kernels too.  Where that cannot work the environment
+    variables of _setup_peer_isa are all there is, and the reason is kept for the header."""
+    if isa != "avx2":
+        return _CPUID_CAP
+    sys.path.insert(0, HERE)
+    try:
+        import isacap
+
+        isacap.enable()
+        _CPUID_CAP.update(on=True, why="")
+    except Exception as e:  # noqa: BLE001  (IsacapError, or cc failing)
+        _CPUID_CAP.update(on=False, why=str(e))
+        print(f"WARNING: --peer-isa avx2 cannot cap cpuid here ({e}); only the environment "
+              "variables apply, and XLA's dots (YNNPACK) are NOT capped", file=sys.stderr)
+    finally:
+        sys.path.remove(HERE)
+    return _CPUID_CAP
+
+
+def _cpuid_cap_prelude() -> str:
+    """Python source that caps cpuid at the start of a child process (exec drops CPUID
+    faulting), when this process runs capped; empty otherwise."""
+    if not _CPUID_CAP["on"]:
+        return ""
+    return f"import sys as _s; _s.path.insert(0, {HERE!r}); import isacap as _i; " \
+           "_i.enable(); _s.path.pop(0)\n"
+
+
+def _cpuid_cap_line() -> str:
+    """The header line on the cpuid cap: trapped, our SIGSEGV handler in place (put back
+    if a library replaced it) and what leaf 7 says now; or why there is none."""
+    if not _CPUID_CAP["on"]:
+        return (f"  cpuid: NOT capped ({_CPUID_CAP['why']}): XLA's dots (YNNPACK) and any "
+                "library that reads cpuid itself may still run AVX-512")
+    import isacap
+
+    again = isacap.reinstall()
+    st = isacap.state()
+    ok = st["faulting"] and st["handler"] and not isacap.avx512f()
+    return (f"  cpuid: {'capped at AVX2' if ok else 'CAP FAILED'} by CPUID faulting "
+            f"(benchmarks/isacap.c): leaf 7 AVX512F={int(isacap.avx512f())}, "
+            f"{st['emulated']} cpuid answered so far, SIGSEGV handler "
+            f"{'put back (a library had replaced it)' if again else 'in place'}")
+
+
 def _cpu_gflops(fn, reps=5, clock=time.thread_time) -> float:
     """sgemm 1024^3 GFLOP per CPU-second of `clock` (median of reps, one warm call)."""
     fn()
@@ -210,6 +261,8 @@ def peer_isa_report(args) -> list:
         f" ({', '.join(f'{k}={os.environ.get(k)}' for k in PEER_ISA_ENV)}, XLA_FLAGS="
         f"{os.environ.get('XLA_FLAGS', '')!r})" if args.peer_isa != "native" else
         " (every peer picks kernels for the host)")]
+    if args.peer_isa != "native":
+        out.append(_cpuid_cap_line())
     np = np_mod()
     a = np.ones((1024, 1024), np.float32)
     try:
@@ -238,8 +291,10 @@ def peer_isa_report(args) -> list:
         out.append(f"  torch: cannot check ({e})")
     try:
         peer("jax")
-        out.append(f"  XLA dot on one thread: {_xla_one_thread_gflops()} (YNNPACK dots pick "
-                   "their kernels from cpuid: --xla_cpu_max_isa does not cap them)")
+        capped = ("cpuid capped: YNNPACK sees AVX2" if _CPUID_CAP["on"] else
+                  "YNNPACK dots pick their kernels from cpuid: --xla_cpu_max_isa does not "
+                  "cap them" if args.peer_isa != "native" else "YNNPACK dots, host cpuid")
+        out.append(f"  XLA dot on one thread: {_xla_one_thread_gflops()} ({capped})")
     except Skip:
         pass
     return out
@@ -264,7 +319,8 @@ def _xla_one_thread_gflops() -> str:
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false "
                         "intra_op_parallelism_threads=1").strip()
     try:
-        r = subprocess.run([sys.executable, "-c", _XLA_PROBE], env=env, capture_output=True,
+        r = subprocess.run([sys.executable, "-c", _cpuid_cap_prelude() + _XLA_PROBE], env=env,
+                           capture_output=True,
                            text=True, timeout=120)
         return f"{float(r.stdout.split('GFLOPS')[1]):.0f} GFLOP/s"
     except Exception as e:  # noqa: BLE001
@@ -1193,8 +1249,8 @@ print("RESULT", {{"loss": v, "import": t1 - t0, "build": t2 - t1, "step": t3 - t
 
 def _fresh(script, env):
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
-                       cwd=ROOT)
+    p = subprocess.run([sys.executable, "-c", _cpuid_cap_prelude() + script],
+                       capture_output=True, text=True, env=env, cwd=ROOT)
     wall = time.perf_counter() - t0
     if p.returncode != 0:
         raise Skip(f"exit {p.returncode}: {(p.stderr.strip().splitlines() or [''])[-1][:160]}")
@@ -1462,6 +1518,7 @@ def main(argv=None) -> int:
         ap.error(f"unknown workloads {bad}; valid: {list(WORKLOADS)}")
     _setup_threads(args.threads)
     _setup_peer_isa(args.peer_isa, args.blas_coretype)
+    _setup_cpuid_cap(args.peer_isa)     # before NumPy loads, before any thread starts
     sys.path.insert(0, ROOT)
     np = np_mod()
     import rlxc  # noqa: F401
@@ -1472,6 +1529,10 @@ def main(argv=None) -> int:
           f"load {os.getloadavg()[0]:.2f}; {versions()}")
     print(f"CPU: {cpu_model()}; rlxc --cpu {args.cpu}"
           f"{f' (= {cpu})' if cpu != args.cpu else ''}: {sgemm_line(cpu)}")
+    if _CPUID_CAP["on"] and cpu == "native":
+        print("NOTE: --peer-isa avx2 with rlxc --cpu native: rlxc's LLVM reads the capped "
+              "cpuid (AVX2) but its sgemm choice reads /proc/cpuinfo (AVX-512); pass "
+              "--cpu znver3 (or portable) to compare AVX2 builds")
     print(f"threads: {args.threads} each (rlxc RLXC_NUM_THREADS, NumPy BLAS via threadpoolctl, "
           f"torch.set_num_threads, XLA pool = affinity {len(os.sched_getaffinity(0))} cores"
           f"{', Eigen pool off' if args.threads == 1 else ''})")
@@ -1496,6 +1557,8 @@ def main(argv=None) -> int:
             except Exception:  # noqa: BLE001
                 traceback.print_exc()
                 print(f"{key} FAILED (see above)")
+    if _CPUID_CAP["on"]:
+        print(_cpuid_cap_line().strip() + " (after the workloads)")
     w7 = None
     if "W7" in only:
         print("running W7 (fresh processes) ...", flush=True)
