@@ -1,5 +1,4 @@
-"""lowering/shared/mathlib_ratio.py: tanh(u) * sigmoid(v) (and tanh * tanh) with one
-division, through the shared `rlx.mul` rule (lowering/shared/scalar.py) and the CPU
+"""lowering/shared/mathlib_ratio.py: tanh(u) * sigmoid(v) with one division, through the shared `rlx.mul` rule (lowering/shared/scalar.py) and the CPU
 codegen's sum-of-products path (W1 of benchmarks/compare.py, issue 19).
 
 Accuracy against float64 NumPy on wide random pairs (host code with FMA and baseline
@@ -100,13 +99,15 @@ def _wide(rng, n):
     return u, v
 
 
-# the worst pairs of 4M random ones (host: 3.82, 3.77 ulp), tanh's large-|u| range
-HARD = [(3.8631592e-06, -0.02707005), (-0.03078675, 6.5615807), (8.162967, -4.7811827e-05),
-        (8.210643, -16.660936), (8.2013e-05, -16.93852), (-0.55907065, -0.10274434)]
+# the worst pairs of 42M random ones (host 3.80, x86-64 3.72 ulp; a separately rounded
+# D = g + 1 gave 4.06 and 4.30 at the next two), and tanh's large-|u| range
+HARD = [(-0.060241181, -1.2621138e-06), (-4.5503407, -16.69132), (0.015400141, -2.2720122e-05),
+        (0.07006629, -16.79392), (-0.24174738, -1.1014950), (0.57097977, -16.712337),
+        (8.162967, -4.7811827e-05), (8.210643, -16.660936), (8.2013e-05, -16.93852)]
 
 
 @pytest.mark.parametrize("target", list(TARGETS))
-@pytest.mark.parametrize("pair", [("tanh", "sigmoid"), ("sigmoid", "tanh"), ("tanh", "tanh")])
+@pytest.mark.parametrize("pair", [("tanh", "sigmoid"), ("sigmoid", "tanh")])
 def test_fused_product_within_bound(target, pair):
     """Max error of the fused product within FUSED_ULP on 400K wide random pairs and the
     hard ones; the explicit <16 x float> loop and the vectorized scalar loop agree bit for
@@ -151,12 +152,12 @@ def test_fused_product_edges(target):
 
 
 def test_which_products_qualify():
-    """tanh*tanh and tanh*sigmoid fit the float range with one division; sigmoid*sigmoid
-    (denominators up to 2^95 each) keeps its two divisions."""
+    """tanh*sigmoid is formed with one division; tanh*tanh (two numerators: one rounding
+    more) and sigmoid*sigmoid (denominators up to 2^95 each) keep their two."""
     q = mathlib_ratio.qualifies
-    assert q("tanh", "sigmoid") and q("sigmoid", "tanh") and q("tanh", "tanh")
-    assert not q("sigmoid", "sigmoid")
-    for (f, g), divs in {("tanh", "sigmoid"): 1, ("tanh", "tanh"): 1,
+    assert q("tanh", "sigmoid") and q("sigmoid", "tanh")
+    assert not q("sigmoid", "sigmoid") and not q("tanh", "tanh")
+    for (f, g), divs in {("tanh", "sigmoid"): 1, ("sigmoid", "tanh"): 1, ("tanh", "tanh"): 2,
                          ("sigmoid", "sigmoid"): 2}.items():
         text = _compiled("host", f, g, 16)[2]
         assert len(re.findall(r"= fdiv <16 x float>", text)) == divs, (f, g)

@@ -12,31 +12,36 @@ ALU instructions and the divider; tanh and sigmoid each end in a division.  The 
 `rlx.mul` rule (lowering/shared/scalar.py) asks this module first, so every backend (CPU
 loops, sgemm epilogues, the GPU) gets the fused form of such a product.
 
-RATIO[name] = Ratio(fn, num_hi, den_lo, den_hi, scale): fn(o, x) -> (num, den) with
-f(x) = num/den * 2^scale, |num| < 2^num_hi (num None: exactly 1), den in [2^den_lo,
-2^den_hi], den * 2^-scale >= 1 and |f| <= 1.  A product qualifies when num_hi1 + num_hi2
-<= 126 and den_lo1 + den_lo2 >= -126, den_hi1 + den_hi2 <= 127: then n1*n2 and d1*d2 never
-overflow and d1*d2 never loses bits to underflow; n1*n2 may underflow, but since the
-denominators are >= 2^scale the result is at most that small too, so the absolute error
-stays within the subnormal ulp.  q = num/den is at most 2^-scale (<= 2^64 here), and q *
-2^scale is exact or rounds once into the subnormals.  tanh*tanh and tanh*sigmoid qualify,
-sigmoid*sigmoid does not (its denominators reach 2^95 each).
+RATIO[name] = Ratio(fn, num_hi, den_lo, den_hi, scale, fma_den): fn(o, x) -> (num, den_fn)
+with f(x) = num/den * 2^scale (den_fn(None) = den, den_fn(d) = den*d, one FMA where
+fma_den, i.e. den itself is never rounded), |num| < 2^num_hi (num None: exactly 1, num_hi
+0), den in [2^den_lo, 2^den_hi], den * 2^-scale >= 1 and |f| <= 1.  A product qualifies
+when at most one factor has a numerator (num_hi 0 for the other: a product of two
+numerators is one rounding more; tanh*tanh measured 4.41 ulp, above the 4.5 its separate
+bounds allow only by a margin too thin to promise) and den_lo1 + den_lo2 >= -126, den_hi1
++ den_hi2 <= 127: then d1*d2 never overflows or loses bits to underflow; the numerator may
+be subnormal, but since the denominators are >= 2^scale the result is at most that small
+too, so the absolute error stays within the subnormal ulp.  q = num/den is at most 2^-scale
+(<= 2^64 here), and q * 2^scale is exact or rounds once into the subnormals.  tanh*sigmoid
+qualifies; tanh*tanh (two numerators) and sigmoid*sigmoid (denominators up to 2^95 each)
+do not.
 
-  tanh     g = (e^2a - 1)/2 (a = |u| clamped to 10, as mathlib's tanh, the sign of u
-           or-ed into g, so tanh(-0) = -0), D = g + 1: tanh(u) = g/D, |g| < 2^28,
-           D in [1, 2^28).  D = g + 1 (one rounding of the rounded g) rather than its own
-           FMA: g/(g+1) shares g's error between numerator and denominator, which measured
-           more accurate for large a (max 3.8 vs 5.0 ulp of the product) and is one
-           instruction less.
+  tanh     g = (e^2a - 1)/2 (a = |u| clamped to 10, as mathlib's tanh, the sign of u or-ed
+           into g, so tanh(-0) = -0), D = g + 1: tanh(u) = g/D, |g| < 2^28, D in [1, 2^28).
+           D is never rounded: D*d = g*d + d, one FMA (g/(g+1) shares g's rounding between
+           numerator and denominator; a separately rounded D measured up to 4.3 ulp of the
+           product, D as its own FMA of the exp 5.0, this form 3.8, and it is one
+           instruction less than either).
   sigmoid  1 / (e^-v*2^-64 + 2^-64) * 2^-64, v clamped to [-110, 40] (mathlib's sigmoid
            without its division): den in [2^-64, 2^95).
 
 Accuracy: the fused tanh(u)*sigmoid(v) is within FUSED_ULP = 4.5 ulp of the exact product
-for every finite u, v (separately, tanh 2 + sigmoid 3 + the multiply's rounding 0.5 =
-5.5); measured max 3.82 over 4M random pairs (host with FMA and baseline x86-64 alike),
-tests/test_mathlib_ratio.py.  tanh*tanh: the same bound.  NaN in either argument gives
-NaN (the clamps use ordered compares); +-inf and +-0 give the products of the IEEE values
-of the factors (tanh(+-inf) = +-1, sigmoid(-inf) = 0 as +0 or -0, tanh(-0) = -0).
+for every finite u, v (computed separately: tanh 2 + sigmoid 3 + the multiply's 0.5 = 5.5);
+measured max 3.80 over 42M random pairs (host with FMA, 3.72 on baseline x86-64 without),
+tests/test_mathlib_ratio.py.  NaN in either argument gives NaN (the clamps use ordered
+compares); +-inf and +-0 give the products of the IEEE values of the factors (tanh(+-inf)
+X
+`vdivps` per vector instead of two, and ~4 fewer other vector instructions.
 """
 from __future__ import annotations
 
@@ -56,6 +61,7 @@ class Ratio(NamedTuple):
     den_lo: int           # den >= 2^den_lo
     den_hi: int           # den < 2^den_hi
     scale: int            # f = num/den * 2^scale
+    fma_den: bool         # den_fn(d) = den*d with one rounding (den itself not rounded)
 
 
 def _tanh_ratio(o, u):
@@ -63,17 +69,20 @@ def _tanh_ratio(o, u):
     sc, h = _exp_scaled(o, o.sel(o.gt(a, o.f(10.0)), o.f(10.0), a), 2.0, 0, one_part=True)
     g = o.fma(sc, h, o.fma(sc, o.f(0.5), o.f(-0.5)))     # >= 0 (or NaN)
     sgn = o.iand(o.bits(u), o.i(-(2 ** 31)))
-    return o.flt(o.ior(o.bits(g), sgn)), o.add(g, o.f(1.0))
+    # D = g + 1, never rounded on its own: D * d = g*d + d, one FMA
+    return (o.flt(o.ior(o.bits(g), sgn)),
+            lambda d: o.add(g, o.f(1.0)) if d is None else o.fma(g, d, d))
 
 
 def _sigmoid_ratio(o, v):
     s, p = _exp_scaled(o, o.clamp(v, -110.0, 40.0), -1.0, -64, whole=True)
-    return None, o.fma(s, p, o.f(_SCALE))                  # (e^-v + 1) * 2^-64
+    den = o.fma(s, p, o.f(_SCALE))                         # (e^-v + 1) * 2^-64
+    return None, lambda d: den if d is None else o.mul(den, d)
 
 
 RATIO = {
-    "tanh": Ratio(_tanh_ratio, 28, 0, 28, 0),
-    "sigmoid": Ratio(_sigmoid_ratio, 0, -64, 95, -64),
+    "tanh": Ratio(_tanh_ratio, 28, 0, 28, 0, True),
+    "sigmoid": Ratio(_sigmoid_ratio, 0, -64, 95, -64, False),
 }
 
 
@@ -91,8 +100,9 @@ def _ratio_call(v) -> tuple[str, ir.Value] | None:
 def qualifies(f: str, g: str) -> bool:
     """Whether RATIO[f] * RATIO[g] can be formed with one division (see the header)."""
     r1, r2 = RATIO[f], RATIO[g]
-    return (r1.num_hi + r2.num_hi <= 126 and r1.den_lo + r2.den_lo >= -126 and
-            r1.den_hi + r2.den_hi <= 127 and -(r1.scale + r2.scale) <= 126)
+    return (min(r1.num_hi, r2.num_hi) == 0 and r1.num_hi + r2.num_hi <= 126 and
+            r1.den_lo + r2.den_lo >= -126 and r1.den_hi + r2.den_hi <= 127 and
+            -(r1.scale + r2.scale) <= 126)
 
 
 def fused_product(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value | None:
@@ -104,6 +114,8 @@ def fused_product(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value | None:
     o = Ops(b, x.type)
     (n1, d1), (n2, d2) = (RATIO[cx[0]].fn(o, cx[1]), RATIO[cy[0]].fn(o, cy[1]))
     num = n1 if n2 is None else n2 if n1 is None else o.mul(n1, n2)
-    q = o.div(o.f(1.0) if num is None else num, o.mul(d1, d2))
+    # den1 * den2: the factor whose product is one FMA outermost (tanh: g*d + d)
+    outer_y = RATIO[cy[0]].fma_den and not RATIO[cx[0]].fma_den
+    q = o.div(o.f(1.0) if num is None else num, d2(d1(None)) if outer_y else d1(d2(None)))
     scale = RATIO[cx[0]].scale + RATIO[cy[0]].scale
     return q if scale == 0 else o.mul(q, o.f(2.0 ** scale))
