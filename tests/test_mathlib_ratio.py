@@ -99,7 +99,7 @@ def _wide(rng, n):
     return u, v
 
 
-# the worst pairs of 42M random ones (host 3.80, x86-64 3.72 ulp; a separately rounded
+# the worst pairs of 29M random ones per target (host 3.80, x86-64 3.72 ulp; a separately rounded
 # D = g + 1 gave 4.06 and 4.30 at the next two), and tanh's large-|u| range
 HARD = [(-0.060241181, -1.2621138e-06), (-4.5503407, -16.69132), (0.015400141, -2.2720122e-05),
         (0.07006629, -16.79392), (-0.24174738, -1.1014950), (0.57097977, -16.712337),
