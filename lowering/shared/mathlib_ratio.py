@@ -6,6 +6,8 @@
     n1*n2 / (d1*d2) * 2^(s1+s2)    one division instead of one per factor; the two calls
                                    are left without users (DCE removes them after inlining);
                                    None when the pair does not qualify (the caller multiplies)
+                                   (a factor also used elsewhere keeps its call there: its
+                                   exp is then computed twice)
 
 Why: W1 of benchmarks/compare.py, sum(tanh(x*a+b) * sigmoid(x)), is bound by its vector
 ALU instructions and the divider; tanh and sigmoid each end in a division.  The shared
@@ -57,7 +59,7 @@ FUSED_ULP = 4.5
 
 
 class Ratio(NamedTuple):
-    fn: Callable          # fn(o, x) -> (num or None, den)
+    fn: Callable          # fn(o, x) -> (num or None, den_fn)
     num_hi: int           # |num| < 2^num_hi
     den_lo: int           # den >= 2^den_lo
     den_hi: int           # den < 2^den_hi
