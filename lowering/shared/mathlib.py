@@ -622,7 +622,8 @@ KERNELS.update({(name, "f32"): fn for name, fn in {
 }.items()})
 KERNELS.update({("_sincos_parts", "f32"): _sincos_parts, ("_log_parts", "f32"): _log_parts,
                 ("_pio2_reduce", "f32"): _pio2_reduce,
-                ("_expm1_poly", "f32"): _expm1_poly})   # building blocks of mathlib_more
+                ("_expm1_poly", "f32"): _expm1_poly,    # building blocks of mathlib_more
+                ("_exp_scaled", "f32"): _exp_scaled})   # and of mathlib_ratio
 from . import mathlib_f64, mathlib_more  # noqa: E402,F401  (register their kernels)
 
 FUNCTIONS: dict[str, Fn] = {}

@@ -52,10 +52,11 @@ from typing import Callable, NamedTuple
 
 from llvmlite import ir
 
-from .mathlib import _SCALE, _exp_scaled
-from .mathlib_core import F32, Ops
+from . import mathlib  # noqa: F401  (registers the float32 kernels and building blocks)
+from .mathlib_core import F32, Ops, kernel
 
 FUSED_ULP = 4.5
+SCALE = 2.0 ** -64    # sigmoid's scale, as in mathlib's sigmoid: e^-v*2^-64 stays normal
 
 
 class Ratio(NamedTuple):
@@ -69,7 +70,8 @@ class Ratio(NamedTuple):
 
 def _tanh_ratio(o, u):
     a = o.abs(u)
-    sc, h = _exp_scaled(o, o.sel(o.gt(a, o.f(10.0)), o.f(10.0), a), 2.0, 0, one_part=True)
+    sc, h = kernel(o, "_exp_scaled")(o, o.sel(o.gt(a, o.f(10.0)), o.f(10.0), a), 2.0, 0,
+                                     one_part=True)
     g = o.fma(sc, h, o.fma(sc, o.f(0.5), o.f(-0.5)))     # >= 0 (or NaN)
     sgn = o.iand(o.bits(u), o.i(-(2 ** 31)))
     # D = g + 1, never rounded on its own: D * d = g*d + d, one FMA
@@ -78,8 +80,8 @@ def _tanh_ratio(o, u):
 
 
 def _sigmoid_ratio(o, v):
-    s, p = _exp_scaled(o, o.clamp(v, -110.0, 40.0), -1.0, -64, whole=True)
-    den = o.fma(s, p, o.f(_SCALE))                         # (e^-v + 1) * 2^-64
+    s, p = kernel(o, "_exp_scaled")(o, o.clamp(v, -110.0, 40.0), -1.0, -64, whole=True)
+    den = o.fma(s, p, o.f(SCALE))                          # (e^-v + 1) * 2^-64
     return None, lambda d: den if d is None else o.mul(den, d)
 
 
@@ -121,4 +123,4 @@ def fused_product(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value | None:
     outer_y = RATIO[cy[0]].fma_den and not RATIO[cx[0]].fma_den
     q = o.div(o.f(1.0) if num is None else num, d2(d1(None)) if outer_y else d1(d2(None)))
     scale = RATIO[cx[0]].scale + RATIO[cy[0]].scale
-    return q if scale == 0 else o.mul(q, o.f(2.0 ** scale))
+    return q if scale == 0 else o.mul(q, o.f(2.0 ** scale))   # exact, or rounds once
