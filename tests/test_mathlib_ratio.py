@@ -228,3 +228,23 @@ def test_gpu_ptx_one_division():
     lanes = sum(int(w or 1) for w in stores)      # floats stored: one per element
     divs = len(re.findall(r"\bdiv\.rn\.f32\b", art.ptx))
     assert lanes and divs == lanes, (divs, lanes)
+
+
+def test_matmul_epilogue_and_shared_factor():
+    """The rule where the product is a matmul's epilogue (sigmoid(t) * tanh(t), t = x @ w),
+    and where a factor has another use (tanh(t) also an output: its call stays, the
+    product recomputes it): both within the bound of float64 NumPy."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((64, 96)).astype(np.float32)
+    w = (rng.standard_normal((96, 80)) * 0.3).astype(np.float32)
+
+    def build(s):
+        t = s.input("x", x.shape) @ s.input("w", w.shape)
+        th = t.tanh()
+        return [t.sigmoid() * th, th]
+    prod, th = rlxc.Func("ratio_epilogue", build).run(x=x, w=w)
+    t64 = x.astype(np.float64) @ w.astype(np.float64)
+    # t itself is rounded in another order than float64's: a relative tolerance of a few
+    # float32 roundings, and an absolute one where the 96-term dot cancels (t near 0)
+    np.testing.assert_allclose(th, np.tanh(t64), rtol=3e-6, atol=1e-5)
+    np.testing.assert_allclose(prod, _sigmoid64(t64) * np.tanh(t64), rtol=3e-6, atol=1e-5)
