@@ -52,6 +52,7 @@ from rlxc.lowering.cpu import indexing as ix
 from rlxc.lowering.cpu import openmp as parallel
 from rlxc.lowering.cpu import symint
 from rlxc.lowering.shared.scalar import F32, I8, I32, I64, MEM_TYPES, combine, const, emit_op, vtype
+from rlxc.lowering.shared.mathlib_ratio import fused_product
 from rlxc.lowering.cpu.loops import (AccDecl, AccRef, CheckKernel, Const, For, InRange, Load,
                     LoopKernel, MatmulKernel, Op, Program, Store, Update, walk, walk_expr)
 from rlxc.lowering.cpu.tuning import PAR_MIN_WORK
@@ -181,6 +182,9 @@ class Body:
         if op == "add" and isinstance(e, Op) and e.op == "mul" and e.dtype in ("f32", "f64"):
             memo: dict = {}
             x, y = (self.expr(b, a, vars_, memo) for a in e.args)
+            fused = fused_product(b, x, y) if e.dtype == "f32" else None
+            if fused is not None:   # tanh(u) * sigmoid(v): one division (mathlib_ratio.py)
+                return fused, ("reassoc",)
             return b.fmul(x, y, flags=["contract"]), ("reassoc", "contract")
         v = self.expr(b, e, vars_, {})
         if op in ("max", "min") and isinstance(e, Op) and e.op == "select" and \

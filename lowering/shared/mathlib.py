@@ -87,6 +87,8 @@ float32 algorithms (in parentheses the maximum measured over all 2^32 inputs wit
             number, the one division rounds the result once, also into the subnormals; the
             denominator is one FMA, s*p + 2^-64, p = e^r as one Horner chain (no cancellation).
                                                                               3 ulp (2.48 / 2.45)
+  tanh(u) * sigmoid(v), a product of the two (W1 of benchmarks/compare.py), is formed with
+            one division by the `rlx.mul` rule: mathlib_ratio.py (4.5 ulp of the product).
   silu      x*sigmoid(x) = x/(1+e), e = e^-|x|; x < 0: (x*e*2^64)/((1+e)*2^64), x*e formed
             as x*2^(n+64) + (x*2^(n+64))*em with one rounding, so a tiny result rounds once
             into the subnormals.                                              3 ulp (2.67 / 2.73)
@@ -620,7 +622,8 @@ KERNELS.update({(name, "f32"): fn for name, fn in {
 }.items()})
 KERNELS.update({("_sincos_parts", "f32"): _sincos_parts, ("_log_parts", "f32"): _log_parts,
                 ("_pio2_reduce", "f32"): _pio2_reduce,
-                ("_expm1_poly", "f32"): _expm1_poly})   # building blocks of mathlib_more
+                ("_expm1_poly", "f32"): _expm1_poly,    # building blocks of mathlib_more
+                ("_exp_scaled", "f32"): _exp_scaled})   # and of mathlib_ratio
 from . import mathlib_f64, mathlib_more  # noqa: E402,F401  (register their kernels)
 
 FUNCTIONS: dict[str, Fn] = {}

@@ -398,6 +398,18 @@ def _binary(kind):
     return lambda c, x, y: combine(c.b, kind, x, y, c.dtype)
 
 
+def _mul(c, x, y):
+    """x * y; a product of two ratio-form transcendentals (tanh(u) * sigmoid(v), ...) with
+    one division instead of one per factor (lowering/shared/mathlib_ratio.py)."""
+    if c.dtype == "f32":
+        from rlxc.lowering.shared.mathlib_ratio import fused_product
+
+        r = fused_product(c.b, x, y)
+        if r is not None:
+            return r
+    return combine(c.b, "mul", x, y, c.dtype)
+
+
 def _compare(name):
     def rule(c, x, y):
         b, adt = c.b, c.arg_dtype
@@ -426,7 +438,7 @@ LOWER_RULES = {
     "rlx.select": lambda c, m, x, y: c.b.select(m, x, y),
     "rlx.add": _binary("add"),
     "rlx.sub": _binary("sub"),
-    "rlx.mul": _binary("mul"),
+    "rlx.mul": _mul,
     "rlx.div": _binary("div"),
     "rlx.pow": _binary("pow"),
     "rlx.maximum": _binary("max"),

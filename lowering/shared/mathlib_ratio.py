@@ -1,0 +1,126 @@
+"""Products of bounded ratio-form functions with one division (float32): tanh(u) * sigmoid(v).
+
+    fused_product(builder, x, y)   x, y: values just emitted by mathlib.emit (calls of
+        │                          @rlx.math.<f>.<f32|vNf32>), both with a row in RATIO
+        ▼
+    n1*n2 / (d1*d2) * 2^(s1+s2)    one division instead of one per factor; the two calls
+                                   are left without users (DCE removes them after inlining);
+                                   None when the pair does not qualify (the caller multiplies)
+                                   (a factor also used elsewhere keeps its call there: its
+                                   exp is then computed twice)
+
+Why: W1 of benchmarks/compare.py, sum(tanh(x*a+b) * sigmoid(x)), is bound by its vector
+ALU instructions and the divider; tanh and sigmoid each end in a division.  The shared
+`rlx.mul` rule (lowering/shared/scalar.py) asks this module first, so every backend (CPU
+loops, sgemm epilogues, the GPU) gets the fused form of such a product.
+
+RATIO[name] = Ratio(fn, num_hi, den_lo, den_hi, scale, fma_den): fn(o, x) -> (num, den_fn)
+with f(x) = num/den * 2^scale (den_fn(None) = den, den_fn(d) = den*d, one FMA where
+fma_den, i.e. den itself is never rounded), |num| < 2^num_hi (num None: exactly 1, num_hi
+0), den in [2^den_lo, 2^den_hi], den * 2^-scale >= 1 and |f| <= 1.  A product qualifies
+when at most one factor has a numerator (num_hi 0 for the other: a product of two
+numerators is one rounding more; tanh*tanh measured 4.41 ulp, above the 4.5 its separate
+bounds allow only by a margin too thin to promise) and den_lo1 + den_lo2 >= -126, den_hi1
++ den_hi2 <= 127: then d1*d2 never overflows or loses bits to underflow; the numerator may
+be subnormal, but since the denominators are >= 2^scale the result is at most that small
+too, so the absolute error stays within the subnormal ulp.  q = num/den is at most 2^-scale
+(<= 2^64 here), and q * 2^scale is exact or rounds once into the subnormals.  tanh*sigmoid
+qualifies; tanh*tanh (two numerators) and sigmoid*sigmoid (denominators up to 2^95 each)
+do not.
+
+  tanh     g = (e^2a - 1)/2 (a = |u| clamped to 10, as mathlib's tanh, the sign of u or-ed
+           into g, so tanh(-0) = -0), D = g + 1: tanh(u) = g/D, |g| < 2^28, D in [1, 2^28).
+           D is never rounded: D*d = g*d + d, one FMA (g/(g+1) shares g's rounding between
+           numerator and denominator; a separately rounded D measured up to 4.3 ulp of the
+           product, D as its own FMA of the exp 5.0, this form 3.8, and it is one
+           instruction less than either).
+  sigmoid  1 / (e^-v*2^-64 + 2^-64) * 2^-64, v clamped to [-110, 40] (mathlib's sigmoid
+           without its division): den in [2^-64, 2^95).
+
+Accuracy: the fused tanh(u)*sigmoid(v) is within FUSED_ULP = 4.5 ulp of the exact product
+for every finite u, v (computed separately: tanh 2 + sigmoid 3 + the multiply's 0.5 = 5.5);
+measured max 3.80 over 29M random pairs (host with FMA; 3.72 on baseline x86-64 without),
+tests/test_mathlib_ratio.py.  NaN in either argument gives NaN (the clamps use ordered
+compares); +-inf and +-0 give the products of the IEEE values of the factors (tanh(+-inf)
+= +-1, sigmoid(-inf) = 0, tanh(-0) = -0).  Cost (the built W1 loop, per vector): one
+`vdivps` instead of two and 3 (AVX-512) / 6 (AVX2, --cpu znver3) fewer other vector ALU
+instructions (37 and 38 left).
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+from llvmlite import ir
+
+from . import mathlib  # noqa: F401  (registers the float32 kernels and building blocks)
+from .mathlib_core import F32, Ops, kernel
+
+FUSED_ULP = 4.5
+SCALE = 2.0 ** -64    # sigmoid's scale, as in mathlib's sigmoid: e^-v*2^-64 stays normal
+
+
+class Ratio(NamedTuple):
+    fn: Callable          # fn(o, x) -> (num or None, den_fn)
+    num_hi: int           # |num| < 2^num_hi
+    den_lo: int           # den >= 2^den_lo
+    den_hi: int           # den < 2^den_hi
+    scale: int            # f = num/den * 2^scale
+    fma_den: bool         # den_fn(d) = den*d with one rounding (den itself not rounded)
+
+
+def _tanh_ratio(o, u):
+    a = o.abs(u)
+    sc, h = kernel(o, "_exp_scaled")(o, o.sel(o.gt(a, o.f(10.0)), o.f(10.0), a), 2.0, 0,
+                                     one_part=True)
+    g = o.fma(sc, h, o.fma(sc, o.f(0.5), o.f(-0.5)))     # >= 0 (or NaN)
+    sgn = o.iand(o.bits(u), o.i(-(2 ** 31)))
+    # D = g + 1, never rounded on its own: D * d = g*d + d, one FMA
+    return (o.flt(o.ior(o.bits(g), sgn)),
+            lambda d: o.add(g, o.f(1.0)) if d is None else o.fma(g, d, d))
+
+
+def _sigmoid_ratio(o, v):
+    s, p = kernel(o, "_exp_scaled")(o, o.clamp(v, -110.0, 40.0), -1.0, -64, whole=True)
+    den = o.fma(s, p, o.f(SCALE))                          # (e^-v + 1) * 2^-64
+    return None, lambda d: den if d is None else o.mul(den, d)
+
+
+RATIO = {
+    "tanh": Ratio(_tanh_ratio, 28, 0, 28, 0, True),
+    "sigmoid": Ratio(_sigmoid_ratio, 0, -64, 95, -64, False),
+}
+
+
+def _ratio_call(v) -> tuple[str, ir.Value] | None:
+    """(name, argument) when `v` is a call of @rlx.math.<name>.<f32|vNf32> with a RATIO row."""
+    if not isinstance(v, ir.CallInstr) or len(v.args) != 1:
+        return None
+    parts = getattr(v.callee, "name", "").split(".")
+    if len(parts) != 4 or parts[:2] != ["rlx", "math"] or parts[2] not in RATIO:
+        return None
+    ty = v.type.element if isinstance(v.type, ir.VectorType) else v.type
+    return (parts[2], v.args[0]) if ty == F32 else None
+
+
+def qualifies(f: str, g: str) -> bool:
+    """Whether RATIO[f] * RATIO[g] can be formed with one division (see the header)."""
+    r1, r2 = RATIO[f], RATIO[g]
+    return (min(r1.num_hi, r2.num_hi) == 0 and r1.num_hi + r2.num_hi <= 126 and
+            r1.den_lo + r2.den_lo >= -126 and r1.den_hi + r2.den_hi <= 127 and
+            -(r1.scale + r2.scale) <= 126)
+
+
+def fused_product(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value | None:
+    """x * y with one division when both are ratio-form mathlib calls that qualify;
+    None otherwise."""
+    cx, cy = _ratio_call(x), _ratio_call(y)
+    if cx is None or cy is None or x.type != y.type or not qualifies(cx[0], cy[0]):
+        return None
+    o = Ops(b, x.type)
+    (n1, d1), (n2, d2) = (RATIO[cx[0]].fn(o, cx[1]), RATIO[cy[0]].fn(o, cy[1]))
+    num = n1 if n2 is None else n2 if n1 is None else o.mul(n1, n2)
+    # den1 * den2: the factor whose product is one FMA outermost (tanh: g*d + d)
+    outer_y = RATIO[cy[0]].fma_den and not RATIO[cx[0]].fma_den
+    q = o.div(o.f(1.0) if num is None else num, d2(d1(None)) if outer_y else d1(d2(None)))
+    scale = RATIO[cx[0]].scale + RATIO[cy[0]].scale
+    return q if scale == 0 else o.mul(q, o.f(2.0 ** scale))   # exact, or rounds once
