@@ -131,6 +131,8 @@ class SgemmConfig:
     pack_cost: int = 16
     narrow: bool = True       # N <= vl, csa == 1, K >= vl: the narrow (K-vectorized) kernel
     direct_a: bool = True     # csa == 1, full panels: the tile reads A in place (no pack_a)
+    pack_b_rows: bool = True  # csb == 1: pack B row by row across panels (not panel by panel)
+    pack_b_panel: bool = True  # not coop: pack B a panel at a time before its first tile
 
     def __post_init__(self):
         bad = []
@@ -593,7 +595,32 @@ def _emit_pack_b(module, name, cfg: SgemmConfig) -> ir.Function:
                         b.store(b.select(ok, x, zero), _gep(b, d, _c64(c)))
                 counted_loop(b, _c64(0), kc, 1, kb3, "pb.k3")
 
-    counted_loop(b, _c64(0), nc, NR, panel, "pb.j")
+    if not cfg.pack_b_rows:
+        counted_loop(b, _c64(0), nc, NR, panel, "pb.j")
+        b.ret_void()
+        return fn
+    # unit-stride B: row by row across all full panels (each source row is read
+    # sequentially, which the hardware prefetcher follows; panel by panel reads NR
+    # floats per row at stride rsb, a stream it loses when rows are >= 2 KiB apart)
+    with b.if_else(b.icmp_signed("==", csb, _c64(1))) as (then, other):
+        with then:
+            nfull = b.mul(b.sdiv(nc, _c64(NR)), _c64(NR))
+            pstride = b.mul(kc, _c64(NR))
+
+            def kb(b, k):
+                s = _gep(b, B, b.mul(k, rsb))
+                d = _gep(b, Bp, b.mul(k, _c64(NR)))
+
+                def jb(b, j0):
+                    dd = _gep(b, d, b.mul(b.sdiv(j0, _c64(NR)), pstride))
+                    for v in range(NV):
+                        x = b.load(_vec_ptr(b, _gep(b, s, b.add(j0, _c64(v * VL))), vt), align=4)
+                        b.store(x, _vec_ptr(b, _gep(b, dd, _c64(v * VL)), vt), align=64)
+                counted_loop(b, _c64(0), nfull, NR, jb, "pr.j")
+            counted_loop(b, _c64(0), kc, 1, kb, "pr.k")
+            counted_loop(b, nfull, nc, NR, panel, "pr.edge")
+        with other:
+            counted_loop(b, _c64(0), nc, NR, panel, "pb.j")
     b.ret_void()
     return fn
 
@@ -1154,6 +1181,10 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
     kcb = b.mul(b.sdiv(b.add(kcb, _c64(UN - 1)), _c64(UN)), _c64(UN))
     kcb = _smin(b, kcb, _c64(KC))
     tid64, nt64 = b.sext(tid, I64), b.sext(nt, I64)
+    # panelwise: each thread packs B one micro-panel at a time just before its first
+    # use (the panel is then hot for the tiles of this M block), prefetching the next
+    # panel meanwhile; the shared (coop) B is packed whole by the team, as before
+    panelwise = b.not_(coop) if cfg.pack_b_panel else None
     # my share of the panels when cooperating: [share_lo, share_hi) of np panels
     share_lo_num = b.select(coop, tid64, _c64(0))
     share_den = b.select(coop, nt64, _c64(1))
@@ -1190,7 +1221,8 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
             p1 = b.sdiv(b.mul(n_pan, b.add(share_lo_num, _c64(1))), share_den)
             j0 = b.mul(p0, _c64(NR))
             j1 = _smin(b, b.mul(p1, _c64(NR)), nc)
-            with b.if_then(b.icmp_signed("<", j0, j1)):
+            whole = coop if panelwise is None else b.or_(coop, b.not_(panelwise))
+            with b.if_then(b.and_(whole, b.icmp_signed("<", j0, j1))):
                 b.call(pack_b, [_gep(b, B, b.add(b.mul(pc, rsb), b.mul(b.add(jc, j0), csb))),
                                 rsb, csb, kc, b.sub(j1, j0), _gep(b, Bp, b.mul(j0, kc))])
             with b.if_then(coop):
@@ -1208,9 +1240,40 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
                 def jr_body(b, jr):
                     n_rem = _smin(b, _c64(NR), b.sub(nc, jr))
                     bp = _gep(b, Bp, b.mul(jr, kc))
+                    pf_rows = None
+                    if panelwise is not None:
+                        # one M block: no later block reads the panel again, so every
+                        # panel goes to the same slot, which stays in L1
+                        bp = b.select(b.and_(panelwise, b.icmp_signed("<=", M, _c64(MC))),
+                                      Bp, bp)
+                        # first M block: pack this panel now (it then serves every M block)
+                        mine = b.and_(panelwise, b.icmp_signed("==", ic, _c64(0)))
+                        with b.if_then(mine):
+                            b.call(pack_b, [_gep(b, B, b.add(b.mul(pc, rsb),
+                                                             b.mul(b.add(jc, jr), csb))),
+                                            rsb, csb, kc, n_rem, bp])
+                        # ... and prefetch the next panel's source rows (this block's next
+                        # columns, else the next K block's first panel), a slice per tile
+                        last_p = b.icmp_signed(">=", b.add(jr, _c64(NR)), nc)
+                        nxt = _gep_any(b, B, b.add(
+                            b.mul(b.select(last_p, b.add(pc, kcb), pc), rsb),
+                            b.select(last_p, jc, b.add(jc, b.add(jr, _c64(NR))))))
+                        tiles = b.sdiv(b.add(mc, _c64(MR - 1)), _c64(MR))
+                        per = b.sdiv(b.add(kc, b.sub(tiles, _c64(1))), tiles)
+                        pf_rows = (nxt, b.select(b.and_(mine, b.icmp_signed("==", csb, _c64(1))),
+                                                 per, _c64(0)))
 
                     def ir_body(b, i_r):
                         m_rem = _smin(b, _c64(MR), b.sub(mc, i_r))
+                        if pf_rows is not None:
+                            nxt, per = pf_rows
+                            r0 = b.mul(b.sdiv(i_r, _c64(MR)), per)
+
+                            def pf(b, k):
+                                row = _gep_any(b, nxt, b.mul(k, rsb))
+                                for off in sorted({*range(0, NR, 16), NR - 1}):
+                                    _prefetch(b, _gep_any(b, row, _c64(off)), 0, 2)
+                            counted_loop(b, r0, _smin(b, b.add(r0, per), kc), 1, pf, "pf")
                         ap = _gep(b, ablk, b.mul(i_r, rsa)) if direct else \
                             _gep(b, Ap, b.mul(i_r, kc))
                         cp = _gep(b, cblk, b.add(b.mul(i_r, ldc), jr))
