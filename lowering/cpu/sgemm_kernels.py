@@ -20,12 +20,16 @@
              pack_b  B[pc:pc+kc, jc:jc+nc] → Bp   KC×NR micro-panels, zero padded
                      (row split with share_b: each thread packs 1/nt of the
                       panels into a shared, double-buffered Bp; one team
-                      barrier per block; without: each thread packs all)
+                      barrier per block; without (pack_b_panel): see jr)
              for ic in M by MC:                     (A block: L2)
                pack_a  A[ic:ic+mc, pc:pc+kc] → Ap MR×KC micro-panels, zero padded
-                       (skipped with direct_a when csa == 1 and every panel of the
-                        block is full: micro_da broadcasts A from its rows in place)
+                       (skipped with direct_a when csa == 1: the micro_da tiles
+                        broadcast A from its rows in place)
                for jr in nc by NR:                  (B micro-panel: L1)
+                 pack_b_panel, first M block only: pack this panel now (into one
+                       L1-resident slot when M <= MC, else its place in Bp), and
+                       spread prefetches of the next panel's source rows over
+                       the ir tiles, so the weights stream in under the FMAs
                  for ir in mc by MR:
                    micro: MR×NR tile of C, kc rank-1 updates:
                      acc[r][v] = fma(splat(Ap[k*MR+r]), Bp[k*NR + v*VL : +VL], acc[r][v])
@@ -1189,7 +1193,7 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
     share_lo_num = b.select(coop, tid64, _c64(0))
     share_den = b.select(coop, nt64, _c64(1))
 
-    def _dispatch(b, n_rem, margs):
+    def _dispatch(b, n_rem, margs, micros=micros):
         if len(micros) == 1:
             b.call(micros[0], margs)
             return
@@ -1221,7 +1225,7 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
             p1 = b.sdiv(b.mul(n_pan, b.add(share_lo_num, _c64(1))), share_den)
             j0 = b.mul(p0, _c64(NR))
             j1 = _smin(b, b.mul(p1, _c64(NR)), nc)
-            whole = coop if panelwise is None else b.or_(coop, b.not_(panelwise))
+            whole = ir.Constant(I1, 1) if panelwise is None else b.or_(coop, b.not_(panelwise))
             with b.if_then(b.and_(whole, b.icmp_signed("<", j0, j1))):
                 b.call(pack_b, [_gep(b, B, b.add(b.mul(pc, rsb), b.mul(b.add(jc, j0), csb))),
                                 rsb, csb, kc, b.sub(j1, j0), _gep(b, Bp, b.mul(j0, kc))])
@@ -1280,7 +1284,7 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
                         margs = [kc, ap, bp, cp, ldc, m_rem, n_rem, beta, last,
                                  b.add(row0, b.add(ic, i_r)), b.add(col0, b.add(jc, jr))]
                         if direct:
-                            b.call(micro_da, [*margs, rsa, *epi_args])
+                            _dispatch(b, n_rem, [*margs, rsa, *epi_args], micro_da)
                         else:
                             _dispatch(b, n_rem, [*margs, *epi_args])
                     counted_loop(b, _c64(0), mc, MR, ir_body, "ir")
@@ -1288,10 +1292,9 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
             if micro_da is None:
                 counted_loop(b, _c64(0), M, MC, ic_body, "ic")
                 return
-            # A read in place (no pack_a) when its rows are contiguous and every panel of
-            # this block is full width (the one extra microkernel has no column edge)
-            da = b.and_(b.icmp_signed("==", csa, _c64(1)),
-                        b.icmp_signed("==", b.srem(nc, _c64(NR)), _c64(0)))
+            # A read in place (no pack_a) when its rows are contiguous (the last column
+            # panel takes the narrowest direct tile covering it, like the packed path)
+            da = b.icmp_signed("==", csa, _c64(1))
             with b.if_else(da) as (t, o):
                 with t:
                     counted_loop(b, _c64(0), M, MC, lambda b, ic: ic_body(b, ic, True), "icd")
@@ -1347,8 +1350,8 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
                     for mr in range(1, cfg.mr + 1)]
     narrow = (_emit_narrow_driver(module, name + ".narrow", cfg, epilogue, epi_types)
               if cfg.narrow else None)
-    micro_da = (_emit_micro(module, f"{name}.micro_da", cfg, epilogue, epi_types, None, True)
-                if cfg.direct_a else None)
+    micro_da = ([_emit_micro(module, f"{name}.micro_da{nv}", cfg, epilogue, epi_types, nv, True)
+                 for nv in range(1, cfg.nv + 1)] if cfg.direct_a else None)
     seq = _emit_seq(module, name + ".seq", cfg, micros, pack_a, pack_b, epi_types, skinnies,
                     narrow, micro_da)
 
