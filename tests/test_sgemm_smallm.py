@@ -71,10 +71,10 @@ def test_w3_shapes_and_edges(tmp_path_factory, cpu):
 
 @pytest.mark.parametrize("cpu", CPUS)
 def test_panel_packing_across_blocks(tmp_path_factory, cpu):
-    """Tiny blocks: several M blocks (panels then live in Bp for the later M blocks),
-    several N and K blocks (the prefetch of 'the next panel' crosses into the next K
-    block and past K's end), each thread's own panels on a column split, and the
-    old whole-block packing (pack_b_panel=False, pack_b_rows=False) for comparison."""
+    """Tiny blocks: one M block (panel by panel through the one slot) and several (the
+    block packed whole, row by row), several N and K blocks (the prefetch of 'the next
+    panel' crosses into the next K block and past K's end), each thread's own panels
+    on a column split, and the old packing (pack_b_panel/pack_b_rows off) alike."""
     base = sgemm.sgemm_config(cpu)
     tiny = dict(kc=19, mc=2 * base.mr, nc=3 * base.nr, min_work=0)
     rng = np.random.default_rng(20)

@@ -20,16 +20,18 @@
              pack_b  B[pc:pc+kc, jc:jc+nc] → Bp   KC×NR micro-panels, zero padded
                      (row split with share_b: each thread packs 1/nt of the
                       panels into a shared, double-buffered Bp; one team
-                      barrier per block; without (pack_b_panel): see jr)
+                      barrier per block; without: each thread its own, or
+                      panel by panel (pack_b_panel, see jr))
              for ic in M by MC:                     (A block: L2)
                pack_a  A[ic:ic+mc, pc:pc+kc] → Ap MR×KC micro-panels, zero padded
-                       (skipped with direct_a when csa == 1: the micro_da tiles
-                        broadcast A from its rows in place)
+                       (skipped with direct_a when csa == 1 and the panels are
+                        full or M <= MC: the micro_da tiles broadcast A from its
+                        rows in place)
                for jr in nc by NR:                  (B micro-panel: L1)
-                 pack_b_panel, first M block only: pack this panel now (into one
-                       L1-resident slot when M <= MC, else its place in Bp), and
-                       spread prefetches of the next panel's source rows over
-                       the ir tiles, so the weights stream in under the FMAs
+                 pack_b_panel, M <= MC (one M block): pack this panel now, into
+                       one L1-resident slot, and spread prefetches of the next
+                       panel's source rows over the ir tiles, so the weights
+                       stream in under the FMAs
                  for ir in mc by MR:
                    micro: MR×NR tile of C, kc rank-1 updates:
                      acc[r][v] = fma(splat(Ap[k*MR+r]), Bp[k*NR + v*VL : +VL], acc[r][v])
@@ -136,7 +138,7 @@ class SgemmConfig:
     narrow: bool = True       # N <= vl, csa == 1, K >= vl: the narrow (K-vectorized) kernel
     direct_a: bool = True     # csa == 1, full panels: the tile reads A in place (no pack_a)
     pack_b_rows: bool = True  # csb == 1: pack B row by row across panels (not panel by panel)
-    pack_b_panel: bool = True  # not coop: pack B a panel at a time before its first tile
+    pack_b_panel: bool = True  # M <= mc, not coop: pack B a panel at a time before its tiles
 
     def __post_init__(self):
         bad = []
@@ -1185,10 +1187,12 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
     kcb = b.mul(b.sdiv(b.add(kcb, _c64(UN - 1)), _c64(UN)), _c64(UN))
     kcb = _smin(b, kcb, _c64(KC))
     tid64, nt64 = b.sext(tid, I64), b.sext(nt, I64)
-    # panelwise: each thread packs B one micro-panel at a time just before its first
-    # use (the panel is then hot for the tiles of this M block), prefetching the next
-    # panel meanwhile; the shared (coop) B is packed whole by the team, as before
-    panelwise = b.not_(coop) if cfg.pack_b_panel else None
+    # panelwise (one M block, not coop): B is packed one micro-panel at a time just
+    # before its tiles, into one slot that stays in L1, while the next panel's source
+    # rows are prefetched; with several M blocks each panel serves all of them, so the
+    # block is packed whole first (amortized), and so is the team's shared (coop) B
+    panelwise = (b.and_(b.not_(coop), b.icmp_signed("<=", M, _c64(MC)))
+                 if cfg.pack_b_panel else None)
     # my share of the panels when cooperating: [share_lo, share_hi) of np panels
     share_lo_num = b.select(coop, tid64, _c64(0))
     share_den = b.select(coop, nt64, _c64(1))
@@ -1246,12 +1250,9 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
                     bp = _gep(b, Bp, b.mul(jr, kc))
                     pf_rows = None
                     if panelwise is not None:
-                        # one M block: no later block reads the panel again, so every
-                        # panel goes to the same slot, which stays in L1
-                        bp = b.select(b.and_(panelwise, b.icmp_signed("<=", M, _c64(MC))),
-                                      Bp, bp)
-                        # first M block: pack this panel now (it then serves every M block)
-                        mine = b.and_(panelwise, b.icmp_signed("==", ic, _c64(0)))
+                        # one M block: pack this panel now, into the one slot
+                        bp = b.select(panelwise, Bp, bp)
+                        mine = panelwise
                         with b.if_then(mine):
                             b.call(pack_b, [_gep(b, B, b.add(b.mul(pc, rsb),
                                                              b.mul(b.add(jc, jr), csb))),
@@ -1292,9 +1293,12 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
             if micro_da is None:
                 counted_loop(b, _c64(0), M, MC, ic_body, "ic")
                 return
-            # A read in place (no pack_a) when its rows are contiguous (the last column
-            # panel takes the narrowest direct tile covering it, like the packed path)
-            da = b.icmp_signed("==", csa, _c64(1))
+            # A read in place (no pack_a) when its rows are contiguous and either every
+            # panel of this block is full width or there is one M block (small M: the
+            # last column panel takes the narrowest direct tile covering it)
+            da = b.and_(b.icmp_signed("==", csa, _c64(1)),
+                        b.or_(b.icmp_signed("==", b.srem(nc, _c64(NR)), _c64(0)),
+                              b.icmp_signed("<=", M, _c64(MC))))
             with b.if_else(da) as (t, o):
                 with t:
                     counted_loop(b, _c64(0), M, MC, lambda b, ic: ic_body(b, ic, True), "icd")
