@@ -139,6 +139,8 @@ class SgemmConfig:
     direct_a: bool = True     # csa == 1, full panels: the tile reads A in place (no pack_a)
     pack_b_rows: bool = True  # csb == 1: pack B row by row across panels (not panel by panel)
     pack_b_panel: bool = True  # M <= mc, not coop: pack B a panel at a time before its tiles
+    pack_b_prefetch: int = 2  # ... prefetching the next panel: 0 off, else the locality
+                              # (2: prefetcht1, into L2; 3: prefetcht0, into L1)
 
     def __post_init__(self):
         bad = []
@@ -1270,14 +1272,15 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
 
                     def ir_body(b, i_r):
                         m_rem = _smin(b, _c64(MR), b.sub(mc, i_r))
-                        if pf_rows is not None:
+                        if pf_rows is not None and cfg.pack_b_prefetch:
                             nxt, per = pf_rows
                             r0 = b.mul(b.sdiv(i_r, _c64(MR)), per)
 
                             def pf(b, k):
                                 row = _gep_any(b, nxt, b.mul(k, rsb))
                                 for off in sorted({*range(0, NR, 16), NR - 1}):
-                                    _prefetch(b, _gep_any(b, row, _c64(off)), 0, 2)
+                                    _prefetch(b, _gep_any(b, row, _c64(off)), 0,
+                                              cfg.pack_b_prefetch)
                             counted_loop(b, r0, _smin(b, b.add(r0, per), kc), 1, pf, "pf")
                         ap = _gep(b, ablk, b.mul(i_r, rsa)) if direct else \
                             _gep(b, Ap, b.mul(i_r, kc))
