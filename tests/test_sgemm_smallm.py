@@ -145,3 +145,20 @@ def test_builtin_bias_relu_epilogue(cpu):
     got = jit(fb, "cpu", cpu=cpu).run(a, c, d)[0]
     ref = np.maximum(a.astype(np.float64) @ c + d, 0)
     assert np.allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_bench_chain_ab(capsys):
+    """benchmarks/bench_sgemm.py --chain/--ab: both builds are checked against NumPy on
+    every shape, then alternate; it prints each one's times and the ratio."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    try:
+        import bench_sgemm
+    finally:
+        sys.path.pop(0)
+    bench_sgemm.main(["--chain", "13x40x70,13x10x40", "--ab", "pack_b_panel=0,direct_a=0",
+                      "--runs", "1", "--threads", "1"])
+    out = capsys.readouterr().out
+    assert "B {'pack_b_panel': 0, 'direct_a': 0}" in out and "B/A: median" in out
