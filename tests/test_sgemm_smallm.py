@@ -54,9 +54,11 @@ def _case(g, rng, M, N, K, ta=False, tb=False, acc=0, threads=1):
 def test_w3_shapes_and_edges(tmp_path_factory, cpu):
     """The W3 layer shapes and odd neighbours (M, N off the tile, several K blocks) with
     the default blocking: one M block, so every B panel goes through one L1 slot and
-    the row-major A is read in place on every panel, the narrower edge panel included."""
+    the row-major A is read in place on every panel (with AVX2's 24-column tile, whose
+    width divides no power of two, the narrower edge panel too: direct_a_edge)."""
     g = _lib(tmp_path_factory, cpu, f"w3_{cpu}")
     assert g.cfg.pack_b_panel and g.cfg.direct_a
+    assert g.cfg.direct_a_edge == (g.cfg.nr == 24)
     rng = np.random.default_rng(19)
     mr, nr = g.cfg.mr, g.cfg.nr
     shapes = [(128, 512, 784), (128, 512, 512), (128, 10, 512), (mr + 1, nr + 3, 3),

@@ -25,8 +25,8 @@
              for ic in M by MC:                     (A block: L2)
                pack_a  A[ic:ic+mc, pc:pc+kc] → Ap MR×KC micro-panels, zero padded
                        (skipped with direct_a when csa == 1 and the panels are
-                        full or M <= MC: the micro_da tiles broadcast A from its
-                        rows in place)
+                        full, or with direct_a_edge M <= MC: the micro_da tiles
+                        broadcast A from its rows in place)
                for jr in nc by NR:                  (B micro-panel: L1)
                  pack_b_panel, M <= MC (one M block): pack this panel now, into
                        one L1-resident slot, and spread prefetches of the next
@@ -137,6 +137,10 @@ class SgemmConfig:
     pack_cost: int = 16
     narrow: bool = True       # N <= vl, csa == 1, K >= vl: the narrow (K-vectorized) kernel
     direct_a: bool = True     # csa == 1, full panels: the tile reads A in place (no pack_a)
+    # ... and on the N edge panel too when M <= mc (direct tiles of every narrower width;
+    # derive_config turns it on where NR is not a power of two, e.g. AVX2's 24, which
+    # leaves an edge on every power-of-two N; each width is one more microkernel to build)
+    direct_a_edge: bool = False
     pack_b_rows: bool = True  # csb == 1: pack B row by row across panels (not panel by panel)
     pack_b_panel: bool = True  # M <= mc, not coop: pack B a panel at a time before its tiles
     pack_b_prefetch: int = 2  # ... prefetching the next panel: 0 off, else the locality
@@ -235,7 +239,8 @@ def derive_config(isa: VectorIsa, caches, **overrides) -> SgemmConfig:
     kc = min(KC_MAX, max(KC_MIN, ways_b * way // (nr * 4) // 16 * 16))
     mc = min(MC_MAX, max(mr, caches.l2 // 2 // (kc * 4) // mr * mr))
     nc = min(NC_MAX // nr * nr, max(nr, caches.l3 // (kc * 4) // nr * nr))
-    cfg = SgemmConfig(isa.name, isa.vl, mr, nr, kc=kc, mc=mc, nc=nc)
+    cfg = SgemmConfig(isa.name, isa.vl, mr, nr, kc=kc, mc=mc, nc=nc,
+                      direct_a_edge=bool(nr & (nr - 1)))
     return dataclasses.replace(cfg, **overrides) if overrides else cfg
 
 
@@ -1299,9 +1304,10 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
             # A read in place (no pack_a) when its rows are contiguous and either every
             # panel of this block is full width or there is one M block (small M: the
             # last column panel takes the narrowest direct tile covering it)
-            da = b.and_(b.icmp_signed("==", csa, _c64(1)),
-                        b.or_(b.icmp_signed("==", b.srem(nc, _c64(NR)), _c64(0)),
-                              b.icmp_signed("<=", M, _c64(MC))))
+            full = b.icmp_signed("==", b.srem(nc, _c64(NR)), _c64(0))
+            if cfg.direct_a_edge:
+                full = b.or_(full, b.icmp_signed("<=", M, _c64(MC)))
+            da = b.and_(b.icmp_signed("==", csa, _c64(1)), full)
             with b.if_else(da) as (t, o):
                 with t:
                     counted_loop(b, _c64(0), M, MC, lambda b, ic: ic_body(b, ic, True), "icd")
@@ -1358,7 +1364,8 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
     narrow = (_emit_narrow_driver(module, name + ".narrow", cfg, epilogue, epi_types)
               if cfg.narrow else None)
     micro_da = ([_emit_micro(module, f"{name}.micro_da{nv}", cfg, epilogue, epi_types, nv, True)
-                 for nv in range(1, cfg.nv + 1)] if cfg.direct_a else None)
+                 for nv in range(1 if cfg.direct_a_edge else cfg.nv, cfg.nv + 1)]
+                if cfg.direct_a else None)
     seq = _emit_seq(module, name + ".seq", cfg, micros, pack_a, pack_b, epi_types, skinnies,
                     narrow, micro_da)
 

@@ -130,18 +130,10 @@ def _callback_hook(b, row, col, vec, lanes, mask, args):
     from rlxc.lowering.cpu.sgemm_kernels import masked_load
 
     fnp, ctx = args
-    code = b.ptrtoint(fnp, I64)
-    with b.if_else(b.icmp_unsigned("<", code, ir.Constant(I64, BUILTIN_MAX)),
-                   likely=True) as (builtin, other):
+    is_builtin, bias, lov = _builtin_setup(b, fnp, ctx, vec.type)
+    with b.if_else(is_builtin, likely=True) as (builtin, other):
         with builtin:   # v + bias[col..] (ctx[0] = bias), then relu for BUILTIN_BIAS_RELU
-            bias = b.load(b.bitcast(ctx, F32.as_pointer().as_pointer()))
             x = b.fadd(vec, masked_load(b, b.gep(bias, [col], inbounds=True), lanes, mask))
-            lo = b.select(b.icmp_unsigned("==", code, ir.Constant(I64, BUILTIN_BIAS_RELU)),
-                          ir.Constant(F32, 0.0), ir.Constant(F32, float("-inf")))
-            lov = b.shuffle_vector(
-                b.insert_element(ir.Constant(vec.type, ir.Undefined), lo, ir.Constant(I32, 0)),
-                ir.Constant(vec.type, ir.Undefined),
-                ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
             # relu as rlx.relu: NaN passes, -0 -> +0; with lo = -inf it is the identity
             x = b.select(b.fcmp_unordered(">", x, lov), x, lov)
             x_builtin, blk_builtin = x, b.block
@@ -152,6 +144,30 @@ def _callback_hook(b, row, col, vec, lanes, mask, args):
     out.add_incoming(x_builtin, blk_builtin)
     out.add_incoming(x_call, blk_call)
     return out
+
+
+def _builtin_setup(b, fnp, ctx, vt):
+    """(is a built-in code, the bias row, the splat lower bound) for the function being
+    emitted, computed once at its entry (the hook is emitted at every store of C).
+    ctx[0] is read even for a real callback (ctx has at least one slot), never used."""
+    key = (id(b.function), "builtin", str(vt))
+    got = _slots.get(key)
+    if got is None or got[0].parent.parent is not b.function:
+        entry = b.function.entry_basic_block
+        t = ir.IRBuilder(entry)
+        if entry.instructions:
+            t.position_before(entry.instructions[0])
+        code = t.ptrtoint(fnp, I64)
+        is_builtin = t.icmp_unsigned("<", code, ir.Constant(I64, BUILTIN_MAX))
+        bias = t.load(t.bitcast(ctx, F32.as_pointer().as_pointer()))
+        lo = t.select(t.icmp_unsigned("==", code, ir.Constant(I64, BUILTIN_BIAS_RELU)),
+                      ir.Constant(F32, 0.0), ir.Constant(F32, float("-inf")))
+        lov = t.shuffle_vector(
+            t.insert_element(ir.Constant(vt, ir.Undefined), lo, ir.Constant(I32, 0)),
+            ir.Constant(vt, ir.Undefined), ir.Constant(ir.VectorType(I32, vt.count),
+                                                       [0] * vt.count))
+        got = _slots[key] = (is_builtin, bias, lov)
+    return got
 
 
 def _call_hook(b, vec, lanes, mask, fnp, ctx, row, col):
