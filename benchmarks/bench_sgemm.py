@@ -18,6 +18,15 @@ Options: --n 1024 (or --mnk M,N,K), --threads 1,2, --runs 20, --cpu native,
 (transposed operands through the strides), --reps R (R calls per timed run;
 rlxc loops in native code, NumPy in Python, so that small sizes measure the
 kernel rather than ctypes' conversion of 14 arguments).
+
+A/B of two configurations on a chain of shapes (--chain, e.g. W3's layers
+128x512x784,128x512x512,128x10x512, each with its own operands, so the
+weights are not all in L2 as in a repeated single call): --ab kc=192 builds
+a second sgemm with those overrides (on top of --set) and the two run
+alternately in one process; prints each one's median and best time per
+chain (thread CPU time at 1 thread, wall time otherwise) and the ratio B/A.
+On a shared machine this in-process alternation is what resolves a few
+percent.
 """
 
 from __future__ import annotations
@@ -165,6 +174,58 @@ def worker(args) -> dict:
     return res
 
 
+def chain_ab(args, threads: int) -> None:
+    """--chain/--ab: A (--set) and B (--set + --ab) on the chain, alternating."""
+    import numpy as np
+    from rlxc.lowering.cpu import sgemm_kernels as sgemm
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.chain.split(",")]
+    over_a = _parse_overrides(args.set)
+    over_b = {**over_a, **_parse_overrides(args.ab.split(",") if args.ab else [])}
+    rng = np.random.default_rng(0)
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="rlxc-bench-") as wd:
+        for tag, ov in (("A", over_a), ("B", over_b)):
+            cfg = sgemm.sgemm_config(args.cpu, **ov)
+            os.makedirs(os.path.join(wd, tag))
+            lib, _ = _build(cfg, args.cpu, os.path.join(wd, tag))
+            lib.rlxc_set_num_threads(threads)
+            f = lib.rlxc_sgemm_rep
+            P, L = ctypes.c_void_p, ctypes.c_int64
+            f.argtypes = [L, L, L, L, P, L, L, P, L, L, P, L, ctypes.c_int32, P, L]
+            f.restype = None
+            calls = []
+            for M, N, K in shapes:
+                A = rng.standard_normal((M, K), dtype=np.float32)
+                B = rng.standard_normal((K, N), dtype=np.float32)
+                C = np.zeros((M, N), np.float32)
+                ws = np.empty(sgemm.sgemm_workspace_floats(M, N, K, threads, config=cfg),
+                              np.float32)
+                calls.append(((1, M, N, K, A.ctypes.data, K, 1, B.ctypes.data, N, 1,
+                               C.ctypes.data, N, 0, ws.ctypes.data, ws.size), (A, B, C, ws)))
+            for argv, (A, B, C, _) in calls:   # check every shape once
+                f(*argv)
+                ref = A.astype(np.float64) @ B
+                err = float(np.abs(C - ref).max() / max(np.abs(ref).max(), 1e-30))
+                if err > 1e-4:
+                    sys.exit(f"chain {tag}: {argv[1:4]} max rel err {err:.1e}")
+            runs.append((tag, ov, f, calls, []))
+        for _ in range(args.runs):
+            for tag, ov, f, calls, ts in runs:
+                t0, c0 = time.perf_counter(), time.thread_time()
+                for argv, _ in calls:
+                    f(*argv)
+                ts.append(time.thread_time() - c0 if threads == 1 else time.perf_counter() - t0)
+    flop = sum(2.0 * M * N * K for M, N, K in shapes)
+    print(f"chain {args.chain} on {threads} thread(s), {args.cpu}, {args.runs} runs "
+          f"({'thread CPU' if threads == 1 else 'wall'} time)")
+    for tag, ov, _, _, ts in runs:
+        print(f"  {tag} {ov or 'defaults'}: median {statistics.median(ts) * 1e6:.0f} us, best "
+              f"{min(ts) * 1e6:.0f} us ({flop / min(ts) / 1e9:.1f} GFLOP/s)")
+    a, b = runs[0][4], runs[1][4]
+    print(f"  B/A: median {statistics.median(b) / statistics.median(a):.3f}, best "
+          f"{min(b) / min(a):.3f}   (load {os.getloadavg()[0]:.1f})")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=1024)
@@ -178,11 +239,18 @@ def main(argv=None):
                     help="calls per timed run (rlxc loops in native code, NumPy in Python)")
     ap.add_argument("--ta", action="store_true")
     ap.add_argument("--tb", action="store_true")
+    ap.add_argument("--chain", default=None,
+                    help="MxNxK,... shapes run back to back (A/B mode with --ab)")
+    ap.add_argument("--ab", default=None, help="B's overrides, e.g. kc=192,direct_a=0")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--threads-one", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.mnk = args.mnk or [args.n] * 3
     args.runs = max(args.runs, 20) if not args.worker else args.runs
+    if args.chain:
+        for t in [int(x) for x in args.threads.split(",")]:
+            chain_ab(args, t)
+        return
     if args.worker:
         print(json.dumps(worker(args)))
         return

@@ -8,6 +8,8 @@
                                            C + b*M*N, N, 0, ws, ws_floats)
         epilogue:     ctx[s] = base_s + off_s(b) for every epilogue slot s
                       rlxc_sgemm_cb_TAG(..., NAME.kN.epi, ctx)
+        bias(+relu):  rlxc_sgemm_cb_TAG(..., (i8*)BUILTIN_BIAS[_RELU], ctx)   (inlined
+                      in the sgemm, no call per vector: builtin_epilogue)
     NAME.kN.epi(ctx, row, col, float* v, n):   v[0:n] = epilogue(v, loads at (row, col))
     par_batch > 1 (matmul_schedule.batch_team: per-element GEMMs too small for a team):
         openmp.emit_parallel_ranges over the flattened batch; thread t runs its range,
@@ -67,7 +69,9 @@ def matmul_kernel(g, k: MatmulKernel):
         epi = None
     else:
         sg = _declare(g.m, cb, sgemm_signature([I8P, I8P]))
-        epi = _epilogue_fn(g, k, slots)
+        code = builtin_epilogue(k)
+        epi = _epilogue_fn(g, k, slots) if code is None else \
+            ir.Constant(I64, code).inttoptr(I8P)
     body = Body(fn, ptrs)
     b = ir.IRBuilder(fn.entry_basic_block)
     live = [v for v in k.batch if v.extent != 1]
@@ -94,7 +98,7 @@ def _call(bb, k, sg, epi, slots, ptrs, body, ctx, ws, ws_floats, vars_):
         for n, (buf, base) in enumerate(slots):
             bb.store(at(buf, base), bb.gep(ctx, [ir.Constant(I32, 0), ir.Constant(I32, n)],
                                            inbounds=True))
-        args += [bb.bitcast(epi, I8P), bb.bitcast(ctx, I8P)]
+        args += [epi if epi.type == I8P else bb.bitcast(epi, I8P), bb.bitcast(ctx, I8P)]
     bb.call(sg, args)
 
 
@@ -204,6 +208,28 @@ def _epilogue_fn(g, k: MatmulKernel, slots):
     b.store(ev(k.epilogue), vp, align=4)
     b.ret_void()
     return fn
+
+
+def builtin_epilogue(k: MatmulKernel) -> int | None:
+    """The sgemm's built-in epilogue code for k's epilogue, or None (then it is called):
+    C + bias -> BUILTIN_BIAS, relu(C + bias) -> BUILTIN_BIAS_RELU, where bias is an f32
+    load at C's column (column coefficient 1, row coefficient 0; batch terms allowed).
+    Its one slot (epilogue_slots) is the bias row, which the call site puts in ctx[0]."""
+    e, code = k.epilogue, sgemmlib.BUILTIN_BIAS
+    if isinstance(e, Op) and e.op == "relu" and len(e.args) == 1 and e.dtype == "f32":
+        e, code = e.args[0], sgemmlib.BUILTIN_BIAS_RELU
+    if not (isinstance(e, Op) and e.op == "add" and e.dtype == "f32" and len(e.args) == 2
+            and not e.params):
+        return None
+    x, y = e.args
+    if isinstance(y, EpiValue):
+        x, y = y, x
+    if not (isinstance(x, EpiValue) and isinstance(y, Load) and y.buf.dtype == "f32"):
+        return None
+    co = y.off.coeffs()
+    if co.get(k.row, 0) != 0 or co.get(k.col, 0) != 1:
+        return None
+    return code
 
 
 def epilogue_slots(k: MatmulKernel) -> list:

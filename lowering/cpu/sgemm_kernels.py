@@ -20,12 +20,18 @@
              pack_b  B[pc:pc+kc, jc:jc+nc] → Bp   KC×NR micro-panels, zero padded
                      (row split with share_b: each thread packs 1/nt of the
                       panels into a shared, double-buffered Bp; one team
-                      barrier per block; without: each thread packs all)
+                      barrier per block; without: each thread its own, or
+                      panel by panel (pack_b_panel, see jr))
              for ic in M by MC:                     (A block: L2)
                pack_a  A[ic:ic+mc, pc:pc+kc] → Ap MR×KC micro-panels, zero padded
-                       (skipped with direct_a when csa == 1 and every panel of the
-                        block is full: micro_da broadcasts A from its rows in place)
+                       (skipped with direct_a when csa == 1 and the panels are
+                        full, or with direct_a_edge M <= MC: the micro_da tiles
+                        broadcast A from its rows in place)
                for jr in nc by NR:                  (B micro-panel: L1)
+                 pack_b_panel, M <= MC (one M block): pack this panel now, into
+                       one L1-resident slot, and spread prefetches of the next
+                       panel's source rows over the ir tiles, so the weights
+                       stream in under the FMAs
                  for ir in mc by MR:
                    micro: MR×NR tile of C, kc rank-1 updates:
                      acc[r][v] = fma(splat(Ap[k*MR+r]), Bp[k*NR + v*VL : +VL], acc[r][v])
@@ -131,6 +137,14 @@ class SgemmConfig:
     pack_cost: int = 16
     narrow: bool = True       # N <= vl, csa == 1, K >= vl: the narrow (K-vectorized) kernel
     direct_a: bool = True     # csa == 1, full panels: the tile reads A in place (no pack_a)
+    # ... and on the N edge panel too when M <= mc (direct tiles of every narrower width;
+    # derive_config turns it on where NR is not a power of two, e.g. AVX2's 24, which
+    # leaves an edge on every power-of-two N; each width is one more microkernel to build)
+    direct_a_edge: bool = False
+    pack_b_rows: bool = True  # csb == 1: pack B row by row across panels (not panel by panel)
+    pack_b_panel: bool = True  # M <= mc, not coop: pack B a panel at a time before its tiles
+    pack_b_prefetch: int = 2  # ... prefetching the next panel: 0 off, else the locality
+                              # (2: prefetcht1, into L2; 3: prefetcht0, into L1)
 
     def __post_init__(self):
         bad = []
@@ -225,7 +239,8 @@ def derive_config(isa: VectorIsa, caches, **overrides) -> SgemmConfig:
     kc = min(KC_MAX, max(KC_MIN, ways_b * way // (nr * 4) // 16 * 16))
     mc = min(MC_MAX, max(mr, caches.l2 // 2 // (kc * 4) // mr * mr))
     nc = min(NC_MAX // nr * nr, max(nr, caches.l3 // (kc * 4) // nr * nr))
-    cfg = SgemmConfig(isa.name, isa.vl, mr, nr, kc=kc, mc=mc, nc=nc)
+    cfg = SgemmConfig(isa.name, isa.vl, mr, nr, kc=kc, mc=mc, nc=nc,
+                      direct_a_edge=bool(nr & (nr - 1)))
     return dataclasses.replace(cfg, **overrides) if overrides else cfg
 
 
@@ -593,7 +608,32 @@ def _emit_pack_b(module, name, cfg: SgemmConfig) -> ir.Function:
                         b.store(b.select(ok, x, zero), _gep(b, d, _c64(c)))
                 counted_loop(b, _c64(0), kc, 1, kb3, "pb.k3")
 
-    counted_loop(b, _c64(0), nc, NR, panel, "pb.j")
+    if not cfg.pack_b_rows:
+        counted_loop(b, _c64(0), nc, NR, panel, "pb.j")
+        b.ret_void()
+        return fn
+    # unit-stride B: row by row across all full panels (each source row is read
+    # sequentially, which the hardware prefetcher follows; panel by panel reads NR
+    # floats per row at stride rsb, a stream it loses when rows are >= 2 KiB apart)
+    with b.if_else(b.icmp_signed("==", csb, _c64(1))) as (then, other):
+        with then:
+            nfull = b.mul(b.sdiv(nc, _c64(NR)), _c64(NR))
+            pstride = b.mul(kc, _c64(NR))
+
+            def kb(b, k):
+                s = _gep(b, B, b.mul(k, rsb))
+                d = _gep(b, Bp, b.mul(k, _c64(NR)))
+
+                def jb(b, j0):
+                    dd = _gep(b, d, b.mul(b.sdiv(j0, _c64(NR)), pstride))
+                    for v in range(NV):
+                        x = b.load(_vec_ptr(b, _gep(b, s, b.add(j0, _c64(v * VL))), vt), align=4)
+                        b.store(x, _vec_ptr(b, _gep(b, dd, _c64(v * VL)), vt), align=64)
+                counted_loop(b, _c64(0), nfull, NR, jb, "pr.j")
+            counted_loop(b, _c64(0), kc, 1, kb, "pr.k")
+            counted_loop(b, nfull, nc, NR, panel, "pr.edge")
+        with other:
+            counted_loop(b, _c64(0), nc, NR, panel, "pb.j")
     b.ret_void()
     return fn
 
@@ -1154,11 +1194,17 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
     kcb = b.mul(b.sdiv(b.add(kcb, _c64(UN - 1)), _c64(UN)), _c64(UN))
     kcb = _smin(b, kcb, _c64(KC))
     tid64, nt64 = b.sext(tid, I64), b.sext(nt, I64)
+    # panelwise (one M block, not coop): B is packed one micro-panel at a time just
+    # before its tiles, into one slot that stays in L1, while the next panel's source
+    # rows are prefetched; with several M blocks each panel serves all of them, so the
+    # block is packed whole first (amortized), and so is the team's shared (coop) B
+    panelwise = (b.and_(b.not_(coop), b.icmp_signed("<=", M, _c64(MC)))
+                 if cfg.pack_b_panel else None)
     # my share of the panels when cooperating: [share_lo, share_hi) of np panels
     share_lo_num = b.select(coop, tid64, _c64(0))
     share_den = b.select(coop, nt64, _c64(1))
 
-    def _dispatch(b, n_rem, margs):
+    def _dispatch(b, n_rem, margs, micros=micros):
         if len(micros) == 1:
             b.call(micros[0], margs)
             return
@@ -1190,7 +1236,8 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
             p1 = b.sdiv(b.mul(n_pan, b.add(share_lo_num, _c64(1))), share_den)
             j0 = b.mul(p0, _c64(NR))
             j1 = _smin(b, b.mul(p1, _c64(NR)), nc)
-            with b.if_then(b.icmp_signed("<", j0, j1)):
+            whole = ir.Constant(I1, 1) if panelwise is None else b.or_(coop, b.not_(panelwise))
+            with b.if_then(b.and_(whole, b.icmp_signed("<", j0, j1))):
                 b.call(pack_b, [_gep(b, B, b.add(b.mul(pc, rsb), b.mul(b.add(jc, j0), csb))),
                                 rsb, csb, kc, b.sub(j1, j0), _gep(b, Bp, b.mul(j0, kc))])
             with b.if_then(coop):
@@ -1208,16 +1255,45 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
                 def jr_body(b, jr):
                     n_rem = _smin(b, _c64(NR), b.sub(nc, jr))
                     bp = _gep(b, Bp, b.mul(jr, kc))
+                    pf_rows = None
+                    if panelwise is not None:
+                        # one M block: pack this panel now, into the one slot
+                        bp = b.select(panelwise, Bp, bp)
+                        mine = panelwise
+                        with b.if_then(mine):
+                            b.call(pack_b, [_gep(b, B, b.add(b.mul(pc, rsb),
+                                                             b.mul(b.add(jc, jr), csb))),
+                                            rsb, csb, kc, n_rem, bp])
+                        # ... and prefetch the next panel's source rows (this block's next
+                        # columns, else the next K block's first panel), a slice per tile
+                        last_p = b.icmp_signed(">=", b.add(jr, _c64(NR)), nc)
+                        nxt = _gep_any(b, B, b.add(
+                            b.mul(b.select(last_p, b.add(pc, kcb), pc), rsb),
+                            b.select(last_p, jc, b.add(jc, b.add(jr, _c64(NR))))))
+                        tiles = b.sdiv(b.add(mc, _c64(MR - 1)), _c64(MR))
+                        per = b.sdiv(b.add(kc, b.sub(tiles, _c64(1))), tiles)
+                        pf_rows = (nxt, b.select(b.and_(mine, b.icmp_signed("==", csb, _c64(1))),
+                                                 per, _c64(0)))
 
                     def ir_body(b, i_r):
                         m_rem = _smin(b, _c64(MR), b.sub(mc, i_r))
+                        if pf_rows is not None and cfg.pack_b_prefetch:
+                            nxt, per = pf_rows
+                            r0 = b.mul(b.sdiv(i_r, _c64(MR)), per)
+
+                            def pf(b, k):
+                                row = _gep_any(b, nxt, b.mul(k, rsb))
+                                for off in sorted({*range(0, NR, 16), NR - 1}):
+                                    _prefetch(b, _gep_any(b, row, _c64(off)), 0,
+                                              cfg.pack_b_prefetch)
+                            counted_loop(b, r0, _smin(b, b.add(r0, per), kc), 1, pf, "pf")
                         ap = _gep(b, ablk, b.mul(i_r, rsa)) if direct else \
                             _gep(b, Ap, b.mul(i_r, kc))
                         cp = _gep(b, cblk, b.add(b.mul(i_r, ldc), jr))
                         margs = [kc, ap, bp, cp, ldc, m_rem, n_rem, beta, last,
                                  b.add(row0, b.add(ic, i_r)), b.add(col0, b.add(jc, jr))]
                         if direct:
-                            b.call(micro_da, [*margs, rsa, *epi_args])
+                            _dispatch(b, n_rem, [*margs, rsa, *epi_args], micro_da)
                         else:
                             _dispatch(b, n_rem, [*margs, *epi_args])
                     counted_loop(b, _c64(0), mc, MR, ir_body, "ir")
@@ -1225,10 +1301,13 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
             if micro_da is None:
                 counted_loop(b, _c64(0), M, MC, ic_body, "ic")
                 return
-            # A read in place (no pack_a) when its rows are contiguous and every panel of
-            # this block is full width (the one extra microkernel has no column edge)
-            da = b.and_(b.icmp_signed("==", csa, _c64(1)),
-                        b.icmp_signed("==", b.srem(nc, _c64(NR)), _c64(0)))
+            # A read in place (no pack_a) when its rows are contiguous and either every
+            # panel of this block is full width or there is one M block (small M: the
+            # last column panel takes the narrowest direct tile covering it)
+            full = b.icmp_signed("==", b.srem(nc, _c64(NR)), _c64(0))
+            if cfg.direct_a_edge:
+                full = b.or_(full, b.icmp_signed("<=", M, _c64(MC)))
+            da = b.and_(b.icmp_signed("==", csa, _c64(1)), full)
             with b.if_else(da) as (t, o):
                 with t:
                     counted_loop(b, _c64(0), M, MC, lambda b, ic: ic_body(b, ic, True), "icd")
@@ -1284,7 +1363,8 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
                     for mr in range(1, cfg.mr + 1)]
     narrow = (_emit_narrow_driver(module, name + ".narrow", cfg, epilogue, epi_types)
               if cfg.narrow else None)
-    micro_da = (_emit_micro(module, f"{name}.micro_da", cfg, epilogue, epi_types, None, True)
+    micro_da = ([_emit_micro(module, f"{name}.micro_da{nv}", cfg, epilogue, epi_types, nv, True)
+                 for nv in range(1 if cfg.direct_a_edge else cfg.nv, cfg.nv + 1)]
                 if cfg.direct_a else None)
     seq = _emit_seq(module, name + ".seq", cfg, micros, pack_a, pack_b, epi_types, skinnies,
                     narrow, micro_da)

@@ -22,6 +22,11 @@ Callback epilogue.  `rlxc_sgemm_cb_TAG` takes two extra arguments, a function
 each finished row-vector of C (VL floats at (row, col), the first n valid) it
 stores the vector to a stack slot, calls epi, which rewrites the n values in
 place, and stores the result to C.  The call costs a few ns per VL outputs.
+Built-in epilogues: an `epi` below BUILTIN_MAX is not called but a code for
+one inlined in the kernel (a linear layer's bias, with or without ReLU:
+BUILTIN_BIAS / BUILTIN_BIAS_RELU; ctx[0] is then the bias row, read at C's
+column), so the commonest epilogues pay no call per vector (matmul_codegen
+.builtin_epilogue picks them).
 The disk entry is checked against its sha256 sidecar before use.  It lives
 in runtime_dir() ($RLXC_RUNTIME_DIR, default ~/.cache/rlxc-runtime), not in
 the function cache: it is toolchain, not a compiled user function.
@@ -116,8 +121,56 @@ def _entry_slot(b: ir.IRBuilder, ty):
     return slot
 
 
+BUILTIN_BIAS, BUILTIN_BIAS_RELU = 1, 2   # epi "function pointers" that are built-in epilogues
+BUILTIN_MAX = 16
+
+
 def _callback_hook(b, row, col, vec, lanes, mask, args):
+    """The cb variant's epilogue: a built-in one when `epi` is a small code, else the call."""
+    from rlxc.lowering.cpu.sgemm_kernels import masked_load
+
     fnp, ctx = args
+    is_builtin, bias, lov = _builtin_setup(b, fnp, ctx, vec.type)
+    with b.if_else(is_builtin, likely=True) as (builtin, other):
+        with builtin:   # v + bias[col..] (ctx[0] = bias), then relu for BUILTIN_BIAS_RELU
+            x = b.fadd(vec, masked_load(b, b.gep(bias, [col], inbounds=True), lanes, mask))
+            # relu as rlx.relu: NaN passes, -0 -> +0; with lo = -inf it is the identity
+            x = b.select(b.fcmp_unordered(">", x, lov), x, lov)
+            x_builtin, blk_builtin = x, b.block
+        with other:
+            x_call = _call_hook(b, vec, lanes, mask, fnp, ctx, row, col)
+            blk_call = b.block
+    out = b.phi(vec.type)
+    out.add_incoming(x_builtin, blk_builtin)
+    out.add_incoming(x_call, blk_call)
+    return out
+
+
+def _builtin_setup(b, fnp, ctx, vt):
+    """(is a built-in code, the bias row, the splat lower bound) for the function being
+    emitted, computed once at its entry (the hook is emitted at every store of C).
+    ctx[0] is read even for a real callback (ctx has at least one slot), never used."""
+    key = (id(b.function), "builtin", str(vt))
+    got = _slots.get(key)
+    if got is None or got[0].parent.parent is not b.function:
+        entry = b.function.entry_basic_block
+        t = ir.IRBuilder(entry)
+        if entry.instructions:
+            t.position_before(entry.instructions[0])
+        code = t.ptrtoint(fnp, I64)
+        is_builtin = t.icmp_unsigned("<", code, ir.Constant(I64, BUILTIN_MAX))
+        bias = t.load(t.bitcast(ctx, F32.as_pointer().as_pointer()))
+        lo = t.select(t.icmp_unsigned("==", code, ir.Constant(I64, BUILTIN_BIAS_RELU)),
+                      ir.Constant(F32, 0.0), ir.Constant(F32, float("-inf")))
+        lov = t.shuffle_vector(
+            t.insert_element(ir.Constant(vt, ir.Undefined), lo, ir.Constant(I32, 0)),
+            ir.Constant(vt, ir.Undefined), ir.Constant(ir.VectorType(I32, vt.count),
+                                                       [0] * vt.count))
+        got = _slots[key] = (is_builtin, bias, lov)
+    return got
+
+
+def _call_hook(b, vec, lanes, mask, fnp, ctx, row, col):
     slot = _entry_slot(b, vec.type)
     b.store(vec, slot, align=4)
     if mask is None:
