@@ -9,14 +9,18 @@
           │ and its split entry, internal, under the name NAME.rows
           ▼
     rlx_NAME(ins, outs, params, ws)          static ABI (driver.py): rows := B, then
-                                             rlx_NAME.rows(ins, outs, params, ws, &rows)
+                                             rlx_NAME.rows(ins, outs, params, ws, &rows),
+                                             which runs the plain static program
+                                             rlx_NAME.plain when it does not split
     rlx_NAME_workspace_size()                the split bound (TCAP slices) at B
     rlx_NAME_signature()                     the static signature
     rlx_NAME_set_batch_split / _last_split   as for a dynamic library
 
 At team >= 2 a call is ONE OpenMP region, each thread running the body on its rows;
-below that (one thread, B < 2 MIN_ROWS per thread, work under the threshold) the body
-runs at B on the calling thread.  Built only when it can pay: compiled for >= 2 threads,
+below that (one thread, work under the run-time threshold) the plain static program
+runs, as it would without the split.  (Static programs at the chunk's row count
+instead of the body gained nothing: ONNX CNN, 32 rows on one thread, 56 us CPU for the
+body vs 63 for a static program.)  Built only when it can pay: compiled for >= 2 threads,
 B >= 2 MIN_ROWS and the static program's work at B reaches the split threshold
 (PAR_MIN_WORK), else (or when the program is not separable, or not size-generic) the
 plain static program is kept: a batch-1 program never changes.
@@ -96,7 +100,7 @@ def split_static(module, static_prog, name: str, cpu: str, tcap: int):
     from rlxc.dialect.module import get_func, signature
     from rlxc.lowering.cpu.batchsplit import decide_static
     from rlxc.lowering.cpu.batchsplit_entry import MIN_ROWS, emit_split_entry
-    from rlxc.lowering.cpu.codegen import generate
+    from rlxc.lowering.cpu.codegen import ModuleGen, generate
     from rlxc.lowering.cpu.dynsizes import lower_dynamic
     from rlxc.lowering.cpu.symint import DynamicSizeError, SymInt
     from rlxc.lowering.cpu.tuning import PAR_MIN_WORK
@@ -121,13 +125,21 @@ def split_static(module, static_prog, name: str, cpu: str, tcap: int):
         m = generate(p, cpu)
     except (DynamicSizeError, ValueError, TypeError) as e:
         raise NotSplit(f"no size-generic body: {e}") from None
-    emit_split_entry(m, p, tcap, PAR_MIN_WORK)
+    # an unsplit call runs the plain static program, generated into the same module: a
+    # one-thread call is the program it was without the split
+    plain = f"{name}.plain"
+    static_prog.name = plain
+    ModuleGen(static_prog, cpu, module=m).generate()
+    emit_split_entry(m, p, tcap, PAR_MIN_WORK, fallback=m.get_global(f"rlx_{plain}"))
 
     env = {SYM: d.rows}
-    ws = max(e.eval(env) if isinstance(e, SymInt) else int(e) for e in p.workspace_ends)
+    ws = max([e.eval(env) if isinstance(e, SymInt) else int(e) for e in p.workspace_ends]
+             + [static_prog.workspace_size])
     sym, isym = f"rlx_{name}", f"rlx_{inner}"
     for suffix in ("", "_workspace_size", "_signature", "_set_batch_split", "_last_split"):
         m.get_global(isym + suffix).linkage = "internal"
+    for suffix in ("", "_workspace_size", "_signature"):
+        m.get_global(f"rlx_{plain}{suffix}").linkage = "internal"
 
     entry, b = _fn(m, sym, I32, [I8PP, I8PP, I8PP, I8P])
     entry.attributes.add("nounwind")
@@ -157,6 +169,7 @@ def split_static(module, static_prog, name: str, cpu: str, tcap: int):
 
     # what driver.compile_cpu reads of a program: the static face of the split one
     p.args, p.outputs, p.workspace_size = args, outs, ws
+    p.kernels = list(p.kernels) + list(static_prog.kernels)   # sgemm variants
     p.batch_split = d
     p.batch_split_json = {"symbol": SYM, "reason": "", "rows": d.rows}
     return m, p
