@@ -97,6 +97,8 @@ def _fn(m, name, ret, args, linkage=None):
 def split_static(module, static_prog, name: str, cpu: str, tcap: int):
     """(llvm module, program) of the split static library of `module`, whose plain
     lowering is `static_prog`; raises NotSplit (why) when the plain one is kept."""
+    from xdsl.utils.exceptions import VerifyException
+
     from rlxc.dialect.module import get_func, signature
     from rlxc.lowering.cpu.batchsplit import decide_static
     from rlxc.lowering.cpu.batchsplit_entry import MIN_ROWS, emit_split_entry
@@ -123,8 +125,8 @@ def split_static(module, static_prog, name: str, cpu: str, tcap: int):
         if p.batch_split.symbol != SYM:
             raise NotSplit(p.batch_split.reason)
         m = generate(p, cpu)
-    except (DynamicSizeError, ValueError, TypeError) as e:
-        raise NotSplit(f"no size-generic body: {e}") from None
+    except (DynamicSizeError, ValueError, TypeError, KeyError, VerifyException) as e:
+        raise NotSplit(f"no size-generic body: {type(e).__name__}: {e}") from None
     # an unsplit call runs the plain static program, generated into the same module: a
     # one-thread call is the program it was without the split
     plain = f"{name}.plain"

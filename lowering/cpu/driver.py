@@ -193,13 +193,14 @@ def compile_cpu(func_module, name: str | None = None, cpu: str = "native", opt: 
     args = [{"name": a.name, "kind": a.kind, "shape": list(a.shape), "dtype": a.dtype}
             for a in prog.args]
     outs = [{"shape": list(s), "dtype": d} for s, d in prog.outputs]
+    split = getattr(prog, "batch_split_json", None) or {}   # none: a program with regions
     return CompiledArtifact(name, f"rlx_{name}", f"rlx_{name}_workspace_size",
                             prog.workspace_size, obj, path, args, outs,
                             {int(k): list(v) for k, v in prog.errors.items()}, cpu, t,
-                            prog.batch_split_json["symbol"] is not None or
+                            split.get("symbol") is not None or
                             has_parallel_kernels(prog, cpu),
                             {int(k): list(v) for k, v in prog.error_args.items()},
-                            prog.batch_split_json)
+                            split or None)
 
 
 def has_parallel_kernels(prog, cpu: str = "native") -> bool:
