@@ -43,6 +43,9 @@ def _func(fn, name):
 
 @pytest.fixture
 def threads3(monkeypatch):
+    import rlxc.backends as backends
+
+    monkeypatch.setattr(backends, "_libs", {})   # loaded afresh: governor off (below)
     monkeypatch.setenv("RLXC_MAX_THREADS", str(THREADS))   # libraries compiled for 3 threads
     monkeypatch.setenv("RLXC_ADAPTIVE_THREADS", "0")        # every call uses all 3
     monkeypatch.delenv("RLXC_BATCH_SPLIT", raising=False)
