@@ -3,12 +3,13 @@
     i32 rlx_NAME(ins, outs, params, ws, dims)                    (exported; dynentry.py ABI)
         N = dims[n]; t = min(team limit, TCAP, N / MIN_ROWS)
         if split off, t < 2 or work(N) < min_work:  return NAME.body(ins, outs, params, ws, dims)
-        NAME.pin_team()
+        NAME.pin_team(); moved = NAME.caller_home(t, saved)   (caller off its workers' CPUs)
         GOMP_parallel: thread tid of nt, rows [lo, hi) = [N tid / nt, N (tid + 1) / nt):
             dims'  = dims with N := hi - lo
             ins'   = split inputs + lo * row bytes (shared inputs as given); outs' likewise
             ws'    = ws + tid * round64(NAME.ws_body(dims with N := ceil(N / nt)))
             rc     = NAME.body(ins', outs', params, ws', dims')   (first nonzero rc wins)
+        moved: the caller's affinity mask restored from saved
     void rlx_NAME_set_batch_split(i64 min_work)   < 0: never split; else the work threshold
     i32  rlx_NAME_last_split(void)                team of the calling thread's last call (0: unsplit)
 
@@ -90,7 +91,7 @@ def _caller_home(m, sym: str) -> ir.Function:
     fn.linkage = "internal"
     team, saved = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
-    no, yes = ir.Constant(ir.IntType(1), 0), ir.Constant(ir.IntType(1), 1)
+    no = ir.Constant(ir.IntType(1), 0)
     pinned = m.get_global(f"{sym}.pinned_for")
     with b.if_then(b.icmp_signed("<=", b.load(pinned), ir.Constant(I32, 0)), likely=False):
         b.ret(no)   # pinning off (or never pinned): nothing to keep apart
@@ -113,7 +114,7 @@ def _caller_home(m, sym: str) -> ir.Function:
         below = b.call(ctpop, [b.and_(v, b.sub(b.shl(_c(1), cb), _c(1)))])
         pos = b.add(pos, b.select(b.icmp_signed(">", cw, _c(w)), cnt,
                                   b.select(b.icmp_signed("==", cw, _c(w)), below, _c(0))))
-        lo = b.add(_c(64 * w), b.call(cttz, [v, ir.Constant(ir.IntType(1), 1)]))
+        lo = b.add(_c(64 * w), b.call(cttz, [v, ir.Constant(ir.IntType(1), 0)]))
         first = b.select(b.and_(b.icmp_signed("<", first, _c(0)),
                                 b.icmp_unsigned("!=", v, _c(0))), lo, first)
     t64 = b.sext(team, I64)
