@@ -3,13 +3,12 @@
     i32 rlx_NAME(ins, outs, params, ws, dims)                    (exported; dynentry.py ABI)
         N = dims[n]; t = min(team limit, TCAP, N / MIN_ROWS)
         if split off, t < 2 or work(N) < min_work:  return NAME.body(ins, outs, params, ws, dims)
-        NAME.pin_team(); moved = NAME.caller_home(t, saved)   (caller off its workers' CPUs)
+        NAME.pin_team()
         GOMP_parallel: thread tid of nt, rows [lo, hi) = [N tid / nt, N (tid + 1) / nt):
             dims'  = dims with N := hi - lo
             ins'   = split inputs + lo * row bytes (shared inputs as given); outs' likewise
             ws'    = ws + tid * round64(NAME.ws_body(dims with N := ceil(N / nt)))
             rc     = NAME.body(ins', outs', params, ws', dims')   (first nonzero rc wins)
-        moved: the caller's affinity mask restored from saved
     void rlx_NAME_set_batch_split(i64 min_work)   < 0: never split; else the work threshold
     i32  rlx_NAME_last_split(void)                team of the calling thread's last call (0: unsplit)
 
@@ -61,74 +60,6 @@ def _ws_body(m, sym: str, dims: list, ends: list) -> ir.Function:
         best = v if best is None else b.select(b.icmp_signed(">", v, best), v, best)
     b.ret(best)
     symint.flush()
-    return fn
-
-
-CPUSET = ir.ArrayType(I64, 16)   # cpu_set_t: 1024 bits
-
-
-def _libc(m, name: str):
-    f = m.globals.get(name)
-    if f is None:
-        ty = {"sched_getcpu": ir.FunctionType(I32, []),
-              "llvm.ctpop.i64": ir.FunctionType(I64, [I64]),
-              "llvm.cttz.i64": ir.FunctionType(I64, [I64, ir.IntType(1)])}.get(
-            name, ir.FunctionType(I32, [I32, I64, I8P]))   # sched_{get,set}affinity
-        f = ir.Function(m, ty, name)
-    return f
-
-
-def _caller_home(m, sym: str) -> ir.Function:
-    """i1 NAME.caller_home(i32 team, i8* saved): keep the calling thread off its team's
-    CPUs for one region.  pinning.py binds worker k to the (k mod n)-th CPU of the mask
-    and leaves the caller free; a caller the scheduler put on worker k's CPU time-shares
-    it with that worker, and every region then waits for a scheduler tick (measured
-    under load on 2 cores: 8-16 ms per call instead of 55 us).  When the team is pinned
-    and the caller sits on the position of one of workers 1..team-1 (and position 0
-    is free: team <= n), bind the caller to the mask's first CPU, saving its mask in
-    `saved`, and return 1 (the entry restores it after the region); else return 0."""
-    fn = ir.Function(m, ir.FunctionType(ir.IntType(1), [I32, I8P]), f"{sym}.caller_home")
-    fn.linkage = "internal"
-    team, saved = fn.args
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    no = ir.Constant(ir.IntType(1), 0)
-    pinned = m.get_global(f"{sym}.pinned_for")
-    with b.if_then(b.icmp_signed("<=", b.load(pinned), ir.Constant(I32, 0)), likely=False):
-        b.ret(no)   # pinning off (or never pinned): nothing to keep apart
-    cpu = b.call(_libc(m, "sched_getcpu"), [])
-    with b.if_then(b.icmp_signed("<", cpu, ir.Constant(I32, 0)), likely=False):
-        b.ret(no)
-    rc = b.call(_libc(m, "sched_getaffinity"), [ir.Constant(I32, 0), _c(128), saved])
-    with b.if_then(b.icmp_signed("!=", rc, ir.Constant(I32, 0)), likely=False):
-        b.ret(no)
-    mask = b.bitcast(saved, CPUSET.as_pointer())
-    words = [b.load(b.gep(mask, [ir.Constant(I32, 0), ir.Constant(I32, w)], inbounds=True))
-             for w in range(16)]
-    ctpop, cttz = _libc(m, "llvm.ctpop.i64"), _libc(m, "llvm.cttz.i64")
-    c64 = b.sext(cpu, I64)
-    cw, cb = b.lshr(c64, _c(6)), b.and_(c64, _c(63))
-    n, pos, first = _c(0), _c(0), _c(-1)
-    for w, v in enumerate(words):
-        cnt = b.call(ctpop, [v])
-        n = b.add(n, cnt)
-        below = b.call(ctpop, [b.and_(v, b.sub(b.shl(_c(1), cb), _c(1)))])
-        pos = b.add(pos, b.select(b.icmp_signed(">", cw, _c(w)), cnt,
-                                  b.select(b.icmp_signed("==", cw, _c(w)), below, _c(0))))
-        lo = b.add(_c(64 * w), b.call(cttz, [v, ir.Constant(ir.IntType(1), 0)]))
-        first = b.select(b.and_(b.icmp_signed("<", first, _c(0)),
-                                b.icmp_unsigned("!=", v, _c(0))), lo, first)
-    t64 = b.sext(team, I64)
-    clash = b.and_(b.icmp_signed(">=", pos, _c(1)), b.icmp_signed("<", pos, t64))
-    ok = b.and_(clash, b.and_(b.icmp_signed("<=", t64, n), b.icmp_signed(">=", first, _c(0))))
-    with b.if_then(b.not_(ok), likely=True):
-        b.ret(no)
-    one = b.alloca(CPUSET, name="home")
-    b.store(ir.Constant(CPUSET, None), one)
-    slot = b.gep(one, [ir.Constant(I32, 0), b.trunc(b.lshr(first, _c(6)), I32)], inbounds=True)
-    b.store(b.shl(_c(1), b.and_(first, _c(63))), slot)
-    rc = b.call(_libc(m, "sched_setaffinity"), [ir.Constant(I32, 0), _c(128),
-                                                 b.bitcast(one, I8P)])
-    b.ret(b.icmp_signed("==", rc, ir.Constant(I32, 0)))
     return fn
 
 
@@ -196,8 +127,6 @@ def emit_split_entry(m: ir.Module, p, tcap: int, min_work: int, fallback=None) -
         b.ret(b.call(fallback, [ins, outs, pars, ws]) if fallback is not None else
               b.call(body, [ins, outs, pars, ws, dims]))
     b.call(pin, [])
-    saved = b.alloca(CPUSET, name="caller.mask")
-    moved = b.call(_caller_home(m, sym), [b.trunc(team, I32), b.bitcast(saved, I8P)])
     rc_slot = b.alloca(I32, name="rc")
     b.store(ir.Constant(I32, 0), rc_slot)
 
@@ -241,8 +170,6 @@ def emit_split_entry(m: ir.Module, p, tcap: int, min_work: int, fallback=None) -
 
     openmp.emit_parallel_ranges(m, b, n, chunk, [ins, outs, pars, ws, dims, rc_slot],
                                 name=f"{sym}.split", max_threads=team)
-    with b.if_then(moved, likely=False):
-        b.call(_libc(m, "sched_setaffinity"), [ir.Constant(I32, 0), _c(128), b.bitcast(saved, I8P)])
     b.store(b.trunc(team, I32), last)
     b.ret(b.load(rc_slot))
     symint.flush()
