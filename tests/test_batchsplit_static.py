@@ -210,4 +210,3 @@ def test_static_aot_library_splits_through_the_c_abi(tmp_path, monkeypatch):
     x = np.random.default_rng(1).normal(size=(64, 1, 8, 8)).astype(np.float32)
     sess = ort.InferenceSession(CNN, providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(ys[0], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
-
