@@ -10,8 +10,10 @@ graph optimizations on (ORT_ENABLE_ALL); rlxc runs `from_onnx(...).jit()` with
 set_num_threads(--threads), in two forms (--shapes): "static" fixes the batch with
 input_shapes= (one program per batch size), "dynamic" keeps the exported dim_param
 (one Func and one size-generic library for every batch, whose batch-separable
-programs run as one parallel region over row chunks: lowering/cpu/batchsplit.py). Both sides alternate in blocks; each prints the median
-time per call, and ratio = onnxruntime / rlxc (> 1: rlxc is faster; target >= 1.2).
+programs run as one parallel region over row chunks: lowering/cpu/batchsplit.py; a
+static program splits the same way: batchsplit_static.py). Both sides alternate in
+blocks; each prints the median time per call, and ratio = onnxruntime / rlxc (> 1: rlxc
+is faster; target >= 1.2); "split" names the library's split symbol ("-": none).
 The outputs are compared first (1e-4 relative).
 """
 from __future__ import annotations
@@ -69,7 +71,7 @@ def bench(name: str, batch: int, threads: int, runs: int, shapes: str = "static"
     got = j.run(x=x)[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     r_times, o_times = [], []
-    for _ in range(2):   # warm-up
+    for _ in range(10):   # warm-up (and the runtime thread governor's first choice)
         j.run(x=x)
         sess.run(None, {"x": x})
     per_block = max(runs // 5, 1)
@@ -79,7 +81,15 @@ def bench(name: str, batch: int, threads: int, runs: int, shapes: str = "static"
         o_times += block(lambda: sess.run(None, {"x": x}), per_block)
         time.sleep(0.05)
     r, o = statistics.median(r_times), statistics.median(o_times)
-    return r, o, t_compile
+    return r, o, t_compile, _split(j)
+
+
+def _split(j) -> str:
+    """The library's batch split (lowering/cpu/batchsplit*.py): its symbol, or "-"."""
+    one = getattr(j, "_one", None)
+    lib = one.lib if one is not None else getattr(j, "lib", None)
+    meta = getattr(lib, "meta", None) or {}
+    return (meta.get("batch_split") or {}).get("symbol") or "-"
 
 
 def main(argv=None) -> int:
@@ -96,15 +106,15 @@ def main(argv=None) -> int:
     print(f"onnxruntime {ort.__version__} CPUExecutionProvider, {args.threads} thread(s); "
           f"median of {args.runs} calls")
     print(f"{'model':<10}{'shapes':>9}{'batch':>6}{'rlxc us':>12}{'ort us':>12}{'ratio':>8}"
-          f"{'compile s':>11}")
+          f"{'compile s':>11}{'split':>7}")
     for name in args.models.split(","):
         for shapes in args.shapes.split(","):
             if shapes not in ("static", "dynamic"):
                 ap.error(f"--shapes: {shapes!r} is not static or dynamic")
             for b in (int(v) for v in args.batches.split(",")):
-                r, o, tc = bench(name, b, args.threads, args.runs, shapes)
+                r, o, tc, split = bench(name, b, args.threads, args.runs, shapes)
                 print(f"{name:<10}{shapes:>9}{b:>6}{r * 1e6:>12.1f}{o * 1e6:>12.1f}"
-                      f"{o / r:>8.2f}{tc:>11.2f}", flush=True)
+                      f"{o / r:>8.2f}{tc:>11.2f}{split:>7}", flush=True)
     return 0
 
 

@@ -83,8 +83,8 @@ MIXING = {"mean over the batch": (_mean_batch, "reduces the batch axis"),
           "softmax over axis 0": (_softmax_axis0, "reduces the batch axis"),
           "cross-entropy loss": (_ce_loss, "reduces the batch axis"),
           "transpose moving N": (_transpose_n, "off axis 0"),
-          "reshape moving N": (_reshape_n, "off axis 0"),
-          "gather along axis 0": (_gather_rows, "reduces the batch axis")}
+          "reshape moving N": (_reshape_n, "does not keep the batch axis whole"),
+          "gather along axis 0": (_gather_rows, "gathers along the batch axis")}
 
 
 def _func(fn, name):

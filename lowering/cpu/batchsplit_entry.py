@@ -89,9 +89,12 @@ def _controls(m, sym: str, min_work: int):
     return mw, last
 
 
-def emit_split_entry(m: ir.Module, p, tcap: int, min_work: int) -> None:
+def emit_split_entry(m: ir.Module, p, tcap: int, min_work: int, fallback=None) -> None:
     """Define the exported entry `rlx_NAME` of program `p` (p.batch_split a Decision with a
-    symbol) around `rlx_NAME.body`, which codegen already emitted into `m`."""
+    symbol) around `rlx_NAME.body`, which codegen already emitted into `m`.
+
+    `fallback`: the function an unsplit call runs instead of the body
+    (batchsplit_static.py: the plain static program, ABI (ins, outs, params, ws))."""
     from rlxc.lowering.cpu.pinning import emit_pin_team
 
     sym = f"rlx_{p.name}"
@@ -121,7 +124,8 @@ def emit_split_entry(m: ir.Module, p, tcap: int, min_work: int) -> None:
                 b.and_(b.icmp_signed(">=", thr, _c(0)), b.icmp_signed(">=", work, thr)))
     with b.if_then(b.not_(go), likely=False):
         b.store(ir.Constant(I32, 0), last)
-        b.ret(b.call(body, [ins, outs, pars, ws, dims]))
+        b.ret(b.call(fallback, [ins, outs, pars, ws]) if fallback is not None else
+              b.call(body, [ins, outs, pars, ws, dims]))
     b.call(pin, [])
     rc_slot = b.alloca(I32, name="rc")
     b.store(ir.Constant(I32, 0), rc_slot)

@@ -52,6 +52,7 @@ class CompiledArtifact:
     timings: dict = field(default_factory=dict)
     parallel: bool = True      # some kernel may split over threads (else one thread always)
     error_args: dict = field(default_factory=dict)  # {code: [kind, index, bound]} (Program)
+    batch_split: dict | None = None   # batchsplit_static.py: {"symbol", "reason", "rows"}
 
     @property
     def inputs(self) -> list:
@@ -72,7 +73,8 @@ class CompiledArtifact:
                 "outputs": self.outputs,
                 "errors": {str(k): list(v) for k, v in self.errors.items()}, "cpu": self.cpu,
                 "parallel": self.parallel, "sgemm": sgemm_params(self.cpu),
-                "error_args": {str(k): list(v) for k, v in self.error_args.items()}}
+                "error_args": {str(k): list(v) for k, v in self.error_args.items()},
+                **({"batch_split": self.batch_split} if self.batch_split is not None else {})}
 
 
 def default_threads() -> int:
@@ -121,6 +123,12 @@ def llvm_module(module, name: str | None = None, cpu: str = "native",
         return generate_regions(module, _name(module, name), cpu, max_threads or
                                 default_threads())
     prog = lower(module, name, cpu, max_threads)
+    from rlxc.lowering.cpu.batchsplit_static import NotSplit, split_static
+
+    try:   # a batch-separable program: one region over row chunks (batchsplit_static.py)
+        return split_static(module, prog, prog.name, cpu, max_threads or default_threads())
+    except NotSplit as e:
+        prog.batch_split_json = {"symbol": None, "reason": str(e)}
     return generate(prog, cpu), prog
 
 
@@ -185,11 +193,14 @@ def compile_cpu(func_module, name: str | None = None, cpu: str = "native", opt: 
     args = [{"name": a.name, "kind": a.kind, "shape": list(a.shape), "dtype": a.dtype}
             for a in prog.args]
     outs = [{"shape": list(s), "dtype": d} for s, d in prog.outputs]
+    split = getattr(prog, "batch_split_json", None) or {}   # none: a program with regions
     return CompiledArtifact(name, f"rlx_{name}", f"rlx_{name}_workspace_size",
                             prog.workspace_size, obj, path, args, outs,
                             {int(k): list(v) for k, v in prog.errors.items()}, cpu, t,
+                            split.get("symbol") is not None or
                             has_parallel_kernels(prog, cpu),
-                            {int(k): list(v) for k, v in prog.error_args.items()})
+                            {int(k): list(v) for k, v in prog.error_args.items()},
+                            split or None)
 
 
 def has_parallel_kernels(prog, cpu: str = "native") -> bool:
