@@ -231,6 +231,11 @@ class ThreadGovernor:
         last1, lastn = one[-1][0], many[-1][0]
         if (lastn < PREFER_TEAM * t1) if best == 1 else (tn >= PREFER_TEAM * last1):
             every = 2 * TEAM_BURST
+        elif len(one if best != 1 else many) < WINDOW:
+            # the other count's window is not full yet: its first calls pay one-time
+            # costs (a split's per-thread workspace pages) and a stalled sample weighs
+            # heavily; a long exclusion is decided on a full window only
+            every = 2 * TEAM_BURST
         else:
             every = EXPLORE if ratio < 1.5 else EXPLORE * 4 if ratio < 4 else EXPLORE * 16
         self.every = every

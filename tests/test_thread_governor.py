@@ -202,3 +202,22 @@ def test_set_num_threads_reaches_every_size_class():
     assert all(g._fixed and g.nmax == 1 for g in classes)
     j.run(x=np.ones((64, 4096), np.float32))
     assert lib.governor._cell[0] == 1
+
+
+def test_slow_first_team_calls_do_not_lock_the_team_out():
+    """The team's first calls pay one-time costs (a split's per-thread workspace pages, a
+    stalled region): judged on a window that is not full yet, they used to keep the team
+    off for EXPLORE * 16 calls.  Here the first 4 team calls cost 10x, later ones half a
+    one-thread call: the team must be the choice within 60 calls."""
+    gov = ThreadGovernor(lambda n: None, 2)
+    team_calls, used = [0], []
+    for _ in range(120):
+        n, _t0, cold = gov.begin()
+        if n == 2:
+            team_calls[0] += 1
+            cost = 1e-2 if team_calls[0] <= 4 else 0.5e-3
+        else:
+            cost = 1e-3
+        gov.end((n, time.perf_counter() - cost, cold))
+        used.append(n)
+    assert used[60:].count(2) > 0.8 * 60, "".join(map(str, used))
