@@ -33,7 +33,7 @@ hook; one sgemm function is emitted per distinct epilogue structure.  On
 AVX-512 targets every function gets "prefer-vector-width"="512".
 
 A library whose kernels may fork first binds the OpenMP team's worker
-threads to CPUs (pinning.py; once per team size).
+threads to CPUs (pinning.py; once per team size, again when the caller lands on a worker's CPU).
 
 Streaming stores.  The innermost loop of a map that writes a large output
 row by row (For.stream, chosen by schedule.streamable) is not left to the

@@ -1,14 +1,15 @@
-"""Pin the OpenMP team's worker threads, one per allowed CPU (the calling thread stays free).
+"""Pin the OpenMP team's worker threads, one per allowed CPU other than the caller's.
 
-    entry of a library whose kernels may fork (codegen.py):
-        NAME.pin_team()                      once per calling thread and team size,
-                                             before the first region
-          │ t = rlxc_num_threads or omp_get_max_threads(); nothing if t < 2 or done for t
-          │ GOMP_parallel(NAME.pin_worker, NULL, t, 0)
+    entry of a library whose kernels may fork (codegen.py, batchsplit_entry.py):
+        NAME.pin_team()                      before the first region of a call
+          │ t = rlxc_num_threads or omp_get_max_threads(); nothing if t < 2, or when
+          │ done for t and the caller's CPU (sched_getcpu) is none of its workers' CPUs
+          │ GOMP_parallel(NAME.pin_worker, {caller's mask, caller's CPU, bound}, t, 0)
           ▼
-        NAME.pin_worker:  thread k > 0 of the team binds itself to the (k mod n)-th CPU of
-                          its affinity mask (sched_getaffinity / sched_setaffinity); thread
-                          0, the caller, is left alone
+        NAME.pin_worker:  thread k > 0 of the team binds itself to the (k-1 mod n)-th CPU
+                          of the caller's affinity mask other than the caller's current
+                          CPU (n of them) and records it in `bound`; thread 0, the
+                          caller, is left alone
 
 Why: a libgomp worker that has gone to sleep (after its spin count, e.g. between
 calls made every 100 ms) is woken by a futex from the calling thread, and the
@@ -17,7 +18,12 @@ From there on the two threads of every parallel region time-share one CPU while
 the other idles, and each region's join waits for a scheduler slice: measured
 on a 2-core VM, a 0.6 ms call became 8 ms per region and stayed so.  Bound
 workers cannot be moved onto the caller's CPU; the caller itself is not bound
-(pinning it would pin every thread it creates later).
+(pinning it would pin every thread it creates later).  The caller can still be moved
+onto a worker's CPU (or start there: the mask's k-th CPU is where the caller happened
+to be): then the two time-share it, on a 2-core VM every region waiting ~40 us or a
+scheduler tick.  So each call compares the caller's CPU with the CPUs its workers are
+bound to (`NAME.pinned_cpus`, a thread-local bit set: one load and one test) and re-pins
+the team around the caller's CPU when they meet.
 
 State.  `NAME.pinned_for` (the team size pinned; -1: pinning is off) is a
 thread_local global: libgomp gives every thread that starts a parallel region
@@ -77,49 +83,79 @@ def _for(b: ir.IRBuilder, n: int, body, name: str):
     b.position_at_end(done)
 
 
+# what pin_team hands its team: the caller's affinity mask, the caller's CPU, and the
+# CPUs the workers bound themselves to (each worker ORs its bit in, atomically)
+PINDATA = ir.LiteralStructType([CPUSET, I64, CPUSET])
+
+
+def _bit_of(b: ir.IRBuilder, cpu):
+    """(word index, bit) of i64 `cpu` in a CPUSET."""
+    return (b.lshr(cpu, ir.Constant(I64, 6)),
+            b.shl(ir.Constant(I64, 1), b.and_(cpu, ir.Constant(I64, 63))))
+
+
+def _word(b: ir.IRBuilder, ptr, w):
+    return b.gep(ptr, [ir.Constant(I32, 0), w], inbounds=True)
+
+
 def _pin_worker(m: ir.Module, sym: str) -> ir.Function:
     fn = ir.Function(m, ir.FunctionType(VOID, [I8P]), f"{sym}.pin_worker")
     fn.linkage = "internal"
-    getaff = _declare(m, "sched_getaffinity", ir.FunctionType(I32, [I32, I64, I8P]))
     setaff = _declare(m, "sched_setaffinity", ir.FunctionType(I32, [I32, I64, I8P]))
     tidf = _declare(m, "omp_get_thread_num", ir.FunctionType(I32, []))
     ctpop = _declare(m, "llvm.ctpop.i64", ir.FunctionType(I64, [I64]))
     b = ir.IRBuilder(fn.append_basic_block("entry"))
-    mask = b.alloca(CPUSET, name="mask")
     one = b.alloca(CPUSET, name="one")
     count = b.alloca(I64, name="count")
     pick = b.alloca(I64, name="pick")
+    chosen = b.alloca(I64, name="chosen")
     tid = b.sext(b.call(tidf, []), I64)
     with b.if_then(b.icmp_signed("==", tid, ir.Constant(I64, 0))):
         b.ret_void()
-    b.store(ir.Constant(CPUSET, None), mask)
-    rc = b.call(getaff, [ir.Constant(I32, 0), ir.Constant(I64, 128), b.bitcast(mask, I8P)])
-    with b.if_then(b.icmp_signed("!=", rc, ir.Constant(I32, 0))):
-        b.ret_void()
+    data = b.bitcast(fn.args[0], PINDATA.as_pointer())
+    mask = b.gep(data, [ir.Constant(I32, 0), ir.Constant(I32, 0)], inbounds=True)
+    caller = b.load(b.gep(data, [ir.Constant(I32, 0), ir.Constant(I32, 1)], inbounds=True))
+    busy = b.gep(data, [ir.Constant(I32, 0), ir.Constant(I32, 2)], inbounds=True)
 
     def word(bb, w):
-        return bb.load(bb.gep(mask, [ir.Constant(I32, 0), w], inbounds=True))
+        return bb.load(_word(bb, mask, w))
+
+    def usable(bb, i):   # CPU i is in the caller's mask and is not the caller's CPU
+        w = bb.lshr(i, ir.Constant(I64, 6))
+        isset = bb.trunc(bb.lshr(word(bb, w), bb.and_(i, ir.Constant(I64, 63))), ir.IntType(1))
+        return bb.and_(isset, bb.icmp_signed("!=", i, caller))
 
     b.store(ir.Constant(I64, 0), count)
     _for(b, 16, lambda bb, w: bb.store(bb.add(bb.load(count), bb.call(ctpop, [word(bb, w)])),
                                        count), "w")
     n = b.load(count)
-    with b.if_then(b.icmp_signed("<", n, ir.Constant(I64, 2))):
+    # the caller's CPU does not count when it is in the mask
+    cw, cb = _bit_of(b, b.select(b.icmp_signed("<", caller, ir.Constant(I64, 0)),
+                                 ir.Constant(I64, 0), caller))
+    in_mask = b.and_(b.icmp_signed(">=", caller, ir.Constant(I64, 0)),
+                     b.icmp_unsigned("!=", b.and_(word(b, cw), cb), ir.Constant(I64, 0)))
+    n = b.sub(n, b.zext(in_mask, I64))
+    with b.if_then(b.icmp_signed("<", n, ir.Constant(I64, 1))):
         b.ret_void()
-    b.store(b.srem(tid, n), pick)  # the k-th allowed CPU, k = tid mod n
+    # worker k takes the (k-1 mod n)-th CPU of the mask other than the caller's
+    b.store(b.srem(b.sub(tid, ir.Constant(I64, 1)), n), pick)
     b.store(ir.Constant(CPUSET, None), one)
+    b.store(ir.Constant(I64, -1), chosen)
 
     def bit(bb, i):
-        w = bb.lshr(i, ir.Constant(I64, 6))
-        isset = bb.trunc(bb.lshr(word(bb, w), bb.and_(i, ir.Constant(I64, 63))), ir.IntType(1))
-        with bb.if_then(isset):
+        with bb.if_then(usable(bb, i)):
             k = bb.load(pick)
             with bb.if_then(bb.icmp_signed("==", k, ir.Constant(I64, 0))):
-                slot = bb.gep(one, [ir.Constant(I32, 0), w], inbounds=True)
-                bb.store(bb.shl(ir.Constant(I64, 1), bb.and_(i, ir.Constant(I64, 63))), slot)
+                w, v = _bit_of(bb, i)
+                bb.store(v, _word(bb, one, w))
+                bb.store(i, chosen)
             bb.store(bb.sub(k, ir.Constant(I64, 1)), pick)
     _for(b, 1024, bit, "cpu")
-    b.call(setaff, [ir.Constant(I32, 0), ir.Constant(I64, 128), b.bitcast(one, I8P)])
+    c = b.load(chosen)
+    with b.if_then(b.icmp_signed(">=", c, ir.Constant(I64, 0))):
+        b.call(setaff, [ir.Constant(I32, 0), ir.Constant(I64, 128), b.bitcast(one, I8P)])
+        w, v = _bit_of(b, c)
+        b.atomic_rmw("or", _word(b, busy, w), v, "monotonic")
     b.ret_void()
     return fn
 
@@ -135,8 +171,15 @@ def emit_pin_team(m: ir.Module, sym: str) -> ir.Function:
     done.linkage = "internal"
     done.storage_class = "thread_local"
     done.initializer = ir.Constant(I32, 0)
+    # the CPUs this caller's workers are bound to: a caller found on one of them re-pins
+    busy = ir.GlobalVariable(m, CPUSET, f"{sym}.pinned_cpus")
+    busy.linkage = "internal"
+    busy.storage_class = "thread_local"
+    busy.initializer = ir.Constant(CPUSET, None)
     worker = _pin_worker(m, sym)
     getenv = _declare(m, "getenv", ir.FunctionType(I8P, [I8P]))
+    getcpu = _declare(m, "sched_getcpu", ir.FunctionType(I32, []))
+    getaff = _declare(m, "sched_getaffinity", ir.FunctionType(I32, [I32, I64, I8P]))
     maxf = _declare(m, "omp_get_max_threads", ir.FunctionType(I32, []))
     par = _declare(m, "GOMP_parallel", ir.FunctionType(
         VOID, [ir.FunctionType(VOID, [I8P]).as_pointer(), I8P, I32, I32]))
@@ -146,12 +189,21 @@ def emit_pin_team(m: ir.Module, sym: str) -> ir.Function:
     fn = ir.Function(m, ir.FunctionType(VOID, []), f"{sym}.pin_team")
     fn.linkage = "internal"
     b = ir.IRBuilder(fn.append_basic_block("entry"))
+    data = b.alloca(PINDATA, name="data")
     st = b.load(done)
     t = b.load(gv)
     t = b.select(b.icmp_signed(">", t, ir.Constant(I32, 0)), t, b.call(maxf, []))
-    skip = b.or_(b.icmp_signed("<", t, ir.Constant(I32, 2)),
-                 b.or_(b.icmp_signed("==", st, t), b.icmp_signed("<", st, ir.Constant(I32, 0))))
-    with b.if_then(skip, likely=True):
+    off = b.or_(b.icmp_signed("<", t, ir.Constant(I32, 2)), b.icmp_signed("<", st, ir.Constant(I32, 0)))
+    with b.if_then(off, likely=True):
+        b.ret_void()
+    cpu = b.sext(b.call(getcpu, []), I64)
+    ok = b.and_(b.icmp_signed(">=", cpu, ir.Constant(I64, 0)),
+                b.icmp_signed("<", cpu, ir.Constant(I64, 1024)))
+    cpu = b.select(ok, cpu, ir.Constant(I64, -1))
+    cw, cb = _bit_of(b, b.select(ok, cpu, ir.Constant(I64, 0)))
+    collide = b.and_(ok, b.icmp_unsigned("!=", b.and_(b.load(_word(b, busy, cw)), cb),
+                                         ir.Constant(I64, 0)))
+    with b.if_then(b.and_(b.icmp_signed("==", st, t), b.not_(collide)), likely=True):
         b.ret_void()
     with b.if_then(b.icmp_signed("==", st, ir.Constant(I32, 0))):  # first time: ask the env
         null = ir.Constant(I8P, None)
@@ -168,7 +220,23 @@ def emit_pin_team(m: ir.Module, sym: str) -> ir.Function:
         with b.if_then(bound):
             b.store(ir.Constant(I32, -1), done)
             b.ret_void()
-    b.call(par, [worker, ir.Constant(I8P, None), t, ir.Constant(I32, 0)])
+    b.store(ir.Constant(PINDATA, None), data)
+    mask = b.gep(data, [ir.Constant(I32, 0), ir.Constant(I32, 0)], inbounds=True)
+    rc = b.call(getaff, [ir.Constant(I32, 0), ir.Constant(I64, 128), b.bitcast(mask, I8P)])
+    with b.if_then(b.icmp_signed("!=", rc, ir.Constant(I32, 0))):  # cannot read: never pin
+        b.store(ir.Constant(I32, -1), done)
+        b.ret_void()
+    b.store(cpu, b.gep(data, [ir.Constant(I32, 0), ir.Constant(I32, 1)], inbounds=True))
+    b.call(par, [worker, b.bitcast(data, I8P), t, ir.Constant(I32, 0)])
+    # no worker bound itself (no CPU but the caller's in its mask): they keep their
+    # earlier binding, and so does the record of it
+    got = b.gep(data, [ir.Constant(I32, 0), ir.Constant(I32, 2)], inbounds=True)
+    acc = b.alloca(I64, name="any")
+    b.store(ir.Constant(I64, 0), acc)
+    _for(b, 16, lambda bb, w: bb.store(bb.or_(bb.load(acc), bb.load(_word(bb, got, w))), acc),
+         "any")
+    with b.if_then(b.icmp_unsigned("!=", b.load(acc), ir.Constant(I64, 0))):
+        b.store(b.load(got), busy)
     b.store(t, done)
     b.ret_void()
     return fn
