@@ -312,7 +312,39 @@ def signature_text(args: list, outputs: list, workspace_size: int) -> str:
                        "workspace": int(workspace_size)}, separators=(",", ":"))
 
 
-class CpuLibrary:
+class SplitControl:
+    """The batch-split controls of a loaded library, static (CpuLibrary) or size-generic
+    (runtime/dyncpu.py): the entry's `_set_batch_split` / `_last_split` symbols
+    (lowering/cpu/batchsplit_entry.py), absent when the program does not split;
+    RLXC_BATCH_SPLIT=0 turns the split off at load."""
+
+    _split_set = _split_last = None
+
+    def _bind_split(self, lib, entry: str) -> None:
+        s = getattr(lib, f"{entry}_set_batch_split", None)
+        last = getattr(lib, f"{entry}_last_split", None)
+        if s is None or last is None:
+            return
+        s.argtypes, s.restype = [ctypes.c_int64], None
+        last.argtypes, last.restype = [], ctypes.c_int32
+        if os.environ.get("RLXC_BATCH_SPLIT", "1") == "0":
+            s(-1)
+        self._split_set, self._split_last = s, last
+
+    def set_batch_split(self, min_work: int) -> bool:
+        """Run a batch-separable library's calls as one region over row chunks when their
+        estimated work reaches `min_work` (< 0: never); False when the library has no split."""
+        if self._split_set is None:
+            return False
+        self._split_set(int(min_work))
+        return True
+
+    def last_split(self) -> int:
+        """Threads the calling thread's last call was split over (0: it ran unsplit)."""
+        return int(self._split_last()) if self._split_last is not None else 0
+
+
+class CpuLibrary(SplitControl):
     """One loaded shared library and the description of its entry point.
 
     The metadata is cross-checked against the library: its entry and workspace
@@ -379,33 +411,13 @@ class CpuLibrary:
         self.governor = ThreadGovernor(self._set_threads, env_threads(),
                                        bool(meta.get("parallel", True)))
         self.cache_key = None  # set by rlxc.backends: the disk cache entry it came from
-        # batch split of a static program (lowering/cpu/batchsplit_static.py): as dyncpu.py
-        self._split_set = getattr(self.lib, f"{meta['entry']}_set_batch_split", None)
-        self._split_last = getattr(self.lib, f"{meta['entry']}_last_split", None)
-        if self._split_set is not None and self._split_last is not None:
-            self._split_set.argtypes, self._split_set.restype = [ctypes.c_int64], None
-            self._split_last.argtypes, self._split_last.restype = [], ctypes.c_int32
-            if os.environ.get("RLXC_BATCH_SPLIT", "1") == "0":
-                self._split_set(-1)
-        else:
-            self._split_set = self._split_last = None
+        # batch split of a static program (lowering/cpu/batchsplit_static.py)
+        self._bind_split(self.lib, meta["entry"])
 
     def set_num_threads(self, n: int) -> None:
         """Most threads for this library's parallel loops and sgemm (0 = all cores); calls
         use one thread instead while that is faster (see ThreadGovernor)."""
         self.governor.configure(int(n))
-
-    def set_batch_split(self, min_work: int) -> bool:
-        """Run a batch-separable library's calls as one region over row chunks when their
-        estimated work reaches `min_work` (< 0: never); False when the library has no split."""
-        if self._split_set is None:
-            return False
-        self._split_set(int(min_work))
-        return True
-
-    def last_split(self) -> int:
-        """Threads the calling thread's last call was split over (0: it ran unsplit)."""
-        return int(self._split_last()) if self._split_last is not None else 0
 
     def error(self, rc: int, frame=None) -> Exception:
         """The exception of return code `rc`.  For an index check on an argument, with the

@@ -26,6 +26,7 @@ import numpy as np
 from .call import aligned_empty, checked_array, data_address
 from .dims import bind_sizes
 from .errors import ArtifactError, RlxError
+from .cpu import GovernorTable, SplitControl, env_threads
 from .signature import NP_DTYPES
 
 _ERRORS = {"IndexError": IndexError, "ValueError": ValueError, "RuntimeError": RuntimeError}
@@ -38,12 +39,10 @@ def size_of(j, env: dict) -> int:
     return j[0] + sum(k * env[s] for s, k in j[1])
 
 
-class DynLibrary:
+class DynLibrary(SplitControl):
     """A loaded size-generic library and its metadata (lowering/cpu/dynsizes.py)."""
 
     def __init__(self, so_path: str, meta: dict):
-        from .cpu import GovernorTable, env_threads   # public names of runtime/cpu.py
-
         if meta.get("abi") != 1 or "dims" not in meta:
             raise ArtifactError(f"{so_path}: not a size-generic CPU library")
         self.meta, self.path = meta, so_path
@@ -74,13 +73,7 @@ class DynLibrary:
         # one thread-count governor per size class (a call plan holds its class's)
         self.governor = GovernorTable(st, env_threads(), bool(meta.get("parallel", True)))
         # batch split (lowering/cpu/batchsplit_entry.py): RLXC_BATCH_SPLIT=0 turns it off
-        self._split_set = getattr(self.lib, f"{meta['entry']}_set_batch_split", None)
-        self._split_last = getattr(self.lib, f"{meta['entry']}_last_split", None)
-        if self._split_set is not None:
-            self._split_set.argtypes, self._split_set.restype = [ctypes.c_int64], None
-            self._split_last.argtypes, self._split_last.restype = [], ctypes.c_int32
-            if os.environ.get("RLXC_BATCH_SPLIT", "1") == "0":
-                self._split_set(-1)
+        self._bind_split(self.lib, meta["entry"])
         for n in (1, 1000):   # the library's size function agrees with the metadata's
             env = {d: n + j for j, d in enumerate(self.dims)}
             arr = (ctypes.c_int64 * max(1, len(self.dims)))(*[env[d] for d in self.dims])
@@ -90,18 +83,6 @@ class DynLibrary:
 
     def set_num_threads(self, n: int) -> None:
         self.governor.configure(int(n))
-
-    def set_batch_split(self, min_work: int) -> bool:
-        """Run a batch-separable library's calls as one region over row chunks when their
-        estimated work reaches `min_work` (< 0: never); False when the library has no split."""
-        if self._split_set is None:
-            return False
-        self._split_set(int(min_work))
-        return True
-
-    def last_split(self) -> int:
-        """Threads the calling thread's last call was split over (0: it ran unsplit)."""
-        return int(self._split_last()) if self._split_last is not None else 0
 
     def workspace_size(self, env: dict) -> int:
         """Bytes of workspace at sizes `env` (the library's own size function, checked
