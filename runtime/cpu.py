@@ -250,26 +250,23 @@ class GovernorTable:
     governor is made on the first call of the class and kept, so a call plan can hold it.
     The governors share the library's setter and the record of the count last set."""
 
-    __slots__ = ("_set", "nmax", "parallel", "_cell", "_by")
+    __slots__ = ("_set", "nmax", "parallel", "adaptive", "_cell", "_by")
 
     def __init__(self, setter, n: int, parallel: bool = True):
         self._set, self.parallel, self._cell = setter, parallel, [None]
+        self.adaptive = _env_flag("RLXC_ADAPTIVE_THREADS") and parallel   # as each governor's
         self._by: dict = {}
         self.configure(n)
-
-    @property
-    def adaptive(self) -> bool:
-        return _env_flag("RLXC_ADAPTIVE_THREADS") and self.parallel
 
     def configure(self, n: int) -> None:
         """Maximum threads `n` (0 = all cores) for every class; resets what was learned."""
         self.nmax = int(n)
-        for g in list(self._by.values()):
-            g.configure(self.nmax)
         self._cell[0] = None
         if self._set is not None:   # applied now, as a lone ThreadGovernor does
             self._set(self.nmax)
-            self._cell[0] = self.nmax
+        self._cell[0] = self.nmax   # so the governors below need not set it again
+        for g in list(self._by.values()):
+            g.configure(self.nmax)
 
     def for_sizes(self, sizes) -> ThreadGovernor:
         """The governor of the class of a call at `sizes` (the values of its symbols)."""
