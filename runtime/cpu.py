@@ -27,9 +27,12 @@ other busy processes, a fork/join team of 2+ threads collapses: every
 barrier waits for a descheduled thread (measured on a 2-core VM with two
 other CPU-bound processes: 80-250 ms instead of 1-3 ms per call).  So each
 library times its calls and keeps choosing between one thread and the
-maximum: it runs the faster of the two (median of its last few calls at that
-count) and re-tries the other one every EXPLORE-th call (the team in short
-bursts, judged warm), so it follows the load as it changes.  Results do not
+maximum: it runs the faster of the two (median of its last WINDOW calls at
+that count) and re-tries the other one after EXPLORE calls (the team in short
+bursts, judged warm), then twice as long after each re-try the other count
+loses, up to 16x when it lost badly, so it follows the load as it changes; a
+verdict against a count whose fastest quarter of calls would win came from
+other processes' bursts and is re-checked every EXPLORE calls.  Results do not
 depend on the choice (split reductions have a fixed chunk count).  A library
 whose kernels never fork is not governed.  RLXC_ADAPTIVE_THREADS=0 always
 uses the maximum.
@@ -68,8 +71,9 @@ _addr = data_address
 
 
 REUSE_MIN_BYTES = 1 << 20
-EXPLORE = 16      # a governed call re-tries the other thread count every EXPLORE calls
-WINDOW = 5        # call times remembered per thread count (their median decides)
+EXPLORE = 16      # a governed call re-tries the other thread count every EXPLORE calls,
+                  # doubling after each re-try it loses (up to EXPLORE * 16)
+WINDOW = 11        # call times remembered per thread count (their median decides)
 PREFER_TEAM = 0.85  # the team runs while its median is below this fraction of one thread's
 TEAM_BURST = 3    # consecutive calls when the team is tried (the first one warms it up)
 IDLE_COLD = 2e-3  # a call this long after the previous one ended finds threads and caches cold
@@ -139,7 +143,7 @@ class ThreadGovernor:
     fixed chunk count)."""
 
     __slots__ = ("_set", "nmax", "_cell", "calls", "hist", "seen", "adaptive", "_fixed",
-                 "best", "other", "every", "ready", "ones", "prev", "last_end", "cold")
+                 "best", "other", "every", "lost", "ready", "ones", "prev", "last_end", "cold")
 
     def __init__(self, setter, n: int, parallel: bool = True, cell: list | None = None):
         """`setter(n)` sets the library's thread count; `cell` ([count last set]) is shared
@@ -160,6 +164,7 @@ class ThreadGovernor:
         # (team size, {count: tuple of its last WINDOW (time, cold) entries}), replaced whole
         self.hist = (n, {1: (), n: ()})
         self.best, self.other, self.every = n, 1, EXPLORE
+        self.lost = 0  # re-tries of `other` since `best` last changed (each one it lost)
         self.ready = False
         self.prev = None
         self.last_end = None
@@ -185,7 +190,10 @@ class ThreadGovernor:
             else:
                 burst = TEAM_BURST if self.other != 1 else 1
                 every = self.every
-                n = self.other if c % every >= every - burst else self.best
+                k = c % every
+                n = self.other if k >= every - burst else self.best
+                if k == every - 1:
+                    self.lost += 1  # a re-try ends; `end` resets this if it wins
             if n == 1:
                 self.ones += 1
             if n != self._cell[0]:
@@ -226,18 +234,24 @@ class ThreadGovernor:
             best, ratio = nmax, t1 / tn
         else:
             best, ratio = 1, tn / t1
-        # re-try the other count regularly, less often the worse it was; when its
-        # latest time would win, soon again (until its median flips or it loses)
+        if best != self.best:
+            self.lost = 0
+        # re-try the other count regularly: after EXPLORE calls, then twice as long after
+        # each re-try it loses, up to a cap that grows with how badly it lost.  A first
+        # verdict rests on few calls, and other processes' bursts (a peer library's
+        # spinning threads, a compile) can stall a third of a team's calls for a while:
+        # such a verdict must be re-checked soon, a confirmed one rarely.  When the other
+        # count's latest time would win, soon again (until its median flips or it loses).
         last1, lastn = one[-1][0], many[-1][0]
         if (lastn < PREFER_TEAM * t1) if best == 1 else (tn >= PREFER_TEAM * last1):
             every = 2 * TEAM_BURST
-        elif len(one if best != 1 else many) < WINDOW:
-            # the other count's window is not full yet: its first calls pay one-time
-            # costs (a split's per-thread workspace pages) and a stalled sample weighs
-            # heavily; a long exclusion is decided on a full window only
-            every = 2 * TEAM_BURST
         else:
-            every = EXPLORE if ratio < 1.5 else EXPLORE * 4 if ratio < 4 else EXPLORE * 16
+            # a loser whose fastest quarter of calls would win lost to stalls (other
+            # processes' bursts), not to its own speed: re-tried every EXPLORE calls
+            won_quarter = ((_median(many, 0.25) < PREFER_TEAM * t1) if best == 1 else
+                           (tn >= PREFER_TEAM * _median(one, 0.25)))
+            cap = 0 if won_quarter or ratio < 1.5 else 2 if ratio < 4 else 4
+            every = EXPLORE << min(self.lost, cap)
         self.every = every
         self.best, self.other = best, (1 if best != 1 else nmax)
 
@@ -281,12 +295,12 @@ class GovernorTable:
         return g
 
 
-def _median(d) -> float:
-    """Median call time of a window of (time, cold) entries: of its warm calls when there
-    are at least two, else of all (see ThreadGovernor)."""
+def _median(d, q: float = 0.5) -> float:
+    """Median (or the q-quantile) call time of a window of (time, cold) entries: of its
+    warm calls when there are at least two, else of all (see ThreadGovernor)."""
     warm = [t for t, cold in d if not cold]
     v = sorted(warm if len(warm) >= 2 else [t for t, _ in d])
-    return v[len(v) // 2]
+    return v[int(len(v) * q)]
 
 
 def env_threads() -> int:
