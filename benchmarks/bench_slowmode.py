@@ -2,6 +2,8 @@
 
 Run:  .venv/bin/python benchmarks/bench_slowmode.py [--procs 20] [--calls 2000]
       [--workloads cnn_dyn,cnn_static,w3] [--cpu 0]
+      .venv/bin/python benchmarks/bench_slowmode.py --other-cpu-test 1   (spinner on CPU 1
+      vs none, in alternating 0.5 s windows: is the busy sibling the guest's own vCPU?)
 
 Symptom: the same compiled library, in fresh processes on one thread, took ~100 us per call
 (the ONNX CNN at batch 64) in most processes and 150-185 us in some, for all the calls of
@@ -28,9 +30,10 @@ runs at ~100 us while its core is unshared, whatever its addresses), and the mod
 inside one process in time, not with where its buffers lie (moving the workspace or the
 input over 12 offsets mod 4096 in one process selects nothing).  No denormal flag is raised
 during the calls and DAZ/FTZ do not remove the slow mode.  In the slow stretches the
-probe's independent adds drop from ~5.2 to ~2.5-2.9 per cycle at an unchanged ~3 GHz, with
-the guest's other vCPU idle as often as busy: a busy SMT sibling on the host core, outside
-the guest.  Every workload and peer slows there (CNN rlxc ~1.5x, onnxruntime ~1.4x, W3 rlxc
+probe's independent adds drop from ~5.2 to ~2.5-2.9 per cycle at an unchanged ~3 GHz: a
+busy SMT sibling on the host core.  It is not the guest's own other vCPU: with a spinner
+pinned there the core is shared 42% of the time, without it 39% (--other-cpu-test), and a
+one-thread rlxc process has no other running thread.  So the cause is outside the guest.  Every workload and peer slows there (CNN rlxc ~1.5x, onnxruntime ~1.4x, W3 rlxc
 and NumPy ~1.3x), so compare peers only inside one state: interleave, and print the
 core state (corestate.describe) with the numbers.
 """
@@ -137,6 +140,41 @@ def worker(name: str, calls: int, full: float | None, cpu: int) -> dict:
             "mxcsr": mx, "denormal_flag": bool(mx & 0x2), "ftz_daz": bool(mx & 0x8040)}
 
 
+def other_cpu_test(cpu: int, other: int, rounds: int, full: float | None) -> None:
+    """Is the sibling the guest's own other vCPU?  Alternate 0.5 s windows with a spinner
+    (the probe's add loop) pinned on `other`, and none; in each, the fraction of probes on
+    `cpu` (this process) that are shared, and `other`'s busy fraction from /proc/stat."""
+    def busy():
+        with open("/proc/stat") as f:
+            for line in f:
+                if line.startswith(f"cpu{other} "):
+                    v = [int(t) for t in line.split()[1:]]
+                    return sum(v) - v[3] - v[4], sum(v)
+        raise ValueError(f"no cpu{other} in /proc/stat")
+    spin = (f"import os,sys,time; sys.path.insert(0, {HERE!r}); import corestate as c; "
+            f"os.sched_setaffinity(0, {{{other}}}); lib = c._load(); e = time.monotonic() + 0.6\n"
+            "while time.monotonic() < e: lib.corestate_adds(100000)")
+    res = {"spinner": [], "none": []}
+    for _ in range(rounds):
+        for kind in res:
+            p = subprocess.Popen([sys.executable, "-c", spin]) if kind == "spinner" else None
+            time.sleep(0.08)
+            a, n, sh, end = busy(), 0, 0, time.monotonic() + 0.5
+            while time.monotonic() < end:
+                n += 1
+                sh += corestate.classify(corestate.sample(5000, 3).adds_per_cycle, full) == "shared"
+            b = busy()
+            if p is not None:
+                p.wait()
+            res[kind].append((sh / n, (b[0] - a[0]) / max(1, b[1] - a[1])))
+    for kind, v in res.items():
+        fr = [f for f, _ in v]
+        print(f"cpu{other} {kind:8}: cpu{cpu} shared fraction mean {statistics.mean(fr):.2f}; "
+              f"windows mostly unshared (< 0.2) {sum(f < 0.2 for f in fr)}/{len(fr)}, mostly "
+              f"shared (> 0.8) {sum(f > 0.8 for f in fr)}/{len(fr)}; cpu{other} busy "
+              f"{statistics.mean([b for _, b in v]):.2f}")
+
+
 def _uptime() -> str:
     with open("/proc/loadavg") as f:
         return "load " + " ".join(f.read().split()[:3])
@@ -156,6 +194,8 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--workloads", default="cnn_dyn")
     ap.add_argument("--cpu", type=int, default=0)
+    ap.add_argument("--other-cpu-test", type=int, metavar="CPU", default=None,
+                    help="instead: spinner on CPU vs none, 20 rounds (is it our own vCPU?)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--full", type=float, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -177,6 +217,10 @@ def main(argv=None) -> int:
     print(f"{_uptime()}; cpu {args.cpu}; reference {best:.2f} adds/cycle at {ghz:.2f} GHz "
           f"(shared below {corestate.SHARED_RATIO * full if full else corestate.SHARED_APC:.2f})",
           flush=True)
+    if args.other_cpu_test is not None:
+        other_cpu_test(args.cpu, args.other_cpu_test, 20, full)
+        print(_uptime())
+        return 0
     env = dict(os.environ, RLXC_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     res = {n: [] for n in names}
     print(f"{'workload':<11}{'raw us':>8}{'unshared':>9}{'shared':>8}{'sh%':>5}"
