@@ -117,3 +117,15 @@ def test_no_fast_path_without_bound_params():
     assert j._fast is None
     x = np.ones(3, np.float32)
     np.testing.assert_array_equal(j.run(x=x, w=np.full(3, 2, np.float32))[0], [2, 2, 2])
+
+
+def test_fast_path_without_inputs_and_with_scalar_inputs():
+    w = np.arange(5, dtype=np.float32)
+    j = Func("w6fc_noin", lambda s: s.param("w", (5,)) * 3.0).with_param("w", w).jit()
+    assert j._fast(()) is not None
+    np.testing.assert_array_equal(j.run()[0], 3 * w)
+    k = Func("w6fc_scalar", lambda s: s.param("w", (5,)) * s.input("a", ())).with_param("w", w).jit()
+    np.testing.assert_array_equal(k._fast((np.array(2, np.float32),))[0], 2 * w)
+    assert k._fast((np.float32(2),)) is None          # a NumPy scalar: the general path
+    np.testing.assert_array_equal(k.run(np.float32(2))[0], 2 * w)
+    np.testing.assert_array_equal(k.run(2.0)[0], 2 * w)
