@@ -6,6 +6,8 @@
                                rc != 0 -> the exception the library's error table names
     users
       CpuCaller (runtime/cpu.py)   one frame per Python thread; Jitted and Func.run call it
+      fast_runner (here)           Jitted.run's common call as one generated function over
+                                   CpuCaller's per-thread frame (no loops, no helper calls)
       ResidentCall (here)          two frames over two state buffer sets: the Trainer's step
 
 Contract of the pointer tables: an array whose address is written into a
@@ -37,7 +39,8 @@ def _fast_address():
     """The data pointer of an ndarray read from its object struct (PyArrayObject: the
     PyObject header, then `char *data`), ~0.2 us instead of ~1.6 us for
     __array_interface__.  Used only if it agrees with __array_interface__ here (CPython,
-    NumPy's layout); otherwise the slow path."""
+    NumPy's layout); otherwise the slow path.  Returns (function, the data field's offset
+    in the object or None for the slow path)."""
     try:
         off = object.__basicsize__  # the PyObject header: data is the next field
         read = ctypes.c_void_p.from_address
