@@ -34,6 +34,7 @@ import numpy as np
 from rlxc import cache
 from rlxc.cache import STATS, cache_dir, compiler_fingerprint  # noqa: F401 (public names)
 from rlxc.runtime.cpu import ABI, NP_DTYPES, CpuCaller, CpuExecutor, CpuLibrary
+from rlxc.runtime.call import fast_runner
 from rlxc.runtime.errors import ArtifactError
 from rlxc.runtime.signature import coerce
 from rlxc.runtime.targets import target as runtime_target
@@ -335,8 +336,16 @@ class Jitted:
         self._caller = CpuCaller(lib, bound if self._bound else None)
         self._in_pos = [i for i, a in enumerate(func.signature()) if a.kind == "input"]
         self._par_pos = [i for i, a in enumerate(func.signature()) if a.kind == "param"]
+        # the common call (inputs by position, already as declared) as one generated
+        # function (runtime/call.py fast_runner); None where it does not apply
+        self._fast = fast_runner(self._caller, [(s[1], s[3]) for s in self._ins])
 
     def run(self, *args, **inputs) -> list:
+        fast = self._fast
+        if fast is not None and not inputs:
+            outs = fast(args)
+            if outs is not None:
+                return outs
         if not inputs and self._bound and len(args) == len(self._ins):
             # the common call: every input by position, already as declared (the same
             # test as below; anything else takes the general path with its checks)
