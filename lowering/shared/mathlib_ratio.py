@@ -52,7 +52,10 @@ from typing import Callable, NamedTuple
 
 from llvmlite import ir
 
-from . import mathlib  # noqa: F401  (registers the float32 kernels and building blocks)
+import math
+import struct
+
+from . import mathlib as _mathlib  # registers the float32 kernels and building blocks
 from .mathlib_core import F32, Ops, kernel
 
 FUSED_ULP = 4.5
@@ -68,7 +71,75 @@ class Ratio(NamedTuple):
     fma_den: bool         # den_fn(d) = den*d with one rounding (den itself not rounded)
 
 
-def _tanh_ratio(o, u):
+# ---------------------------------------------------------------- table-driven exponentials
+# With `lut` (an in-register lookup of N = lut.n 32-bit entries by the low log2(N) bits of
+# each lane, e.g. AVX2 vpermps: lowering/cpu/vsum.py), e^x = 2^n * T_j * e^w for
+# x = (N*n + j)*ln2/N + r: T_j = 2^(j/N) rounded to float32, exact, with the rounding moved
+# into the reduced argument, w = r - delta_j (delta_j = ln T_j - j*ln2/N, from a second
+# table), so no table error enters; 2^n * T_j is one integer add of a table entry to the
+# rounding sum's bits shifted into the exponent field.  |w| <= ln2/(2N) takes a degree-3
+# polynomial (sigmoid) / degree 4 (tanh's (e^2w - 1)/2, relative) instead of Cephes' degree
+# 6 over ln2/2: three FMAs fewer for sigmoid and two for tanh, for two lookups (vpermps, a
+# shuffle port) and an add each; the FMA ports are what bound W1 on AVX2.  Coefficients:
+# minimax (relative error) on |w| <= ln2/(2N) (+ the delta's), N = 8: sigmoid 2^-25.2,
+# tanh 2^-27.6; N = 16: 2^-29.2, 2^-31.6.
+_LUT_SIG = {8: (0.5000644446691482, -0.1666697373085624),
+            16: (0.5000161592516345, -0.16666813251125714)}   # e^-w = 1 - w + w^2*(c2 + c3*w)
+_LUT_TANH = {8: (1.0000000080966156, 0.6667184305083009, 0.33332613140240197),
+             16: (1.0000000005060656, 0.6666796075666533, 0.33333153262267917)}
+# (e^2w - 1)/2 = w + w^2*(q0 + q1*w + q2*w^2)
+
+
+def _f32(x: float) -> float:
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def _bits(x: float) -> int:
+    return struct.unpack("<i", struct.pack("<f", x))[0]
+
+
+def _i32(v: int) -> int:
+    v &= 0xFFFFFFFF
+    return v - (1 << 32) if v >= 1 << 31 else v
+
+
+def lut_tables(n: int) -> dict:
+    """The N-entry tables (int32 bit patterns): 'exp' bits(T_j) - (j << (23 - log2 N)) (add
+    the rounding sum's bits << (23 - log2 N) and the exponent's bias to get T_j * 2^n) and
+    'delta' bits(delta_j)."""
+    sh = 23 - (n.bit_length() - 1)
+    t = [_f32(2.0 ** (j / n)) for j in range(n)]
+    delta = [math.log(tj) - j * math.log(2.0) / n for j, tj in enumerate(t)]
+    return {"exp": [_i32(_bits(tj) - (j << sh)) for j, tj in enumerate(t)],
+            "delta": [_bits(_f32(d)) for d in delta],
+            "half_delta": [_bits(_f32(d / 2)) for d in delta], "shift": sh}
+
+
+def _lut_reduce(o, x, mul, lut, exp_bias, delta):
+    """(s, w): e^(mul*x) = s * e^(sign*w) for x already clamped (NaN passes), s = T_j *
+    2^(n + exp_bias) and w = (mul*x - n8*ln2/N)/|mul| adjusted by the delta table
+    (`delta`: "delta" for mul < 0, returned as w + delta_j; "half_delta" for mul = 2, as
+    w - delta_j/2).  mul < 0 reduces with ln2 in two parts, mul = 2 in one (tanh's
+    tolerance, as mathlib's one_part)."""
+    n = lut.n
+    tab = lut_tables(n)
+    magic = _mathlib._MAGIC
+    t = o.fma(x, o.f(mul * n * _mathlib._LOG2E), o.f(magic))
+    nf = o.sub(t, o.f(magic))
+    if mul < 0:                                          # w = x + n8*ln2/(N*|mul|)
+        w = o.fma(nf, o.f(_mathlib._LN2_HI / (n * -mul)), x)
+        w = o.fma(nf, o.f(_mathlib._LN2_LO / (n * -mul)), w)
+        w = o.add(w, o.flt(lut(o, tab["delta"], o.bits(t))))
+    else:                                                # w = x - n8*ln2/(N*mul)
+        w = o.fma(nf, o.f(-_mathlib._LN2 / (n * mul)), x)
+        w = o.sub(w, o.flt(lut(o, tab["half_delta"], o.bits(t))))
+    e = lut(o, [_i32(v + (exp_bias << 23)) for v in tab["exp"]], o.bits(t))
+    return o.flt(o.iadd(e, o.shl(o.bits(t), tab["shift"]))), w
+
+
+def _tanh_ratio(o, u, lut=None):
+    if lut is not None:
+        return _tanh_ratio_lut(o, u, lut)
     a = o.abs(u)
     sc, h = kernel(o, "_exp_scaled")(o, o.sel(o.gt(a, o.f(10.0)), o.f(10.0), a), 2.0, 0,
                                      one_part=True)
@@ -79,7 +150,23 @@ def _tanh_ratio(o, u):
             lambda d: o.add(g, o.f(1.0)) if d is None else o.fma(g, d, d))
 
 
-def _sigmoid_ratio(o, v):
+def _tanh_ratio_lut(o, u, lut):
+    a = o.abs(u)
+    sc, w = _lut_reduce(o, o.sel(o.gt(a, o.f(10.0)), o.f(10.0), a), 2.0, lut, 0, "half_delta")
+    h = o.fma(o.mul(w, w), o.horner(w, _LUT_TANH[lut.n]), w)     # (e^2w - 1)/2
+    g = o.fma(sc, h, o.fma(sc, o.f(0.5), o.f(-0.5)))     # (e^2a - 1)/2 >= 0 (or NaN)
+    sgn = o.iand(o.bits(u), o.i(-(2 ** 31)))
+    return (o.flt(o.ior(o.bits(g), sgn)),
+            lambda d: o.add(g, o.f(1.0)) if d is None else o.fma(g, d, d))
+
+
+def _sigmoid_ratio(o, v, lut=None):
+    if lut is not None:
+        s, w = _lut_reduce(o, o.clamp(v, -110.0, 40.0), -1.0, lut, -64, "delta")
+        c2, c3 = _LUT_SIG[lut.n]
+        p = o.fma(w, o.fma(w, o.fma(w, o.f(c3), o.f(c2)), o.f(-1.0)), o.f(1.0))   # e^-w
+        den = o.fma(s, p, o.f(SCALE))                      # (e^-v + 1) * 2^-64
+        return None, lambda d: den if d is None else o.mul(den, d)
     s, p = kernel(o, "_exp_scaled")(o, o.clamp(v, -110.0, 40.0), -1.0, -64, whole=True)
     den = o.fma(s, p, o.f(SCALE))                          # (e^-v + 1) * 2^-64
     return None, lambda d: den if d is None else o.mul(den, d)
@@ -113,14 +200,26 @@ def qualifies(f: str, g: str) -> bool:
 def fused_product(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value | None:
     """x * y with one division when both are ratio-form mathlib calls that qualify;
     None otherwise."""
+    parts = fused_parts(b, x, y)
+    if parts is None:
+        return None
+    q, scale = parts
+    return q if scale == 1.0 else Ops(b, q.type).mul(q, Ops(b, q.type).f(scale))
+
+
+def fused_parts(b: ir.IRBuilder, x: ir.Value, y: ir.Value,
+                lut=None) -> tuple[ir.Value, float] | None:
+    """(q, scale) with x * y = q * scale, scale a power of two (the multiply is exact, or
+    rounds once into the subnormals) and |q| <= 1/scale (or NaN; 2^64 for tanh*sigmoid);
+    None when the pair does not qualify.  A sum of such products may add the q's and scale the sum once
+    (lowering/cpu/codegen.py does for a float sum of one fused product)."""
     cx, cy = _ratio_call(x), _ratio_call(y)
     if cx is None or cy is None or x.type != y.type or not qualifies(cx[0], cy[0]):
         return None
     o = Ops(b, x.type)
-    (n1, d1), (n2, d2) = (RATIO[cx[0]].fn(o, cx[1]), RATIO[cy[0]].fn(o, cy[1]))
+    (n1, d1), (n2, d2) = (RATIO[cx[0]].fn(o, cx[1], lut), RATIO[cy[0]].fn(o, cy[1], lut))
     num = n1 if n2 is None else n2 if n1 is None else o.mul(n1, n2)
     # den1 * den2: the factor whose product is one FMA outermost (tanh: g*d + d)
     outer_y = RATIO[cy[0]].fma_den and not RATIO[cx[0]].fma_den
     q = o.div(o.f(1.0) if num is None else num, d2(d1(None)) if outer_y else d1(d2(None)))
-    scale = RATIO[cx[0]].scale + RATIO[cy[0]].scale
-    return q if scale == 0 else o.mul(q, o.f(2.0 ** scale))   # exact, or rounds once
+    return q, 2.0 ** (RATIO[cx[0]].scale + RATIO[cy[0]].scale)
