@@ -73,21 +73,26 @@ class Ratio(NamedTuple):
 
 # ---------------------------------------------------------------- table-driven exponentials
 # With `lut` (an in-register lookup of N = lut.n 32-bit entries by the low log2(N) bits of
-# each lane, e.g. AVX2 vpermps: lowering/cpu/vsum.py), e^x = 2^n * T_j * e^w for
-# x = (N*n + j)*ln2/N + r: T_j = 2^(j/N) rounded to float32, exact, with the rounding moved
-# into the reduced argument, w = r - delta_j (delta_j = ln T_j - j*ln2/N, from a second
-# table), so no table error enters; 2^n * T_j is one integer add of a table entry to the
-# rounding sum's bits shifted into the exponent field.  |w| <= ln2/(2N) takes a degree-3
-# polynomial (sigmoid) / degree 4 (tanh's (e^2w - 1)/2, relative) instead of Cephes' degree
-# 6 over ln2/2: three FMAs fewer for sigmoid and two for tanh, for two lookups (vpermps, a
-# shuffle port) and an add each; the FMA ports are what bound W1 on AVX2.  Coefficients:
-# minimax (relative error) on |w| <= ln2/(2N) (+ the delta's), N = 8: sigmoid 2^-25.2,
-# tanh 2^-27.6; N = 16: 2^-29.2, 2^-31.6.
-_LUT_SIG = {8: (0.5000644446691482, -0.1666697373085624),
-            16: (0.5000161592516345, -0.16666813251125714)}   # e^-w = 1 - w + w^2*(c2 + c3*w)
+# each lane; AVX2 vpermps: lowering/cpu/vsum.py), e^x = 2^n * T_j * e^w for
+# x = (N*n + j)*ln2/N + w, |w| <= ln2/(2N), T_j = 2^(j/N) rounded to float32: 2^n * T_j is
+# one integer add of a table entry to the rounding sum's bits shifted into the exponent field,
+# and e^w takes a degree-4 polynomial instead of Cephes' degree 6 over ln2/2.
+#   tanh     (e^2w - 1)/2 = w + w^2*Q(w) (relative: it is tanh's g itself for small |u|);
+#            T_j's rounding would be amplified by the cancellation in g = (e^2a - 1)/2 (up
+#            to 6.6 ulp of the product measured), so it is moved into the argument: w - delta_j/2
+#            with delta_j = ln T_j - j*ln2/N from a second table (both lookups by one index).
+#   sigmoid  e^-w = 1 - w + w^2*(c2 + c3*w + c4*w^2); T_j's rounding (<= 3.2e-8 relative,
+#            damped by e^-v/(1 + e^-v)) is left in: 4.07 ulp max over 32M pairs against 3.79
+#            with a delta table (an extra lookup and add) and 4.29 with a degree-3 polynomial.
+# Per <8 x float>: sigmoid 2 FMAs fewer, tanh 2 fewer, for three vpermps (a shuffle port) and
+# two integer adds and a float add; the FMA ports are what bound W1 on AVX2 (--cpu znver3:
+# 0.90x the CPU time of the table-free form, with the explicit loop of vsum.py).
+# Coefficients: minimax (relative error) on |w| <= ln2/(2N) (N = 8: sigmoid 2^-32.5, tanh
+# 2^-27.6; N = 16: 2^-37.5, 2^-31.6).
+_LUT_SIG = {8: (0.5000000127408148, -0.16668024689113026, 0.04166042514783269),
+            16: (0.5000000007964341, -0.16667006179457333, 0.04166510597075933)}
 _LUT_TANH = {8: (1.0000000080966156, 0.6667184305083009, 0.33332613140240197),
              16: (1.0000000005060656, 0.6666796075666533, 0.33333153262267917)}
-# (e^2w - 1)/2 = w + w^2*(q0 + q1*w + q2*w^2)
 
 
 def _f32(x: float) -> float:
@@ -104,9 +109,9 @@ def _i32(v: int) -> int:
 
 
 def lut_tables(n: int) -> dict:
-    """The N-entry tables (int32 bit patterns): 'exp' bits(T_j) - (j << (23 - log2 N)) (add
-    the rounding sum's bits << (23 - log2 N) and the exponent's bias to get T_j * 2^n) and
-    'delta' bits(delta_j)."""
+    """The N-entry tables (int32 bit patterns): 'exp' bits(T_j) - (j << shift) (plus the
+    rounding sum's bits << shift and the exponent bias << 23: T_j * 2^n), 'delta' bits of
+    delta_j = ln T_j - j*ln2/N and 'half_delta' of delta_j/2; shift = 23 - log2 N."""
     sh = 23 - (n.bit_length() - 1)
     t = [_f32(2.0 ** (j / n)) for j in range(n)]
     delta = [math.log(tj) - j * math.log(2.0) / n for j, tj in enumerate(t)]
@@ -115,22 +120,21 @@ def lut_tables(n: int) -> dict:
             "half_delta": [_bits(_f32(d / 2)) for d in delta], "shift": sh}
 
 
-def _lut_reduce(o, x, mul, lut, exp_bias, delta):
-    """(s, w): e^(mul*x) = s * e^(sign*w) for x already clamped (NaN passes), s = T_j *
-    2^(n + exp_bias) and w = (mul*x - n8*ln2/N)/|mul| adjusted by the delta table
-    (`delta`: "delta" for mul < 0, returned as w + delta_j; "half_delta" for mul = 2, as
-    w - delta_j/2).  mul < 0 reduces with ln2 in two parts, mul = 2 in one (tanh's
-    tolerance, as mathlib's one_part)."""
+def _lut_reduce(o, x, mul, lut, exp_bias):
+    """(s, w) for x already clamped (NaN passes), n8 = N*n + j = round(mul*x*N/ln2) and
+    s = T_j * 2^(n + exp_bias):  mul = -1: w = x + n8*ln2/N, e^-x = s * e^-w * 2^-exp_bias
+    (T_j's rounding aside; ln2 in two parts, n8 up to 1270);  mul = 2: w = x - n8*ln2/(2N)
+    - delta_j/2, e^2x = s * e^2w * 2^-exp_bias (ln2 in one float, n8 <= 231, as mathlib's
+    one_part)."""
     n = lut.n
     tab = lut_tables(n)
     magic = _mathlib._MAGIC
     t = o.fma(x, o.f(mul * n * _mathlib._LOG2E), o.f(magic))
     nf = o.sub(t, o.f(magic))
-    if mul < 0:                                          # w = x + n8*ln2/(N*|mul|)
+    if mul < 0:
         w = o.fma(nf, o.f(_mathlib._LN2_HI / (n * -mul)), x)
         w = o.fma(nf, o.f(_mathlib._LN2_LO / (n * -mul)), w)
-        w = o.add(w, o.flt(lut(o, tab["delta"], o.bits(t))))
-    else:                                                # w = x - n8*ln2/(N*mul)
+    else:
         w = o.fma(nf, o.f(-_mathlib._LN2 / (n * mul)), x)
         w = o.sub(w, o.flt(lut(o, tab["half_delta"], o.bits(t))))
     e = lut(o, [_i32(v + (exp_bias << 23)) for v in tab["exp"]], o.bits(t))
@@ -152,7 +156,7 @@ def _tanh_ratio(o, u, lut=None):
 
 def _tanh_ratio_lut(o, u, lut):
     a = o.abs(u)
-    sc, w = _lut_reduce(o, o.sel(o.gt(a, o.f(10.0)), o.f(10.0), a), 2.0, lut, 0, "half_delta")
+    sc, w = _lut_reduce(o, o.sel(o.gt(a, o.f(10.0)), o.f(10.0), a), 2.0, lut, 0)
     h = o.fma(o.mul(w, w), o.horner(w, _LUT_TANH[lut.n]), w)     # (e^2w - 1)/2
     g = o.fma(sc, h, o.fma(sc, o.f(0.5), o.f(-0.5)))     # (e^2a - 1)/2 >= 0 (or NaN)
     sgn = o.iand(o.bits(u), o.i(-(2 ** 31)))
@@ -162,9 +166,8 @@ def _tanh_ratio_lut(o, u, lut):
 
 def _sigmoid_ratio(o, v, lut=None):
     if lut is not None:
-        s, w = _lut_reduce(o, o.clamp(v, -110.0, 40.0), -1.0, lut, -64, "delta")
-        c2, c3 = _LUT_SIG[lut.n]
-        p = o.fma(w, o.fma(w, o.fma(w, o.f(c3), o.f(c2)), o.f(-1.0)), o.f(1.0))   # e^-w
+        s, w = _lut_reduce(o, o.clamp(v, -110.0, 40.0), -1.0, lut, -64)
+        p = o.horner(w, (1.0, -1.0) + _LUT_SIG[lut.n])      # e^-w
         den = o.fma(s, p, o.f(SCALE))                      # (e^-v + 1) * 2^-64
         return None, lambda d: den if d is None else o.mul(den, d)
     s, p = kernel(o, "_exp_scaled")(o, o.clamp(v, -110.0, 40.0), -1.0, -64, whole=True)
