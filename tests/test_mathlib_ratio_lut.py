@@ -211,3 +211,21 @@ def test_lut_tables():
         exact = math.log(tj) - j * math.log(2.0) / 8
         assert abs(d - exact) <= abs(exact) * 2.0 ** -24
         assert abs(d) < 2.0 ** -24
+
+
+@pytest.mark.parametrize("cpu,lanes,perm", [(CPU, 8, True), ("x86-64-v3", 8, True),
+                                            ("skylake-avx512", 16, False)])
+def test_w1_kernel_takes_explicit_loop(cpu, lanes, perm):
+    """The W1 reduction is emitted by vsum.ratio_sum_loop: one <4L x float> fdiv (four
+    registers, interleaved) in the optimized IR, the 2^-64 scale once per sum rather than
+    per element, and the vpermps tables on AVX2 targets only (any host: IR text only)."""
+    from rlxc.lowering.cpu.driver import emit_llvm
+
+    text = emit_llvm(_w1(4096).module, "w1", optimized=True, cpu=cpu)
+    w = vsum.UNROLL * lanes
+    assert len(re.findall(rf"= fdiv <{w} x float>", text)) == 1
+    assert ("llvm.x86.avx2.permps" in text) == perm
+    # no vector multiply by 2^-64 (0x3BF0000000000000): the vector loop and the vectorized
+    # rest add q itself, the sum's read scales once
+    assert not re.search(r"fmul [^\n]*<\d+ x float> [^\n]*0x3bf0000000000000", text, re.I)
+    assert re.search(r"fmul [^\n]*float [^\n]*0x3bf0000000000000", text, re.I)
