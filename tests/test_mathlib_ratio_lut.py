@@ -22,7 +22,7 @@ import rlxc
 from rlxc.lowering.cpu import vsum
 from rlxc.lowering.shared import mathlib_ratio
 from rlxc.lowering.shared.mathlib import emit as math_emit
-from test_mathlib import _optimize, _sigmoid64, ulp_error
+from test_mathlib import _IS_X86, _optimize, _sigmoid64, ulp_error
 
 F32 = ir.FloatType()
 I64 = ir.IntType(64)
@@ -167,11 +167,13 @@ def _w1(n):
     return rlxc.Func(f"w1_lut_{n}", build)
 
 
-@needs_avx2
-@pytest.mark.parametrize("cpu", [CPU, "native"])
+@pytest.mark.parametrize("cpu", [pytest.param(CPU, marks=needs_avx2), "native",
+                                 pytest.param("x86-64", marks=pytest.mark.skipif(
+                                     not _IS_X86, reason="x86-64 host only"))])
 def test_w1_sum_explicit_loop(cpu, monkeypatch):
-    """W1's sum through ratio_sum_loop (znver3: table-driven; native: the table-free form),
-    with a length that leaves a scalar rest, against float64 NumPy; NaN propagates."""
+    """W1's sum through ratio_sum_loop (znver3: table-driven; native and baseline x86-64:
+    the table-free form, no FMA on the latter), with a length that leaves a scalar rest,
+    against float64 NumPy; NaN propagates from the vector loop and from the rest."""
     n = 10000 + 13
     rng = np.random.default_rng(3)
     x = (rng.standard_normal(n) * 4).astype(np.float32)
