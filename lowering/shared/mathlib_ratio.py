@@ -49,7 +49,7 @@ compares); +-inf and +-0 give the products of the IEEE values of the factors (ta
 = +-1, sigmoid(-inf) = 0, tanh(-0) = -0).  Cost (the built W1 loop, per vector): one
 `vdivps` instead of two and 3 (AVX-512) / 6 (AVX2, --cpu znver3) fewer other vector ALU
 instructions (37 and 38 left); the sum's one scale (fused_parts) one multiply less.  With
-the tables (AVX2): max 4.07 ulp over 32M pairs (tests/test_mathlib_ratio_lut.py), 24 FMA-port
+the tables (AVX2): max 4.12 ulp over 60M pairs (tests/test_mathlib_ratio_lut.py), 24 FMA-port
 instructions per <8 x float> (were 29), W1 on one thread 0.83x the CPU time with vsum.py.
 """
 from __future__ import annotations
@@ -88,8 +88,8 @@ class Ratio(NamedTuple):
 #            to 6.6 ulp of the product measured), so it is moved into the argument: w - delta_j/2
 #            with delta_j = ln T_j - j*ln2/N from a second table (both lookups by one index).
 #   sigmoid  e^-w = 1 - w + w^2*(c2 + c3*w + c4*w^2); T_j's rounding (<= 3.2e-8 relative,
-#            damped by e^-v/(1 + e^-v)) is left in: 4.07 ulp max over 32M pairs against 3.79
-#            with a delta table (an extra lookup and add) and 4.29 with a degree-3 polynomial.
+#            damped by e^-v/(1 + e^-v)) is left in: 4.12 ulp max over 60M pairs (4.07 against 3.79
+#            with a delta table, an extra lookup and add, on 32M; 4.29 with degree 3).
 # Per <8 x float>: sigmoid 2 FMAs fewer, tanh 2 fewer, for three vpermps (a shuffle port) and
 # two integer adds and a float add; the FMA ports are what bound W1 on AVX2 (--cpu znver3:
 # 0.90x the CPU time of the table-free form, with the explicit loop of vsum.py).
