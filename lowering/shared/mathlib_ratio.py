@@ -220,8 +220,9 @@ def fused_parts(b: ir.IRBuilder, x: ir.Value, y: ir.Value,
                 lut=None) -> tuple[ir.Value, float] | None:
     """(q, scale) with x * y = q * scale, scale a power of two (the multiply is exact, or
     rounds once into the subnormals) and |q| <= 1/scale (or NaN; 2^64 for tanh*sigmoid);
-    None when the pair does not qualify.  A sum of such products may add the q's and scale the sum once
-    (lowering/cpu/codegen.py does for a float sum of one fused product)."""
+    None when the pair does not qualify.  A sum of such products may add the q's and scale
+    the sum once (lowering/cpu/codegen.py and vsum.py do for a float sum of one product).
+    `lut`: table-driven exponentials (see "table-driven exponentials")."""
     cx, cy = _ratio_call(x), _ratio_call(y)
     if cx is None or cy is None or x.type != y.type or not qualifies(cx[0], cy[0]):
         return None
