@@ -50,9 +50,9 @@ import llvmlite.ir as ir
 
 from rlxc.lowering.cpu import indexing as ix
 from rlxc.lowering.cpu import openmp as parallel
-from rlxc.lowering.cpu import symint
+from rlxc.lowering.cpu import symint, vsum
 from rlxc.lowering.shared.scalar import F32, I8, I32, I64, MEM_TYPES, combine, const, emit_op, vtype
-from rlxc.lowering.shared.mathlib_ratio import fused_product
+from rlxc.lowering.shared.mathlib_ratio import fused_parts
 from rlxc.lowering.cpu.loops import (AccDecl, AccRef, CheckKernel, Const, For, InRange, Load,
                     LoopKernel, MatmulKernel, Op, Program, Store, Update, walk, walk_expr)
 from rlxc.lowering.cpu.tuning import PAR_MIN_WORK
@@ -78,6 +78,12 @@ class Body:
         self.accs: dict = {}
         self.entry = fn.entry_basic_block
         self.lanes = lanes      # vector width of streaming stores
+        # sums whose one update adds a fused product q*scale (mathlib_ratio.fused_parts):
+        # they add q and their reads scale once (one multiply per element less in W1)
+        self.unscaled_ok: set = set()     # id(acc): float sum, zero init, one update
+        self.acc_scale: dict = {}         # id(acc) -> the scale its reads apply
+        self.acc_read: set = set()        # id(acc) read so far (a read before the update
+                                          # would miss the scale: such a sum keeps it)
         self.streamed = False   # a streaming loop was emitted (the kernel ends in sfence)
 
     # -------------------------------------------------------- indices
@@ -135,7 +141,10 @@ class Body:
         elif isinstance(e, Load):
             r = self.load(b, e.buf, self.index(b, e.off, vars_))
         elif isinstance(e, AccRef):
-            return b.load(self.accs[id(e.acc)])
+            self.acc_read.add(id(e.acc))
+            r = b.load(self.accs[id(e.acc)])
+            scale = self.acc_scale.get(id(e.acc))
+            return r if scale is None else b.fmul(r, const(r.type, scale))
         elif isinstance(e, InRange):
             i = self.index(b, e.idx, vars_)
             r = b.and_(b.icmp_signed(">=", i, c64(e.lo)), b.icmp_signed("<", i, c64(e.hi)))
@@ -151,6 +160,8 @@ class Body:
         for s in stmts:
             if isinstance(s, For) and s.stream:
                 self.stream_loop(b, s, vars_, lohi if s.parallel else None)
+            elif isinstance(s, For) and vsum.applies(s):   # sum of tanh(u) * sigmoid(v)
+                vsum.ratio_sum_loop(self, b, s, vars_, lohi if s.parallel else None)
             elif isinstance(s, For):
                 self.loop(b, s, vars_, lohi if s.parallel else None)
             elif isinstance(s, AccDecl):
@@ -158,7 +169,10 @@ class Body:
                 b.store(self.expr(b, s.init, vars_, {}), slot)
             elif isinstance(s, Update):
                 slot = self.accs[id(s.acc)]
-                v, fl = self.acc_value(b, s.op, s.value, vars_)
+                aid = id(s.acc)      # once a sum adds unscaled terms, all its updates do
+                unscaled = aid in self.unscaled_ok and (aid in self.acc_scale or
+                                                        aid not in self.acc_read)
+                v, fl = self.acc_value(b, s.op, s.value, vars_, s.acc if unscaled else None)
                 old = b.load(slot)
                 b.store(combine(b, s.op, old, v, s.acc.dtype, flags=fl), slot)
             elif isinstance(s, Store):
@@ -173,18 +187,29 @@ class Body:
             else:
                 raise TypeError(s)
 
-    def acc_value(self, b, op, e, vars_):
+    def acc_value(self, b, op, e, vars_, unscaled=None):
         """The value an accumulation `acc = op(acc, e)` adds, and the flags of that op.
 
         A float sum of a product (a dot product: matrix-vector reductions, bias
         gradients of a scaled input) is contracted: the multiply and the accumulating
-        add carry `contract`, so they become one FMA, rounded once (as sgemm's are)."""
+        add carry `contract`, so they become one FMA, rounded once (as sgemm's are).
+        A product of ratio-form functions (tanh(u) * sigmoid(v)) takes one division
+        (mathlib_ratio.py) and is q * 2^-64: with `unscaled` (the accumulator, when its
+        sum may add q itself: Body.unscaled_ok) the q's are added and the reads of the
+        sum multiply by 2^-64 (|q| <= 2^64: no sum of fewer than 2^63 terms overflows;
+        the scale is exact unless the sum is subnormal, where it rounds once)."""
         if op == "add" and isinstance(e, Op) and e.op == "mul" and e.dtype in ("f32", "f64"):
             memo: dict = {}
             x, y = (self.expr(b, a, vars_, memo) for a in e.args)
-            fused = fused_product(b, x, y) if e.dtype == "f32" else None
-            if fused is not None:   # tanh(u) * sigmoid(v): one division (mathlib_ratio.py)
-                return fused, ("reassoc",)
+            parts = fused_parts(b, x, y) if e.dtype == "f32" else None
+            if parts is not None:   # tanh(u) * sigmoid(v): one division (mathlib_ratio.py)
+                q, scale = parts
+                if scale == 1.0:
+                    return q, ("reassoc",)
+                if unscaled is not None and 2.0 ** -64 <= scale < 1.0:
+                    self.acc_scale[id(unscaled)] = scale
+                    return q, ("reassoc",)
+                return b.fmul(q, const(q.type, scale)), ("reassoc",)
             return b.fmul(x, y, flags=["contract"]), ("reassoc", "contract")
         v = self.expr(b, e, vars_, {})
         if op in ("max", "min") and isinstance(e, Op) and e.op == "select" and \
@@ -288,6 +313,23 @@ class Body:
         b.position_at_end(done)
 
 
+def _lone_zero_sums(body) -> set:
+    """id(acc) of the f32 accumulators of `body` that are declared with 0 and updated by one
+    `add` statement (Body.acc_value may leave a power-of-two scale of that addend to the
+    sum's reads)."""
+    ups: dict = {}
+    zero: dict = {}
+    for s in walk(body):
+        if isinstance(s, Update):
+            ups.setdefault(id(s.acc), []).append(s)
+        elif isinstance(s, AccDecl):
+            z = isinstance(s.init, Const) and not hasattr(s.init.value, "coef") and \
+                float(s.init.value) == 0.0
+            zero[id(s.acc)] = zero.get(id(s.acc), True) and z
+    return {a for a, us in ups.items()
+            if len(us) == 1 and us[0].op == "add" and us[0].acc.dtype == "f32" and zero.get(a)}
+
+
 def _freeze(b, v):
     """`freeze v` (llvmlite's IRBuilder has no method for it): the same value, opaque to
     InstCombine's select folds."""
@@ -373,6 +415,8 @@ class ModuleGen:
         for s in walk(k.body):  # accumulators live in entry-block allocas (SROA -> phis)
             if isinstance(s, AccDecl) and id(s.acc) not in body.accs:
                 body.accs[id(s.acc)] = b.alloca(vtype(s.acc.dtype), name=s.acc.name)
+        body.unscaled_ok = _lone_zero_sums(k.body)
+        body.lut = vsum.lut_for(self.cpu)
         nb = len(bufs)
         body.stmts(b, k.body, {}, (fn.args[nb], fn.args[nb + 1]) if par else None)
         if body.streamed:  # order the weakly ordered non-temporal stores before returning

@@ -8,6 +8,10 @@
                                    None when the pair does not qualify (the caller multiplies)
                                    (a factor also used elsewhere keeps its call there: its
                                    exp is then computed twice)
+    fused_parts(builder, x, y, lut=None) -> (q, scale): the same as q * 2^(s1+s2), for a sum
+                                   that scales once (lowering/cpu/codegen.py, vsum.py); with
+                                   `lut` (AVX2 vpermps, lowering/cpu/vsum.py) the exps are
+                                   table-driven (see "table-driven exponentials" below)
 
 Why: W1 of benchmarks/compare.py, sum(tanh(x*a+b) * sigmoid(x)), is bound by its vector
 ALU instructions and the divider; tanh and sigmoid each end in a division.  The shared
@@ -44,7 +48,9 @@ tests/test_mathlib_ratio.py.  NaN in either argument gives NaN (the clamps use o
 compares); +-inf and +-0 give the products of the IEEE values of the factors (tanh(+-inf)
 = +-1, sigmoid(-inf) = 0, tanh(-0) = -0).  Cost (the built W1 loop, per vector): one
 `vdivps` instead of two and 3 (AVX-512) / 6 (AVX2, --cpu znver3) fewer other vector ALU
-instructions (37 and 38 left).
+instructions (37 and 38 left); the sum's one scale (fused_parts) one multiply less.  With
+the tables (AVX2): max 4.12 ulp over 60M pairs (tests/test_mathlib_ratio_lut.py), 24 FMA-port
+instructions per <8 x float> (were 29), W1 on one thread 0.83x the CPU time with vsum.py.
 """
 from __future__ import annotations
 
@@ -52,7 +58,10 @@ from typing import Callable, NamedTuple
 
 from llvmlite import ir
 
-from . import mathlib  # noqa: F401  (registers the float32 kernels and building blocks)
+import math
+import struct
+
+from . import mathlib as _mathlib  # registers the float32 kernels and building blocks
 from .mathlib_core import F32, Ops, kernel
 
 FUSED_ULP = 4.5
@@ -68,7 +77,79 @@ class Ratio(NamedTuple):
     fma_den: bool         # den_fn(d) = den*d with one rounding (den itself not rounded)
 
 
-def _tanh_ratio(o, u):
+# ---------------------------------------------------------------- table-driven exponentials
+# With `lut` (an in-register lookup of N = lut.n 32-bit entries by the low log2(N) bits of
+# each lane; AVX2 vpermps: lowering/cpu/vsum.py), e^x = 2^n * T_j * e^w for
+# x = (N*n + j)*ln2/N + w, |w| <= ln2/(2N), T_j = 2^(j/N) rounded to float32: 2^n * T_j is
+# one integer add of a table entry to the rounding sum's bits shifted into the exponent field,
+# and e^w takes a degree-4 polynomial instead of Cephes' degree 6 over ln2/2.
+#   tanh     (e^2w - 1)/2 = w + w^2*Q(w) (relative: it is tanh's g itself for small |u|);
+#            T_j's rounding would be amplified by the cancellation in g = (e^2a - 1)/2 (up
+#            to 6.6 ulp of the product measured), so it is moved into the argument: w - delta_j/2
+#            with delta_j = ln T_j - j*ln2/N from a second table (both lookups by one index).
+#   sigmoid  e^-w = 1 - w + w^2*(c2 + c3*w + c4*w^2); T_j's rounding (<= 3.2e-8 relative,
+#            damped by e^-v/(1 + e^-v)) is left in: 4.12 ulp max over 60M pairs (4.07 against 3.79
+#            with a delta table, an extra lookup and add, on 32M; 4.29 with degree 3).
+# Per <8 x float>: sigmoid 2 FMAs fewer, tanh 2 fewer, for three vpermps (a shuffle port) and
+# two integer adds and a float add; the FMA ports are what bound W1 on AVX2 (--cpu znver3:
+# 0.90x the CPU time of the table-free form, with the explicit loop of vsum.py).
+# Coefficients: minimax (relative error) on |w| <= ln2/(2N) (N = 8: sigmoid 2^-32.5, tanh
+# 2^-27.6; N = 16: 2^-37.5, 2^-31.6).
+_LUT_SIG = {8: (0.5000000127408148, -0.16668024689113026, 0.04166042514783269),
+            16: (0.5000000007964341, -0.16667006179457333, 0.04166510597075933)}
+_LUT_TANH = {8: (1.0000000080966156, 0.6667184305083009, 0.33332613140240197),
+             16: (1.0000000005060656, 0.6666796075666533, 0.33333153262267917)}
+
+
+def _f32(x: float) -> float:
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def _bits(x: float) -> int:
+    return struct.unpack("<i", struct.pack("<f", x))[0]
+
+
+def _i32(v: int) -> int:
+    v &= 0xFFFFFFFF
+    return v - (1 << 32) if v >= 1 << 31 else v
+
+
+def lut_tables(n: int) -> dict:
+    """The N-entry tables (int32 bit patterns): 'exp' bits(T_j) - (j << shift) (plus the
+    rounding sum's bits << shift and the exponent bias << 23: T_j * 2^n), 'delta' bits of
+    delta_j = ln T_j - j*ln2/N and 'half_delta' of delta_j/2; shift = 23 - log2 N."""
+    sh = 23 - (n.bit_length() - 1)
+    t = [_f32(2.0 ** (j / n)) for j in range(n)]
+    delta = [math.log(tj) - j * math.log(2.0) / n for j, tj in enumerate(t)]
+    return {"exp": [_i32(_bits(tj) - (j << sh)) for j, tj in enumerate(t)],
+            "delta": [_bits(_f32(d)) for d in delta],
+            "half_delta": [_bits(_f32(d / 2)) for d in delta], "shift": sh}
+
+
+def _lut_reduce(o, x, mul, lut, exp_bias):
+    """(s, w) for x already clamped (NaN passes), n8 = N*n + j = round(mul*x*N/ln2) and
+    s = T_j * 2^(n + exp_bias):  mul = -1: w = x + n8*ln2/N, e^-x = s * e^-w * 2^-exp_bias
+    (T_j's rounding aside; ln2 in two parts, n8 up to 1270);  mul = 2: w = x - n8*ln2/(2N)
+    - delta_j/2, e^2x = s * e^2w * 2^-exp_bias (ln2 in one float, n8 <= 231, as mathlib's
+    one_part)."""
+    n = lut.n
+    tab = lut_tables(n)
+    magic = _mathlib._MAGIC
+    t = o.fma(x, o.f(mul * n * _mathlib._LOG2E), o.f(magic))
+    nf = o.sub(t, o.f(magic))
+    if mul < 0:
+        w = o.fma(nf, o.f(_mathlib._LN2_HI / (n * -mul)), x)
+        w = o.fma(nf, o.f(_mathlib._LN2_LO / (n * -mul)), w)
+    else:
+        w = o.fma(nf, o.f(-_mathlib._LN2 / (n * mul)), x)
+        w = o.sub(w, o.flt(lut(o, tab["half_delta"], o.bits(t))))
+    e = lut(o, [_i32(v + (exp_bias << 23)) for v in tab["exp"]], o.bits(t))
+    return o.flt(o.iadd(e, o.shl(o.bits(t), tab["shift"]))), w
+
+
+def _tanh_ratio(o, u, lut=None):
+    if lut is not None:
+        return _tanh_ratio_lut(o, u, lut)
     a = o.abs(u)
     sc, h = kernel(o, "_exp_scaled")(o, o.sel(o.gt(a, o.f(10.0)), o.f(10.0), a), 2.0, 0,
                                      one_part=True)
@@ -79,7 +160,22 @@ def _tanh_ratio(o, u):
             lambda d: o.add(g, o.f(1.0)) if d is None else o.fma(g, d, d))
 
 
-def _sigmoid_ratio(o, v):
+def _tanh_ratio_lut(o, u, lut):
+    a = o.abs(u)
+    sc, w = _lut_reduce(o, o.sel(o.gt(a, o.f(10.0)), o.f(10.0), a), 2.0, lut, 0)
+    h = o.fma(o.mul(w, w), o.horner(w, _LUT_TANH[lut.n]), w)     # (e^2w - 1)/2
+    g = o.fma(sc, h, o.fma(sc, o.f(0.5), o.f(-0.5)))     # (e^2a - 1)/2 >= 0 (or NaN)
+    sgn = o.iand(o.bits(u), o.i(-(2 ** 31)))
+    return (o.flt(o.ior(o.bits(g), sgn)),
+            lambda d: o.add(g, o.f(1.0)) if d is None else o.fma(g, d, d))
+
+
+def _sigmoid_ratio(o, v, lut=None):
+    if lut is not None:
+        s, w = _lut_reduce(o, o.clamp(v, -110.0, 40.0), -1.0, lut, -64)
+        p = o.horner(w, (1.0, -1.0) + _LUT_SIG[lut.n])      # e^-w
+        den = o.fma(s, p, o.f(SCALE))                      # (e^-v + 1) * 2^-64
+        return None, lambda d: den if d is None else o.mul(den, d)
     s, p = kernel(o, "_exp_scaled")(o, o.clamp(v, -110.0, 40.0), -1.0, -64, whole=True)
     den = o.fma(s, p, o.f(SCALE))                          # (e^-v + 1) * 2^-64
     return None, lambda d: den if d is None else o.mul(den, d)
@@ -113,14 +209,27 @@ def qualifies(f: str, g: str) -> bool:
 def fused_product(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value | None:
     """x * y with one division when both are ratio-form mathlib calls that qualify;
     None otherwise."""
+    parts = fused_parts(b, x, y)
+    if parts is None:
+        return None
+    q, scale = parts
+    return q if scale == 1.0 else Ops(b, q.type).mul(q, Ops(b, q.type).f(scale))
+
+
+def fused_parts(b: ir.IRBuilder, x: ir.Value, y: ir.Value,
+                lut=None) -> tuple[ir.Value, float] | None:
+    """(q, scale) with x * y = q * scale, scale a power of two (the multiply is exact, or
+    rounds once into the subnormals) and |q| <= 1/scale (or NaN; 2^64 for tanh*sigmoid);
+    None when the pair does not qualify.  A sum of such products may add the q's and scale
+    the sum once (lowering/cpu/codegen.py and vsum.py do for a float sum of one product).
+    `lut`: table-driven exponentials (see "table-driven exponentials")."""
     cx, cy = _ratio_call(x), _ratio_call(y)
     if cx is None or cy is None or x.type != y.type or not qualifies(cx[0], cy[0]):
         return None
     o = Ops(b, x.type)
-    (n1, d1), (n2, d2) = (RATIO[cx[0]].fn(o, cx[1]), RATIO[cy[0]].fn(o, cy[1]))
+    (n1, d1), (n2, d2) = (RATIO[cx[0]].fn(o, cx[1], lut), RATIO[cy[0]].fn(o, cy[1], lut))
     num = n1 if n2 is None else n2 if n1 is None else o.mul(n1, n2)
     # den1 * den2: the factor whose product is one FMA outermost (tanh: g*d + d)
     outer_y = RATIO[cy[0]].fma_den and not RATIO[cx[0]].fma_den
     q = o.div(o.f(1.0) if num is None else num, d2(d1(None)) if outer_y else d1(d2(None)))
-    scale = RATIO[cx[0]].scale + RATIO[cy[0]].scale
-    return q if scale == 0 else o.mul(q, o.f(2.0 ** scale))   # exact, or rounds once
+    return q, 2.0 ** (RATIO[cx[0]].scale + RATIO[cy[0]].scale)
