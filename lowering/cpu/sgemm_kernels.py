@@ -131,6 +131,7 @@ class SgemmConfig:
     skinny: bool = True       # M <= mr with unit-stride B: unpacked skinny kernels
     skinny_prefetch: int = 8  # B rows ahead prefetched by the skinny kernels (0 = off)
     gemv_rows: int = 8        # M == 1: B rows streamed together (0 = use the skinny tile)
+    tall: bool = True         # MR < M <= 24 (12) with unit-stride B: sgemm_tall.py tiles
     # Threaded split: the cost of packing one float, in multiply-adds.  Packing reads
     # operands that are often not in cache (weights), so it costs far more than an FMA
     # lane; 16 was best on 128x512x784 and no worse elsewhere.
@@ -1140,7 +1141,7 @@ def _emit_narrow_driver(module, name, cfg: SgemmConfig, epilogue, epi_types) -> 
 # macro kernel + sequential driver
 
 def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
-              skinnies=(), narrow=None, micro_da=None) -> ir.Function:
+              skinnies=(), narrow=None, micro_da=None, talls=()) -> ir.Function:
     """seq(M, N, K, A, rsa, csa, B, rsb, csb, C, ldc, beta i1, Ap, Bp0, Bp1, row0, col0,
     tid i32, nt i32, coop i1, epi...).
 
@@ -1175,6 +1176,11 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
                 b.ret_void()
             b.position_at_end(rest)
             b.unreachable()
+    if talls:
+        # MR < M <= 24 (12) rows, unit-stride B: one register tile of all the rows
+        from rlxc.lowering.cpu.sgemm_tall import emit_tall_dispatch
+        emit_tall_dispatch(b, cfg, talls, M, [N, K, A, rsa, csa, B, rsb, C, ldc, acc, row0,
+                                              col0, *epi_args], coop, csb)
     if narrow is not None:
         # N <= VL, rows of A contiguous: the narrow kernel, which packs Bt into this
         # thread's B part (so not with coop, where Bp0 is shared; every thread of a team
@@ -1366,8 +1372,11 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
     micro_da = ([_emit_micro(module, f"{name}.micro_da{nv}", cfg, epilogue, epi_types, nv, True)
                  for nv in range(1 if cfg.direct_a_edge else cfg.nv, cfg.nv + 1)]
                 if cfg.direct_a else None)
+    from rlxc.lowering.cpu.sgemm_tall import emit_tall, tall_rows
+    talls = [(r, emit_tall(module, f"{name}.tall{r}", cfg, r, epilogue, epi_types))
+             for r in tall_rows(cfg)]
     seq = _emit_seq(module, name + ".seq", cfg, micros, pack_a, pack_b, epi_types, skinnies,
-                    narrow, micro_da)
+                    narrow, micro_da, talls)
 
     fn = ir.Function(module, sgemm_signature(epi_types), name)
     _set_noalias(fn, [3, 6, 9])
