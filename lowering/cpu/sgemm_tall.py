@@ -147,4 +147,16 @@ def emit_tall_dispatch(b, cfg: SgemmConfig, talls, M, args, coop, csb) -> None:
                 b.ret_void()
 
 
-__all__ = ["ONE_VECTOR_B_FLOATS", "TALL_ROWS", "tall_rows", "emit_tall", "emit_tall_dispatch"]
+def takes_tall(cfg: SgemmConfig, M: int, N: int, K: int, csb: int) -> int | None:
+    """The rows of the tall variant seq runs for one thread's whole (M, N, K) product with
+    B's column stride `csb`, or None: the Python twin of emit_tall_dispatch."""
+    if M <= cfg.mr or csb != 1:
+        return None
+    for rows in tall_rows(cfg):
+        if M <= rows and (_skinny_width(cfg, rows) > 1 or N * K <= ONE_VECTOR_B_FLOATS):
+            return rows
+    return None
+
+
+__all__ = ["ONE_VECTOR_B_FLOATS", "TALL_ROWS", "tall_rows", "emit_tall", "emit_tall_dispatch",
+           "takes_tall"]
