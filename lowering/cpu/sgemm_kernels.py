@@ -11,6 +11,9 @@
          M <= MR, unit-stride B → NAME.skinnyM (M × W tiles over all of K, B read
                                   in place) or, for M == 1, NAME.gemv (streams
                                   gemv_rows rows of B at a time into C's row)
+         MR < M <= 24 (12 with 16 registers), unit-stride B → NAME.tallR
+                                  (sgemm_tall.py: one R-row register tile, A and
+                                  B read in place; a conv's per-image GEMM)
          N <= VL, csa == 1, K >= VL → NAME.narrow (B packed transposed, K the
                                   vector axis, one transpose-and-add tree per
                                   row of C; variants for 2..VL columns)
