@@ -198,3 +198,27 @@ def test_cnn_dynamic_and_static_match_numpy(threads):
     st = rlxc.from_onnx(CNN, input_shapes={"x": x.shape}).jit()
     st.set_num_threads(threads)
     np.testing.assert_allclose(st.run(x=x)[0], _cnn_reference(x), rtol=1e-4, atol=1e-5)
+
+
+def test_small_product_entry(tmp_path_factory):
+    """Below min_work the threaded entry runs seq at once when the caller's workspace holds a
+    slice; a workspace too small for one slice or none still takes the malloc'd slice, and
+    a product at min_work still splits over the team: all give the product."""
+    g = _lib(tmp_path_factory, "native", "smallentry")
+    rng = np.random.default_rng(21)
+    cfg = g.cfg
+    for M, N, K in ((16, 16, 72), (3, 5, 7), (40, 33, 17), (60, 64, 64)):
+        assert M * N * K < cfg.min_work
+        need = sgemm.sgemm_workspace_floats(M, N, K, 1, config=cfg)
+        for ws in ("auto", np.empty(need, np.float32), np.empty(need - 1, np.float32), None):
+            g.lib.rlxc_set_num_threads(2)
+            A, B, C0 = _rand(rng, M, K), _rand(rng, K, N), _rand(rng, M, N)
+            C = C0.copy()
+            g(A, B, C, accumulate=1, threads=2, ws=ws)
+            _check(C, A, B, C0, 1)
+    M = N = K = 80
+    assert M * N * K >= cfg.min_work
+    A, B = _rand(rng, M, K), _rand(rng, K, N)
+    C = np.zeros((M, N), np.float32)
+    g(A, B, C, threads=2)
+    _check(C, A, B)

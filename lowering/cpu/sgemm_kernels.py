@@ -1396,22 +1396,6 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
     a_part, b_part = _emit_ws_per_thread(b, M, N, K, cfg)
     per = b.add(a_part, b_part)
 
-    # workspace: caller's, or a malloc'd single-thread slice (slow path)
-    ws_null = b.icmp_unsigned("==", b.ptrtoint(ws, I64), _c64(0))
-    fits = b.sdiv(ws_floats, per)
-    fits = b.select(ws_null, _c64(0), fits)
-    need_malloc = b.icmp_signed("<", fits, _c64(1))
-    malloc = _intrinsic(module, "malloc", I8P, [I64])
-    free = _intrinsic(module, "free", VOID, [I8P])
-    pre = b.block
-    with b.if_then(need_malloc, likely=False):
-        mem = b.bitcast(b.call(malloc, [b.mul(per, _c64(4))]), F32P)
-        mem_block = b.block
-    wsp = b.phi(F32P)
-    wsp.add_incoming(ws, pre)
-    wsp.add_incoming(mem, mem_block)
-    cap = _smax(b, fits, _c64(1))
-
     def slot(b, ws_, per_, a_part_, t):
         base = _gep(b, ws_, b.mul(b.sext(t, I64), per_))
         return _align64(b, base), _align64(b, _gep(b, base, a_part_))
@@ -1434,6 +1418,36 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
                      _gep(b, B_, b.mul(n0, csb_)), rsb_, csb_,
                      _gep(b, C_, b.add(b.mul(m0, ldc_), n0)), ldc_, beta_, ap, bp, bp1, m0, n0,
                      tid, nt, ir.Constant(I1, int(coop)), *eargs])
+
+    if threads:
+        # below min_work the team is one thread whatever the split: with the caller's
+        # workspace holding a slice, run seq at once (no division by the slice size, no
+        # team limit from libgomp, no split costs: a conv's per-image GEMMs call this
+        # 64 times per image batch, and those were ~5% of the ONNX CNN's time)
+        small = b.icmp_signed("<", b.mul(b.mul(M, N), _smax(b, K, _c64(1))),
+                              _c64(cfg.min_work))
+        has = b.and_(b.icmp_unsigned("!=", b.ptrtoint(ws, I64), _c64(0)),
+                     b.icmp_signed(">=", ws_floats, per))
+        with b.if_then(b.and_(small, has), likely=True):
+            run(b, _c64(0), M, _c64(0), N, ir.Constant(I32, 0), ir.Constant(I32, 1), False,
+                [M, N, K, A, rsa, csa, B, rsb, csb, C, ldc, beta, ws, a_part, per, *epi_args])
+            b.ret_void()
+
+    # workspace: caller's, or a malloc'd single-thread slice (slow path)
+    ws_null = b.icmp_unsigned("==", b.ptrtoint(ws, I64), _c64(0))
+    fits = b.sdiv(ws_floats, per)
+    fits = b.select(ws_null, _c64(0), fits)
+    need_malloc = b.icmp_signed("<", fits, _c64(1))
+    malloc = _intrinsic(module, "malloc", I8P, [I64])
+    free = _intrinsic(module, "free", VOID, [I8P])
+    pre = b.block
+    with b.if_then(need_malloc, likely=False):
+        mem = b.bitcast(b.call(malloc, [b.mul(per, _c64(4))]), F32P)
+        mem_block = b.block
+    wsp = b.phi(F32P)
+    wsp.add_incoming(ws, pre)
+    wsp.add_incoming(mem, mem_block)
+    cap = _smax(b, fits, _c64(1))
 
     captured = [M, N, K, A, rsa, csa, B, rsb, csb, C, ldc, beta, wsp, a_part, per, *epi_args]
     if threads:
