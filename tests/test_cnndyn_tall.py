@@ -96,9 +96,9 @@ def test_tall_epilogue(tmp_path_factory, cpu):
 
 def _marker_tall(module, name, cfg, R, epilogue, epi_types):
     """A tall variant that only writes R into C[0] (which variant ran, if any)."""
-    from rlxc.lowering.cpu.sgemm_kernels import F32P, I1, I64, _internal_fn
+    from rlxc.lowering.cpu.sgemm_kernels import F32P, I1, I64, internal_fn
 
-    fn = _internal_fn(module, name, [I64, I64, I64, F32P, I64, I64, F32P, I64, F32P, I64, I1,
+    fn = internal_fn(module, name, [I64, I64, I64, F32P, I64, I64, F32P, I64, F32P, I64, I1,
                                      I64, I64, *epi_types])
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     b.store(ir.Constant(ir.FloatType(), float(R)), fn.args[8])

@@ -1500,3 +1500,9 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
         b.call(free, [b.bitcast(wsp, I8P)])
     b.ret_void()
     return fn
+
+
+# the helpers the tall tiles (sgemm_tall.py) share, under public names
+c64, gep, gep_any, smin, splat, lane_mask, masked_store, prefetch, internal_fn, fma_fn, \
+    skinny_width = (_c64, _gep, _gep_any, _smin, _splat, _lane_mask, _masked_store, _prefetch,
+                    _internal_fn, _fma, _skinny_width)

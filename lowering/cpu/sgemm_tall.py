@@ -26,9 +26,8 @@ from __future__ import annotations
 import llvmlite.ir as ir
 
 from rlxc.lowering.cpu.sgemm_kernels import (
-    F32, F32P, I1, I64, ISAS, SgemmConfig, _c64, _fma, _gep, _gep_any, _internal_fn,
-    _lane_mask, _masked_store, _prefetch, _skinny_width, _smin, _splat, counted_loop,
-    masked_load)
+    F32, F32P, I1, I64, ISAS, SgemmConfig, c64, counted_loop, fma_fn, gep, gep_any, internal_fn,
+    lane_mask, masked_load, masked_store, prefetch, skinny_width, smin, splat)
 
 TALL_ROWS = (8, 12, 16, 24)   # candidate variants; a CPU keeps those in (MR, budget]
 # A variant one vector wide (NV = 1: 16 and 24 rows on AVX-512, all on AVX2) walks all K
@@ -51,20 +50,20 @@ def emit_tall(module, name, cfg: SgemmConfig, R: int, epilogue, epi_types) -> ir
     """tall(M, N, K, A, rsa, csa, B, rsb, C, ldc, beta i1, row0, col0, epi...): C[0:M, 0:N]
     (=|+=) A[0:M, :] @ B for 1 <= M <= R, B rows unit-stride (see the header)."""
     VL = cfg.vl
-    NV = _skinny_width(cfg, R)
+    NV = skinny_width(cfg, R)
     W = NV * VL
     vt = ir.VectorType(F32, VL)
-    fn = _internal_fn(module, name, [I64, I64, I64, F32P, I64, I64, F32P, I64, F32P, I64, I1,
+    fn = internal_fn(module, name, [I64, I64, I64, F32P, I64, I64, F32P, I64, F32P, I64, I1,
                                      I64, I64, *epi_types], [3, 6, 8], inline="noinline")
     M, N, K, A, rsa, csa, B, rsb, C, ldc, beta, row0, col0 = fn.args[:13]
     epi_args = list(fn.args[13:])
-    fma = _fma(module, VL, ISAS[cfg.isa].fma)
+    fma = fma_fn(module, VL, ISAS[cfg.isa].fma)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
-    last_row = b.sub(M, _c64(1))
-    arows = [_gep(b, A, b.mul(_smin(b, _c64(r), last_row), rsa)) for r in range(R)]
+    last_row = b.sub(M, c64(1))
+    arows = [gep(b, A, b.mul(smin(b, c64(r), last_row), rsa)) for r in range(R)]
 
     def tile(b, j0, nv, masks):
-        b0 = _gep(b, B, j0)
+        b0 = gep(b, B, j0)
         pre = b.block
         head = fn.append_basic_block("tl.head")
         body = fn.append_basic_block("tl.body")
@@ -74,7 +73,7 @@ def emit_tall(module, name, cfg: SgemmConfig, R: int, epilogue, epi_types) -> ir
         k = b.phi(I64, name="k")
         brow = b.phi(F32P, name="brow")
         acc = [[b.phi(vt) for _ in range(nv)] for _ in range(R)]
-        k.add_incoming(_c64(0), pre)
+        k.add_incoming(c64(0), pre)
         brow.add_incoming(b0, pre)
         for r in range(R):
             for v in range(nv):
@@ -82,46 +81,46 @@ def emit_tall(module, name, cfg: SgemmConfig, R: int, epilogue, epi_types) -> ir
         b.cbranch(b.icmp_signed("<", k, K), body, done)
         b.position_at_end(body)
         if masks is None and cfg.skinny_prefetch:
-            ahead = _gep_any(b, brow, b.mul(rsb, _c64(cfg.skinny_prefetch)))
+            ahead = gep_any(b, brow, b.mul(rsb, c64(cfg.skinny_prefetch)))
             for off in range(0, nv * VL, 16):
-                _prefetch(b, _gep_any(b, ahead, _c64(off)), 0)
-        bv = [masked_load(b, _gep(b, brow, _c64(v * VL)), VL, None if masks is None else masks[v])
+                prefetch(b, gep_any(b, ahead, c64(off)), 0)
+        bv = [masked_load(b, gep(b, brow, c64(v * VL)), VL, None if masks is None else masks[v])
               for v in range(nv)]
         kcs = b.mul(k, csa)
         for r in range(R):
-            a = _splat(b, b.load(_gep(b, arows[r], kcs)), VL)
+            a = splat(b, b.load(gep(b, arows[r], kcs)), VL)
             for v in range(nv):
                 acc[r][v].add_incoming(b.call(fma, [a, bv[v], acc[r][v]]), body)
-        k.add_incoming(b.add(k, _c64(1)), body)
-        brow.add_incoming(_gep(b, brow, rsb), body)
+        k.add_incoming(b.add(k, c64(1)), body)
+        brow.add_incoming(gep(b, brow, rsb), body)
         b.branch(head)
         b.position_at_end(done)
 
         def store(b, r):
-            crow = _gep(b, C, b.add(b.mul(_c64(r), ldc), j0))
+            crow = gep(b, C, b.add(b.mul(c64(r), ldc), j0))
             for v in range(nv):
                 m = None if masks is None else masks[v]
-                p = _gep(b, crow, _c64(v * VL))
+                p = gep(b, crow, c64(v * VL))
                 x = acc[r][v]
                 x = b.select(beta, b.fadd(x, masked_load(b, p, VL, m)), x)
                 if epilogue is not None:
-                    x = epilogue(b, b.add(row0, _c64(r)), b.add(col0, b.add(j0, _c64(v * VL))),
+                    x = epilogue(b, b.add(row0, c64(r)), b.add(col0, b.add(j0, c64(v * VL))),
                                  x, VL, m, epi_args)
-                _masked_store(b, x, p, m)
+                masked_store(b, x, p, m)
         for r in range(R):
             if r == 0:
                 store(b, r)
             else:
-                with b.if_then(b.icmp_signed("<", _c64(r), M)):
+                with b.if_then(b.icmp_signed("<", c64(r), M)):
                     store(b, r)
 
-    n_wide = b.mul(b.sdiv(N, _c64(W)), _c64(W))
-    counted_loop(b, _c64(0), n_wide, W, lambda b, j0: tile(b, j0, NV, None), "tlj")
-    n_vec = b.mul(b.sdiv(N, _c64(VL)), _c64(VL))
+    n_wide = b.mul(b.sdiv(N, c64(W)), c64(W))
+    counted_loop(b, c64(0), n_wide, W, lambda b, j0: tile(b, j0, NV, None), "tlj")
+    n_vec = b.mul(b.sdiv(N, c64(VL)), c64(VL))
     if NV > 1:
         counted_loop(b, n_wide, n_vec, VL, lambda b, j0: tile(b, j0, 1, None), "tlv")
     with b.if_then(b.icmp_signed("<", n_vec, N)):
-        tile(b, n_vec, 1, [_lane_mask(b, 0, b.sub(N, n_vec), VL)])
+        tile(b, n_vec, 1, [lane_mask(b, 0, b.sub(N, n_vec), VL)])
     b.ret_void()
     return fn
 
@@ -133,14 +132,14 @@ def emit_tall_dispatch(b, cfg: SgemmConfig, talls, M, args, coop, csb) -> None:
     `args`: (N, K, A, rsa, csa, B, rsb, C, ldc, beta, row0, col0, epi...)."""
     if not talls:
         return
-    use = b.and_(b.and_(b.icmp_signed(">", M, _c64(cfg.mr)),
-                        b.icmp_signed("<=", M, _c64(talls[-1][0]))),
-                 b.and_(b.icmp_signed("==", csb, _c64(1)), b.not_(coop)))
-    small_b = b.icmp_signed("<=", b.mul(args[0], args[1]), _c64(ONE_VECTOR_B_FLOATS))
+    use = b.and_(b.and_(b.icmp_signed(">", M, c64(cfg.mr)),
+                        b.icmp_signed("<=", M, c64(talls[-1][0]))),
+                 b.and_(b.icmp_signed("==", csb, c64(1)), b.not_(coop)))
+    small_b = b.icmp_signed("<=", b.mul(args[0], args[1]), c64(ONE_VECTOR_B_FLOATS))
     with b.if_then(use, likely=False):
         for rows, fn in talls:
-            fits = b.icmp_signed("<=", M, _c64(rows))
-            if _skinny_width(cfg, rows) == 1:
+            fits = b.icmp_signed("<=", M, c64(rows))
+            if skinny_width(cfg, rows) == 1:
                 fits = b.and_(fits, small_b)
             with b.if_then(fits):
                 b.call(fn, [M, *args])
@@ -153,7 +152,7 @@ def takes_tall(cfg: SgemmConfig, M: int, N: int, K: int, csb: int) -> int | None
     if M <= cfg.mr or csb != 1:
         return None
     for rows in tall_rows(cfg):
-        if M <= rows and (_skinny_width(cfg, rows) > 1 or N * K <= ONE_VECTOR_B_FLOATS):
+        if M <= rows and (skinny_width(cfg, rows) > 1 or N * K <= ONE_VECTOR_B_FLOATS):
             return rows
     return None
 
