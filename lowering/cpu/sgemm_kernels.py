@@ -11,6 +11,9 @@
          M <= MR, unit-stride B → NAME.skinnyM (M × W tiles over all of K, B read
                                   in place) or, for M == 1, NAME.gemv (streams
                                   gemv_rows rows of B at a time into C's row)
+         MR < M <= 24 (12 with 16 registers), unit-stride B → NAME.tallR
+                                  (sgemm_tall.py: one R-row register tile, A and
+                                  B read in place; a conv's per-image GEMM)
          N <= VL, csa == 1, K >= VL → NAME.narrow (B packed transposed, K the
                                   vector axis, one transpose-and-add tree per
                                   row of C; variants for 2..VL columns)
@@ -131,6 +134,7 @@ class SgemmConfig:
     skinny: bool = True       # M <= mr with unit-stride B: unpacked skinny kernels
     skinny_prefetch: int = 8  # B rows ahead prefetched by the skinny kernels (0 = off)
     gemv_rows: int = 8        # M == 1: B rows streamed together (0 = use the skinny tile)
+    tall: bool = True         # MR < M <= 24 (12) with unit-stride B: sgemm_tall.py tiles
     # Threaded split: the cost of packing one float, in multiply-adds.  Packing reads
     # operands that are often not in cache (weights), so it costs far more than an FMA
     # lane; 16 was best on 128x512x784 and no worse elsewhere.
@@ -1140,7 +1144,7 @@ def _emit_narrow_driver(module, name, cfg: SgemmConfig, epilogue, epi_types) -> 
 # macro kernel + sequential driver
 
 def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
-              skinnies=(), narrow=None, micro_da=None) -> ir.Function:
+              skinnies=(), narrow=None, micro_da=None, talls=()) -> ir.Function:
     """seq(M, N, K, A, rsa, csa, B, rsb, csb, C, ldc, beta i1, Ap, Bp0, Bp1, row0, col0,
     tid i32, nt i32, coop i1, epi...).
 
@@ -1175,6 +1179,11 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
                 b.ret_void()
             b.position_at_end(rest)
             b.unreachable()
+    if talls:
+        # MR < M <= 24 (12) rows, unit-stride B: one register tile of all the rows
+        from rlxc.lowering.cpu.sgemm_tall import emit_tall_dispatch
+        emit_tall_dispatch(b, cfg, talls, M, [N, K, A, rsa, csa, B, rsb, C, ldc, acc, row0,
+                                              col0, *epi_args], coop, csb)
     if narrow is not None:
         # N <= VL, rows of A contiguous: the narrow kernel, which packs Bt into this
         # thread's B part (so not with coop, where Bp0 is shared; every thread of a team
@@ -1366,8 +1375,11 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
     micro_da = ([_emit_micro(module, f"{name}.micro_da{nv}", cfg, epilogue, epi_types, nv, True)
                  for nv in range(1 if cfg.direct_a_edge else cfg.nv, cfg.nv + 1)]
                 if cfg.direct_a else None)
+    from rlxc.lowering.cpu.sgemm_tall import emit_tall, tall_rows
+    talls = [(r, emit_tall(module, f"{name}.tall{r}", cfg, r, epilogue, epi_types))
+             for r in tall_rows(cfg)]
     seq = _emit_seq(module, name + ".seq", cfg, micros, pack_a, pack_b, epi_types, skinnies,
-                    narrow, micro_da)
+                    narrow, micro_da, talls)
 
     fn = ir.Function(module, sgemm_signature(epi_types), name)
     _set_noalias(fn, [3, 6, 9])
@@ -1383,22 +1395,6 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
     beta = b.icmp_signed("!=", accum, ir.Constant(I32, 0))
     a_part, b_part = _emit_ws_per_thread(b, M, N, K, cfg)
     per = b.add(a_part, b_part)
-
-    # workspace: caller's, or a malloc'd single-thread slice (slow path)
-    ws_null = b.icmp_unsigned("==", b.ptrtoint(ws, I64), _c64(0))
-    fits = b.sdiv(ws_floats, per)
-    fits = b.select(ws_null, _c64(0), fits)
-    need_malloc = b.icmp_signed("<", fits, _c64(1))
-    malloc = _intrinsic(module, "malloc", I8P, [I64])
-    free = _intrinsic(module, "free", VOID, [I8P])
-    pre = b.block
-    with b.if_then(need_malloc, likely=False):
-        mem = b.bitcast(b.call(malloc, [b.mul(per, _c64(4))]), F32P)
-        mem_block = b.block
-    wsp = b.phi(F32P)
-    wsp.add_incoming(ws, pre)
-    wsp.add_incoming(mem, mem_block)
-    cap = _smax(b, fits, _c64(1))
 
     def slot(b, ws_, per_, a_part_, t):
         base = _gep(b, ws_, b.mul(b.sext(t, I64), per_))
@@ -1422,6 +1418,36 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
                      _gep(b, B_, b.mul(n0, csb_)), rsb_, csb_,
                      _gep(b, C_, b.add(b.mul(m0, ldc_), n0)), ldc_, beta_, ap, bp, bp1, m0, n0,
                      tid, nt, ir.Constant(I1, int(coop)), *eargs])
+
+    if threads:
+        # below min_work the team is one thread whatever the split: with the caller's
+        # workspace holding a slice, run seq at once (no division by the slice size, no
+        # team limit from libgomp, no split costs: a conv's per-image GEMMs call this
+        # 64 times per image batch, and those were ~5% of the ONNX CNN's time)
+        small = b.icmp_signed("<", b.mul(b.mul(M, N), _smax(b, K, _c64(1))),
+                              _c64(cfg.min_work))
+        has = b.and_(b.icmp_unsigned("!=", b.ptrtoint(ws, I64), _c64(0)),
+                     b.icmp_signed(">=", ws_floats, per))
+        with b.if_then(b.and_(small, has), likely=True):
+            run(b, _c64(0), M, _c64(0), N, ir.Constant(I32, 0), ir.Constant(I32, 1), False,
+                [M, N, K, A, rsa, csa, B, rsb, csb, C, ldc, beta, ws, a_part, per, *epi_args])
+            b.ret_void()
+
+    # workspace: caller's, or a malloc'd single-thread slice (slow path)
+    ws_null = b.icmp_unsigned("==", b.ptrtoint(ws, I64), _c64(0))
+    fits = b.sdiv(ws_floats, per)
+    fits = b.select(ws_null, _c64(0), fits)
+    need_malloc = b.icmp_signed("<", fits, _c64(1))
+    malloc = _intrinsic(module, "malloc", I8P, [I64])
+    free = _intrinsic(module, "free", VOID, [I8P])
+    pre = b.block
+    with b.if_then(need_malloc, likely=False):
+        mem = b.bitcast(b.call(malloc, [b.mul(per, _c64(4))]), F32P)
+        mem_block = b.block
+    wsp = b.phi(F32P)
+    wsp.add_incoming(ws, pre)
+    wsp.add_incoming(mem, mem_block)
+    cap = _smax(b, fits, _c64(1))
 
     captured = [M, N, K, A, rsa, csa, B, rsb, csb, C, ldc, beta, wsp, a_part, per, *epi_args]
     if threads:
@@ -1474,3 +1500,9 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
         b.call(free, [b.bitcast(wsp, I8P)])
     b.ret_void()
     return fn
+
+
+# the helpers the tall tiles (sgemm_tall.py) share, under public names
+c64, gep, gep_any, smin, splat, lane_mask, masked_store, prefetch, internal_fn, fma_fn, \
+    skinny_width = (_c64, _gep, _gep_any, _smin, _splat, _lane_mask, _masked_store, _prefetch,
+                    _internal_fn, _fma, _skinny_width)
