@@ -28,13 +28,11 @@ multiplies (3 cycles each: the clock); adds per cycle = adds/ns / GHz.  x86-64 L
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import platform
 import shutil
+import sys
 import statistics
-import subprocess
-import tempfile
 import time
 from collections import namedtuple
 
@@ -43,6 +41,9 @@ __all__ = ["CoreSample", "unavailable", "build", "sample", "classify", "survey",
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join(HERE, "corestate.c")
+if HERE not in sys.path:   # cshim.py beside this file (also when loaded by path)
+    sys.path.insert(0, HERE)
+from cshim import build_shared  # noqa: E402
 SHARED_RATIO = 0.7   # a sibling halves the rate; below 70% of the machine's best: shared
 SHARED_APC = 3.3     # without a reference: unshared x86-64 cores reach >= 4 adds/cycle
 MUL_LATENCY = 3      # cycles of a dependent 64-bit imul (Intel since Nehalem, AMD Zen)
@@ -64,40 +65,12 @@ def unavailable() -> str | None:
     return None
 
 
-def _cache_dir() -> str:
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    if xdg:
-        return os.path.join(xdg, "rlxc-corestate")
-    return os.path.join(tempfile.gettempdir(), f"rlxc-corestate-{os.getuid()}")
-
-
 def build() -> str:
     """The path of the probe's shared library, built from corestate.c once per source."""
     why = unavailable()
     if why:
         raise CoreStateError(why)
-    with open(SOURCE, "rb") as f:
-        src = f.read()
-    out_dir = _cache_dir()
-    os.makedirs(out_dir, mode=0o700, exist_ok=True)
-    st = os.stat(out_dir)
-    if st.st_uid != os.getuid() or st.st_mode & 0o022:
-        raise CoreStateError(f"{out_dir} is not a private directory of this user (owner uid "
-                             f"{st.st_uid}, mode {st.st_mode & 0o777:o}): will not load code "
-                             "from it")
-    path = os.path.join(out_dir, f"corestate-{hashlib.sha256(src).hexdigest()[:16]}.so")
-    if os.path.exists(path):
-        return path
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
-    os.close(fd)
-    cc = os.environ.get("CC", "cc")
-    r = subprocess.run([cc, "-O2", "-fPIC", "-shared", "-o", tmp, SOURCE],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        os.unlink(tmp)
-        raise CoreStateError(f"{cc} could not build {SOURCE}:\n{r.stderr.strip()}")
-    os.replace(tmp, path)   # atomic: a concurrent build cannot leave half a file
-    return path
+    return build_shared(SOURCE, 'corestate', CoreStateError)
 
 
 def _load():

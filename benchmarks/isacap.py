@@ -14,18 +14,19 @@ into a per-user cache directory, keyed by the hash of its source.  Stdlib only.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import platform
 import shutil
-import subprocess
-import tempfile
+import sys
 
 __all__ = ["IsacapError", "unavailable", "build", "enable", "reinstall", "state", "cpuid", "avx512f",
            "ENV"]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join(HERE, "isacap.c")
+if HERE not in sys.path:   # cshim.py beside this file (also when loaded by path)
+    sys.path.insert(0, HERE)
+from cshim import build_shared  # noqa: E402
 ENV = "RLXC_BENCH_ISACAP"   # "avx2" in a child's environment: enable() at its start
 _lib = None
 
@@ -52,37 +53,9 @@ def unavailable(cpuinfo: str = "/proc/cpuinfo") -> str | None:
     return None
 
 
-def _cache_dir() -> str:
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    if xdg:
-        return os.path.join(xdg, "rlxc-isacap")
-    return os.path.join(tempfile.gettempdir(), f"rlxc-isacap-{os.getuid()}")
-
-
 def build() -> str:
     """The path of the shared library, built from isacap.c if this source is not built yet."""
-    with open(SOURCE, "rb") as f:
-        src = f.read()
-    out_dir = _cache_dir()
-    os.makedirs(out_dir, mode=0o700, exist_ok=True)
-    st = os.stat(out_dir)
-    if st.st_uid != os.getuid() or st.st_mode & 0o022:
-        raise IsacapError(f"{out_dir} is not a private directory of this user (owner uid "
-                          f"{st.st_uid}, mode {st.st_mode & 0o777:o}): will not load code "
-                          "from it")
-    path = os.path.join(out_dir, f"isacap-{hashlib.sha256(src).hexdigest()[:16]}.so")
-    if os.path.exists(path):
-        return path
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
-    os.close(fd)
-    cc = os.environ.get("CC", "cc")
-    r = subprocess.run([cc, "-O2", "-fPIC", "-shared", "-o", tmp, SOURCE],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        os.unlink(tmp)
-        raise IsacapError(f"{cc} could not build {SOURCE}:\n{r.stderr.strip()}")
-    os.replace(tmp, path)   # atomic: a concurrent build cannot leave half a file
-    return path
+    return build_shared(SOURCE, 'isacap', IsacapError)
 
 
 def _load():
