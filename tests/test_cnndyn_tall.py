@@ -25,20 +25,10 @@ from rlxc.lowering.cpu import sgemm_tall
 from rlxc.lowering.cpu import target
 
 from test_sgemm import Gemm, _bias_relu, _check, _rand
+from test_sgemm_smallm import CPUS   # znver3 and native, each skipped where the host cannot run it
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CNN = os.path.join(HERE, "fixtures", "onnx", "cnn.onnx")
-
-
-def _has(*feats):
-    have = set(target.host_cpu_features().split(","))
-    return all(f"+{f}" in have for f in feats)
-
-
-CPUS = [pytest.param("znver3", marks=pytest.mark.skipif(
-            not _has("avx2", "fma"), reason="host cannot run AVX2/FMA code")),
-        pytest.param("native", marks=pytest.mark.skipif(
-            not target.host_has_avx512(), reason="native is the AVX2 build without AVX-512"))]
 
 
 def _lib(tmp_path_factory, cpu, tag, epilogue=None, epi_types=()):
