@@ -73,7 +73,7 @@ _addr = data_address
 REUSE_MIN_BYTES = 1 << 20
 EXPLORE = 16      # a governed call re-tries the other thread count every EXPLORE calls,
                   # doubling after each re-try it loses (up to EXPLORE * 16)
-WINDOW = 11        # call times remembered per thread count (their median decides)
+WINDOW = 11       # call times remembered per thread count (their median decides)
 PREFER_TEAM = 0.85  # the team runs while its median is below this fraction of one thread's
 TEAM_BURST = 3    # consecutive calls when the team is tried (the first one warms it up)
 IDLE_COLD = 2e-3  # a call this long after the previous one ended finds threads and caches cold
