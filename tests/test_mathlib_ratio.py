@@ -27,9 +27,10 @@ BOUND = mathlib_ratio.FUSED_ULP
 REF = {"tanh": np.tanh, "sigmoid": _sigmoid64}
 
 
-def _product_module(f: str, g: str, width: int | None) -> ir.Module:
-    """void p(float* u, float* v, float* y, i64 n): y = f(u) * g(v) via the rlx.mul rule,
-    width lanes per iteration (None: one float, left to the loop vectorizer); n % width == 0."""
+def _product_module(f: str, g: str, width: int | None, combine=None) -> ir.Module:
+    """void p(float* u, float* v, float* y, i64 n): y = f(u) * g(v) via the rlx.mul rule (or
+    combine(builder, f(u), g(v))), width lanes per iteration (None: one float, left to the
+    loop vectorizer); n % width == 0."""
     m = ir.Module(name=f"ratio_{f}_{g}_{width}")
     ty = F32 if width is None else ir.VectorType(F32, width)
     fn = ir.Function(m, ir.FunctionType(ir.VoidType(), [F32.as_pointer()] * 3 + [I64]), "p")
@@ -47,7 +48,8 @@ def _product_module(f: str, g: str, width: int | None) -> ir.Module:
         q = b.gep(p, [i])
         return q if width is None else b.bitcast(q, ty.as_pointer())
     x1, x2 = b.load(ptr(u), align=4), b.load(ptr(v), align=4)
-    r = scalar.emit(b, "rlx.mul", [math_emit(b, f, x1), math_emit(b, g, x2)], "f32")
+    fx, gy = math_emit(b, f, x1), math_emit(b, g, x2)
+    r = scalar.emit(b, "rlx.mul", [fx, gy], "f32") if combine is None else combine(b, fx, gy)
     b.store(r, ptr(y), align=4)
     i2 = b.add(i, ir.Constant(I64, width or 1))
     i.add_incoming(i2, loop)
@@ -60,18 +62,25 @@ def _product_module(f: str, g: str, width: int | None) -> ir.Module:
 _ENGINES: dict = {}
 
 
+def _jit(module: ir.Module, cpu: str, features: str = ""):
+    """(engine, p as a ctypes function, target machine, optimized module) of a module from
+    _product_module, built with O3 for `cpu`."""
+    import ctypes
+
+    tm = llvm.Target.from_default_triple().create_target_machine(cpu=cpu, features=features,
+                                                                opt=3)
+    mod = _optimize(str(module), tm)
+    eng = llvm.create_mcjit_compiler(mod, tm)
+    eng.finalize_object()
+    cf = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 3, ctypes.c_int64)(
+        eng.get_function_address("p"))
+    return eng, cf, tm, mod
+
+
 def _compiled(target: str, f: str, g: str, width: int | None):
     key = (target, f, g, width)
     if key not in _ENGINES:
-        cpu, features = TARGETS[target]
-        tm = llvm.Target.from_default_triple().create_target_machine(cpu=cpu, features=features,
-                                                                    opt=3)
-        mod = _optimize(str(_product_module(f, g, width)), tm)
-        eng = llvm.create_mcjit_compiler(mod, tm)
-        eng.finalize_object()
-        import ctypes
-        cf = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 3, ctypes.c_int64)(
-            eng.get_function_address("p"))
+        eng, cf, _tm, mod = _jit(_product_module(f, g, width), *TARGETS[target])
         _ENGINES[key] = (eng, cf, str(mod))
     return _ENGINES[key]
 

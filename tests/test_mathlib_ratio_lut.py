@@ -10,7 +10,6 @@ per table per register, no gathers, the FMA count per vector).
 """
 from __future__ import annotations
 
-import ctypes
 import re
 
 import llvmlite.binding as llvm
@@ -21,11 +20,9 @@ from llvmlite import ir
 import rlxc
 from rlxc.lowering.cpu import vsum
 from rlxc.lowering.shared import mathlib_ratio
-from rlxc.lowering.shared.mathlib import emit as math_emit
-from test_mathlib import _IS_X86, _optimize, _sigmoid64, ulp_error
+from test_mathlib import _IS_X86, _sigmoid64, ulp_error
+from test_mathlib_ratio import _jit, _product_module
 
-F32 = ir.FloatType()
-I64 = ir.IntType(64)
 BOUND = mathlib_ratio.FUSED_ULP
 CPU = "znver3"
 WIDTH = 16          # what ratio_sum_loop emits on AVX2: <16 x float>, two registers
@@ -34,47 +31,23 @@ _HOST_AVX2 = "+avx2" in llvm.get_host_cpu_features().flatten().split(",")
 needs_avx2 = pytest.mark.skipif(not _HOST_AVX2, reason="host CPU has no AVX2 (znver3 code)")
 
 
-def _module(swap: bool) -> ir.Module:
-    """void p(float* u, float* v, float* y, i64 n): y = tanh(u) * sigmoid(v) (or the factors
-    in the other order) through fused_parts with the AVX2 lookup, WIDTH lanes at a time."""
-    m = ir.Module(name=f"ratio_lut_{swap}")
-    ty = ir.VectorType(F32, WIDTH)
-    fn = ir.Function(m, ir.FunctionType(ir.VoidType(), [F32.as_pointer()] * 3 + [I64]), "p")
-    u, v, y, n = fn.args
-    for a in (u, v, y):
-        a.add_attribute("noalias")
-    entry, loop, done = (fn.append_basic_block(s) for s in ("entry", "loop", "done"))
-    b = ir.IRBuilder(entry)
-    b.cbranch(b.icmp_signed(">", n, ir.Constant(I64, 0)), loop, done)
-    b.position_at_end(loop)
-    i = b.phi(I64)
-    i.add_incoming(ir.Constant(I64, 0), entry)
-
-    def ptr(p):
-        return b.bitcast(b.gep(p, [i]), ty.as_pointer())
-    x1, x2 = b.load(ptr(u), align=4), b.load(ptr(v), align=4)
-    f, g = math_emit(b, "tanh", x1), math_emit(b, "sigmoid", x2)
-    q, scale = mathlib_ratio.fused_parts(b, *((g, f) if swap else (f, g)), vsum.Avx2Lut())
-    b.store(b.fmul(q, ir.Constant(ty, [scale] * WIDTH)), ptr(y), align=4)
-    i2 = b.add(i, ir.Constant(I64, WIDTH))
-    i.add_incoming(i2, loop)
-    b.cbranch(b.icmp_signed("<", i2, n), loop, done)
-    b.position_at_end(done)
-    b.ret_void()
-    return m
+def _lut_product(swap: bool):
+    """combine for _product_module: tanh(u) * sigmoid(v) (or the factors in the other order)
+    through fused_parts with the AVX2 lookup, scaled back per element."""
+    def combine(b, f, g):
+        q, scale = mathlib_ratio.fused_parts(b, *((g, f) if swap else (f, g)), vsum.Avx2Lut())
+        return b.fmul(q, ir.Constant(q.type, [scale] * WIDTH))
+    return combine
 
 
 _ENGINES: dict = {}
 
 
 def _compiled(swap: bool):
+    """(engine, p, assembly) of y = tanh(u) * sigmoid(v), WIDTH lanes at a time, for CPU."""
     if swap not in _ENGINES:
-        tm = llvm.Target.from_default_triple().create_target_machine(cpu=CPU, opt=3)
-        mod = _optimize(str(_module(swap)), tm)
-        eng = llvm.create_mcjit_compiler(mod, tm)
-        eng.finalize_object()
-        cf = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 3, ctypes.c_int64)(
-            eng.get_function_address("p"))
+        eng, cf, tm, mod = _jit(_product_module("tanh", "sigmoid", WIDTH, _lut_product(swap)),
+                                CPU)
         _ENGINES[swap] = (eng, cf, tm.emit_assembly(mod))
     return _ENGINES[swap]
 
