@@ -216,9 +216,9 @@ def _compile_entry(key, func, cpu, opt, threads) -> CpuLibrary:
 
     with _compile_lock:  # LLVM's global context is not thread-safe
         art = compile_cpu(func.module, func.symbol, cpu=cpu, opt=opt, link=False,
-                          max_threads=threads)
+                          max_threads=threads, combine=False)
     STATS["compiles"] += 1
-    entry = cache.store(key, "cpu", lambda path: link_shared([art.object], path, cpu=cpu),
+    entry = cache.store(key, "cpu", lambda path: link_shared(art.parts, path, cpu=cpu),
                         art.metadata(), ".so")
     return CpuLibrary(entry.path, entry.meta, require_signature=True)
 
