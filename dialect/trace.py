@@ -13,9 +13,9 @@ nodes.  Values are numbered in creation order.  A node holds its op name, its
 operands, its parameters as the IR stores them (SHAPES[op].canonical), its
 result types and, for a constant, its (shape, dtype, bytes) (splats stored
 once), for an inlined call, the callee's module and IR hash (for a Func, its
-`ir_hash` method, called only when the digest is taken: hashing prints the IR).  `from_trace` replays the
-events into an xDSL block in the same order the eager tracer used to build
-it, so the module (and its text) is the same.
+`ir_hash` method, called only when the digest is taken: hashing prints the
+IR).  `from_trace` replays the events into an xDSL block in the same order
+the eager tracer used to build it, so the module (and its text) is the same.
 
 `digest()` hashes every event: names, kinds, shapes, dtypes, op names,
 operand numbers, parameters, result types, constant bytes, the callee's IR
