@@ -73,14 +73,19 @@ def _ref(u, v):
 def test_avx512_product_within_bound(swap):
     """Max error of the AVX-512 fused product within FUSED_ULP (either factor order) on wide
     random pairs, sweeps over every ln2/16 step of sigmoid's argument from -112 to 115 (the
-    clamp at -110 and beyond) and over tanh's, and the hard pairs."""
+    clamp at -110 and beyond) and over tanh's, subnormal and huge (up to 2^127) arguments of
+    either factor, and the hard pairs."""
     from test_mathlib_ratio_lut import _inputs
 
     u, v = _inputs(11 + swap, 1 << 18)
     rng = np.random.default_rng(5 + swap)
     sv = np.linspace(-112.0, 115.0, 1 << 17).astype(np.float32)
-    u = np.concatenate([u, rng.uniform(-12, 12, len(sv)).astype(np.float32)])
-    v = np.concatenate([v, sv])
+    sub = (rng.choice([-1.0, 1.0], 4096) * rng.uniform(0, 2.0 ** -126, 4096)).astype(np.float32)
+    big = (rng.choice([-1.0, 1.0], 4096) * 2.0 ** rng.uniform(7, 127, 4096)).astype(np.float32)
+    u = np.concatenate([u, rng.uniform(-12, 12, len(sv)).astype(np.float32), sub, big, sub,
+                        rng.uniform(-3, 3, 4096).astype(np.float32)])
+    v = np.concatenate([v, sv, rng.uniform(-120, 50, 4096).astype(np.float32),
+                        rng.uniform(-120, 50, 4096).astype(np.float32), big, sub])
     err = ulp_error(_run(u, v, swap), _ref(u, v))
     k = int(np.argmax(err))
     assert err[k] <= BOUND, f"{err[k]:.3f} ulp at u={u[k]!r}, v={v[k]!r}"
