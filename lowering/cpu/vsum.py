@@ -19,10 +19,9 @@ cycles per iteration fills the scheduler).  Here UNROLL independent chains are i
 in program order on every target (two whole chains one after the other measured as slow as
 one).  W1, 1 thread, CPU time against the loop vectorizer's loop: UNROLL 1: 0.98, 2: 0.88,
 4: 0.83, 8: 0.89 (--cpu znver3, with the tables); native AVX-512: 4: 0.96.  On AVX-512
-with Avx512Ops, against main's table-free 4-chain loop (same process, 1 thread, CPU time):
-4 chains 0.89-0.93x whether the core's other hyperthread is busy or not; 1 chain 0.86-0.90x
-on a quiet core but 0.96-1.0x on a shared one (its latency is hidden only by a full-size
-reorder window), so 4 on every target.
+(32 zmm) with Avx512Ops one register per iteration is fastest: 4 chains spilled and copied
+registers (23 register moves per iteration) for 2 ports that are busy anyway (0.89-0.90x
+the CPU time of the previous table-free 4-chain loop, against 0.92-0.93x with 4 chains).
 
 Applies to an innermost loop whose body is one f32 `add` update of a product of two
 elementwise ratio functions that qualify (mathlib_ratio.RATIO/qualifies), whose leaves are f32
@@ -38,8 +37,8 @@ from rlxc.lowering.cpu.loops import Const, For, Load, Op, Update, walk_expr
 from rlxc.lowering.shared.mathlib_ratio import RATIO, fused_parts, qualifies
 from rlxc.lowering.shared.scalar import F32, I32, I64, const
 
-UNROLL = 4      # vector registers per partial sum (independent chains per iteration; a lut
-                # may set its own: .unroll)
+UNROLL = 4      # vector registers per partial sum (independent chains per iteration; AVX-512:
+                # Avx512Ops.unroll)
 
 
 def applies(s: For) -> bool:
@@ -176,8 +175,9 @@ class Avx512Ops:
     """
     n = 16
     tanh_table = False
-    unroll = UNROLL  # 1 (no spills, no moves) was 0.96x of 4's CPU time on a quiet core, but
-                     # 1.08x with the core's other hyperthread busy: 4 holds up in both
+    unroll = 1      # W1, 1 thread, CPU time: 1: 0.96x of 4's, 2: 0.98x (no spills, no moves)
+                    # on a quiet core (1.08x with its other hyperthread busy); 2 threads
+                    # (RLXC_ADAPTIVE_THREADS=0, wall median): 0.78x of 4's
 
     def __call__(self, o, entries, idx):
         b, w = o.b, idx.type.count

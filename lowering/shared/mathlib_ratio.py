@@ -110,8 +110,8 @@ class Ratio(NamedTuple):
 # need an asymmetric clamp and a shift and an add).  T_j's rounding is left in: max
 # 3.95 ulp of the product over 8M pairs (3.80 table-free).  tanh keeps the table-free
 # form: its delta table (a lookup and a subtract) and a 2^n*T_j (a lookup and vscalefps)
-# cost more than the two FMAs a shorter polynomial saves.  W1, 1 thread: 0.89-0.93x the
-# CPU time (lowering/cpu/vsum.py's loop, same process A/B).
+# cost more than the two FMAs a shorter polynomial saves.  W1, 1 thread: 0.89-0.90x the
+# CPU time (with vsum's one-register loop, lowering/cpu/vsum.py).
 _LUT_SIG = {8: (0.5000000127408148, -0.16668024689113026, 0.04166042514783269),
             16: (0.5000000007964341, -0.16667006179457333, 0.04166510597075933)}
 # sigmoid with vscalefps (AVX-512): e^-w = 1 - w + c2*w^2 + c3*w^3 on |w| <= ln2/32, minimax
