@@ -188,18 +188,21 @@ def test_lut_tables():
         assert abs(d) < 2.0 ** -24
 
 
-@pytest.mark.parametrize("cpu,lanes,perm", [(CPU, 8, True), ("x86-64-v3", 8, True),
-                                            ("skylake-avx512", 16, False)])
-def test_w1_kernel_takes_explicit_loop(cpu, lanes, perm):
-    """The W1 reduction is emitted by vsum.ratio_sum_loop: one <4L x float> fdiv (four
+@pytest.mark.parametrize("cpu,lanes,isa", [(CPU, 8, "avx2"), ("x86-64-v3", 8, "avx2"),
+                                           ("skylake-avx512", 16, "avx512")])
+def test_w1_kernel_takes_explicit_loop(cpu, lanes, isa):
+    """The W1 reduction is emitted by vsum.ratio_sum_loop: one <U*L x float> fdiv (U
     registers, interleaved) in the optimized IR, the 2^-64 scale once per sum rather than
-    per element, and the vpermps tables on AVX2 targets only (any host: IR text only)."""
+    per element, the vpermps tables of 2^(j/8) on AVX2 targets and on AVX-512 sigmoid's
+    16-entry table with vscalefps (any host: IR text only)."""
     from rlxc.lowering.cpu.driver import emit_llvm
 
     text = emit_llvm(_w1(4096).module, "w1", optimized=True, cpu=cpu)
-    w = vsum.UNROLL * lanes
+    w = vsum.unroll_for(cpu) * lanes
     assert len(re.findall(rf"= fdiv <{w} x float>", text)) == 1
-    assert ("llvm.x86.avx2.permps" in text) == perm
+    assert ("llvm.x86.avx2.permps" in text) == (isa == "avx2")
+    assert ("llvm.x86.avx512.permvar.sf.512" in text) == (isa == "avx512")
+    assert ("llvm.x86.avx512.mask.scalef.ps.512" in text) == (isa == "avx512")
     # no vector multiply by 2^-64 (0x3BF0000000000000): the vector loop and the vectorized
     # rest add q itself, the sum's read scales once
     assert not re.search(r"fmul [^\n]*<\d+ x float> [^\n]*0x3bf0000000000000", text, re.I)

@@ -169,6 +169,7 @@ class LoopKernel:
     body: list
     work: int = 0       # estimated cost units (elements x op weight) for threading
     outputs: list = field(default_factory=list)  # buffers written
+    dynamic: bool = False  # parallel chunks claimed one by one (openmp.py dynamic), not static
 
     def buffers(self) -> list:
         seen: dict = {}

@@ -149,9 +149,9 @@ def emit_team_limit(module: ir.Module, b: ir.IRBuilder) -> ir.Value:
 
 
 def _emit_region(module, builder, n_chunks, captured, name, work, min_work,
-                 max_threads, make_body):
+                 max_threads, make_body, dynamic=0):
     captured = list(captured)
-    ctx_ty = ir.LiteralStructType([I64] + [v.type for v in captured])
+    ctx_ty = ir.LiteralStructType([I64] + [v.type for v in captured] + ([I64] if dynamic else []))
 
     # worker(ctx, tid, nt)
     worker = ir.Function(module, ir.FunctionType(VOID, [I8P, I32, I32]), name + ".worker")
@@ -164,9 +164,15 @@ def _emit_region(module, builder, n_chunks, captured, name, work, min_work,
     n, args = fields[0], fields[1:]
     tid = wb.sext(worker.args[1], I64)
     nt = wb.sext(worker.args[2], I64)
-    lo = wb.sdiv(wb.mul(n, tid), nt)
-    hi = wb.sdiv(wb.mul(n, wb.add(tid, ir.Constant(I64, 1))), nt)
-    make_body(wb, lo, hi, worker.args[1], worker.args[2], args)
+    if dynamic:
+        _dynamic_ranges(wb, n, wb.gep(ctx, [zero32, ir.Constant(I32, len(captured) + 1)],
+                                      inbounds=True), dynamic,
+                        lambda lo, hi: make_body(wb, lo, hi, worker.args[1], worker.args[2],
+                                                 args))
+    else:
+        lo = wb.sdiv(wb.mul(n, tid), nt)
+        hi = wb.sdiv(wb.mul(n, wb.add(tid, ir.Constant(I64, 1))), nt)
+        make_body(wb, lo, hi, worker.args[1], worker.args[2], args)
     wb.ret_void()
 
     # omp entry: fn(void*) as GOMP_parallel wants it
@@ -184,6 +190,9 @@ def _emit_region(module, builder, n_chunks, captured, name, work, min_work,
     b.store(n_chunks, b.gep(ctx_mem, [zero32, zero32], inbounds=True))
     for i, v in enumerate(captured):
         b.store(v, b.gep(ctx_mem, [zero32, ir.Constant(I32, i + 1)], inbounds=True))
+    if dynamic:     # the next unclaimed chunk
+        b.store(ir.Constant(I64, 0), b.gep(ctx_mem, [zero32, ir.Constant(I32, len(captured) + 1)],
+                                           inbounds=True))
     data = b.bitcast(ctx_mem, I8P)
 
     t = _smin(b, emit_team_limit(module, b), n_chunks)
@@ -201,6 +210,23 @@ def _emit_region(module, builder, n_chunks, captured, name, work, min_work,
         with seq:
             b.call(worker, [data, zero32, ir.Constant(I32, 1)])
     return worker
+
+
+def _dynamic_ranges(wb, n, counter, grab: int, body) -> None:
+    """while (lo = atomic fetch-add(*counter, grab)) < n: body(lo, min(lo + grab, n)): each
+    thread claims the next `grab` chunks until none are left (a thread that starts late, or
+    is descheduled, leaves its share to the others)."""
+    fn = wb.function
+    head, run, done = (fn.append_basic_block(f"dyn.{s}") for s in ("head", "run", "done"))
+    wb.branch(head)
+    wb.position_at_end(head)
+    lo = wb.atomic_rmw("add", counter, ir.Constant(I64, grab), "monotonic")
+    wb.cbranch(wb.icmp_signed("<", lo, n), run, done)
+    wb.position_at_end(run)
+    hi = wb.add(lo, ir.Constant(I64, grab))
+    body(lo, _smin(wb, hi, n))
+    wb.branch(head)
+    wb.position_at_end(done)
 
 
 def emit_barrier(builder: ir.IRBuilder, nthreads: ir.Value) -> None:
@@ -254,12 +280,15 @@ def emit_parallel_ranges(module: ir.Module, builder: ir.IRBuilder, n_chunks: ir.
                                         None],
                          captured: Sequence[ir.Value] = (), *, name: str = "rlxc.prange",
                          work: ir.Value | None = None, min_work: int | ir.Value | None = None,
-                         max_threads: ir.Value | None = None) -> ir.Function:
+                         max_threads: ir.Value | None = None, dynamic: int = 0) -> ir.Function:
     """Like :func:`emit_parallel_for` but ``body(builder, lo_i64, hi_i64,
     tid_i32, nthreads_i32, args)`` is called once per thread with its whole
     static range ``[lo, hi)`` (possibly empty), its thread id and the team
     size (tid < nthreads <= ``max_threads``; (0, 1) on the inline path), for
     bodies that set up per-thread state (a workspace slice, packed panels)
-    once and then loop, or that cooperate through :func:`emit_barrier`."""
+    once and then loop, or that cooperate through :func:`emit_barrier`.
+    dynamic=g > 0: instead, each thread claims the next g chunks (an atomic counter in
+    the context) and calls ``body`` on them, until all are claimed (for independent
+    chunks, no barriers: a late or descheduled thread's share goes to the others)."""
     return _emit_region(module, builder, n_chunks, captured, _unique_name(module, name),
-                        work, min_work, max_threads, body)
+                        work, min_work, max_threads, body, dynamic)

@@ -334,7 +334,7 @@ def _split(b, cx, out, off, what, work, gen, adt):
         [Store(part, ix.var(c), AccRef(top))]
     loop = For(c, ix.ZERO, ix.const(chunks), body, parallel=True)
     b._add(LoopKernel(b._kname("reduce_chunks"), what + f" ({chunks} chunks)", [loop], work,
-                      [part]), gen)
+                      [part], dynamic=True), gen)
     fin = cx.acc(adt)
     c2 = ix.Var("c", chunks)
     body = [AccDecl(fin, identity(cx.combine, adt)),

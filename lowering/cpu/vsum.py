@@ -1,12 +1,13 @@
 """A float sum of a ratio-form product as an explicit vector loop (W1 of benchmarks/compare.py).
 
-    for v in [start, stop):                      vend = start + (n / 4L)*4L
+    for v in [start, stop):                      vend = start + (n / UL)*UL
         acc = add(acc, mul(tanh(e1), sigmoid(e2)))
           │ ratio_sum_loop
           ▼
-    one <4L x float> partial sum (L = lanes of one vector register), each iteration adding
-    q(v .. v+4L-1) (mathlib_ratio.fused_parts: one division per register); the backend splits
-    every op into four adjacent register ops: four chains interleaved instruction by instruction;
+    one <UL x float> partial sum (L = lanes of one vector register, U = lut.unroll or UNROLL),
+    each iteration adding q(v .. v+UL-1) (mathlib_ratio.fused_parts with the target's
+    instructions, lut_for: one division per register); the backend splits every op into U
+    adjacent register ops: U chains interleaved instruction by instruction;
     then acc += hsum(part) * (scale, or left to the sum's reads: Body.acc_scale);
     then the scalar loop over [vend, stop) (the loop vectorizer takes it as usual)
 
@@ -17,7 +18,10 @@ and a float add), and with one the loop ran 5-10% slower (a single dependency ch
 cycles per iteration fills the scheduler).  Here UNROLL independent chains are interleaved
 in program order on every target (two whole chains one after the other measured as slow as
 one).  W1, 1 thread, CPU time against the loop vectorizer's loop: UNROLL 1: 0.98, 2: 0.88,
-4: 0.83, 8: 0.89 (--cpu znver3, with the tables); native AVX-512: 4: 0.96.
+4: 0.83, 8: 0.89 (--cpu znver3, with the tables); native AVX-512: 4: 0.96.  On AVX-512
+(32 zmm) with Avx512Ops one register per iteration is fastest: 4 chains spilled and copied
+registers (23 register moves per iteration) for 2 ports that are busy anyway (0.89-0.90x
+the CPU time of the previous table-free 4-chain loop, against 0.92-0.93x with 4 chains).
 
 Applies to an innermost loop whose body is one f32 `add` update of a product of two
 elementwise ratio functions that qualify (mathlib_ratio.RATIO/qualifies), whose leaves are f32
@@ -33,7 +37,8 @@ from rlxc.lowering.cpu.loops import Const, For, Load, Op, Update, walk_expr
 from rlxc.lowering.shared.mathlib_ratio import RATIO, fused_parts, qualifies
 from rlxc.lowering.shared.scalar import F32, I32, I64, const
 
-UNROLL = 4      # vector registers per partial sum (independent chains per iteration)
+UNROLL = 4      # vector registers per partial sum (independent chains per iteration; AVX-512:
+                # Avx512Ops.unroll)
 
 
 def applies(s: For) -> bool:
@@ -70,8 +75,9 @@ def ratio_sum_loop(body, b: ir.IRBuilder, s: For, vars_, lohi=None) -> None:
     from rlxc.lowering.cpu.codegen import c64
 
     up = s.body[0]
-    v, lanes = s.var, body.lanes * UNROLL     # one <UNROLL*L x float>: the backend splits
-    if lohi is not None:                      # each op into UNROLL adjacent register ops
+    lut = getattr(body, "lut", None)          # one <U*L x float>: the backend splits each
+    v, lanes = s.var, body.lanes * getattr(lut, "unroll", UNROLL)   # op into U register ops
+    if lohi is not None:
         start, stop = lohi
     else:
         start, stop = body.index(b, s.start, vars_), body.index(b, s.stop, vars_)
@@ -99,7 +105,7 @@ def ratio_sum_loop(body, b: ir.IRBuilder, s: For, vars_, lohi=None) -> None:
         x, y = (body.vexpr(b, arg, inner, v, memo) for arg in up.value.args)
     finally:
         body.lanes = saved
-    q, scale = fused_parts(b, x, y, getattr(body, "lut", None))
+    q, scale = fused_parts(b, x, y, lut)
     nxt = b.fadd(acc, q)
     end = b.block
     iv.add_incoming(b.add(iv, c64(lanes), flags=["nsw"]), end)
@@ -119,40 +125,90 @@ def ratio_sum_loop(body, b: ir.IRBuilder, s: For, vars_, lohi=None) -> None:
     body.loop(b, s, vars_, lohi=(vend, stop))
 
 
+def _by_register(b, fn, w: int, lanes: int, *vecs):
+    """fn(*slices) on each `lanes`-wide slice of the w-lane vectors `vecs` (an intrinsic of
+    one register), the results concatenated back to w lanes."""
+    def part(x, k):
+        return x if w == lanes else b.shuffle_vector(
+            x, x, ir.Constant(ir.VectorType(I32, lanes), list(range(k, k + lanes))))
+    parts = [fn(*(part(x, k) for x in vecs)) for k in range(0, w, lanes)]
+    while len(parts) > 1:
+        h = parts[0].type.count
+        parts = [b.shuffle_vector(x, y, ir.Constant(ir.VectorType(I32, 2 * h),
+                                                    list(range(2 * h))))
+                 for x, y in zip(parts[::2], parts[1::2])]
+    return parts[0]
+
+
+def _declare(b, name: str, ret, args):
+    fn = b.module.globals.get(name)
+    if fn is None:
+        fn = ir.Function(b.module, ir.FunctionType(ret, args), name)
+    return fn
+
+
 class Avx2Lut:
     """lut(o, entries, idx): entries[idx & 7] per lane (`entries` 8 int32 values, `idx` a
     vector of i32 of a multiple of 8 lanes) by llvm.x86.avx2.permps (vpermps: one shuffle
-    uop per 8 lanes), for mathlib_ratio's table-driven exponentials."""
+    uop per 8 lanes), for mathlib_ratio's table-driven exponentials (both: tanh_table)."""
     n = 8
+    tanh_table = True
+    unroll = UNROLL
 
     def __call__(self, o, entries, idx):
         b, w = o.b, idx.type.count
-        tab = b.bitcast(ir.Constant(ir.VectorType(I32, 8), list(entries)), ir.VectorType(F32, 8))
-        v8 = ir.VectorType(F32, 8)
-        fn = b.module.globals.get("llvm.x86.avx2.permps")
-        if fn is None:
-            fn = ir.Function(b.module, ir.FunctionType(v8, [v8, ir.VectorType(I32, 8)]),
-                             "llvm.x86.avx2.permps")
-        parts = []
-        for k in range(0, w, 8):
-            ik = idx if w == 8 else b.shuffle_vector(
-                idx, idx, ir.Constant(ir.VectorType(I32, 8), list(range(k, k + 8))))
-            parts.append(b.call(fn, [tab, ik]))
-        while len(parts) > 1:
-            h = parts[0].type.count
-            parts = [b.shuffle_vector(x, y, ir.Constant(ir.VectorType(I32, 2 * h),
-                                                        list(range(2 * h))))
-                     for x, y in zip(parts[::2], parts[1::2])]
-        return b.bitcast(parts[0], idx.type)
+        v8, i8 = ir.VectorType(F32, 8), ir.VectorType(I32, 8)
+        tab = b.bitcast(ir.Constant(i8, list(entries)), v8)
+        fn = _declare(b, "llvm.x86.avx2.permps", v8, [v8, i8])
+        return b.bitcast(_by_register(b, lambda i: b.call(fn, [tab, i]), w, 8, idx), idx.type)
+
+
+class Avx512Ops:
+    """The AVX-512 (F + DQ) instructions mathlib_ratio's sum path uses, each one uop on
+    <16 x float> registers (split per register; `o` an Ops of a multiple of 16 lanes):
+      lut(o, entries, idx)  entries[idx & 15] (16 int32 values) by vpermps (permvar.sf.512);
+                            sigmoid's 2^(j/16) table (tanh keeps its table-free form: its
+                            delta table would cost what the shorter polynomial saves;
+                            tanh_table False)
+      scalef(o, x, e)       x * 2^floor(e) by vscalefps: exact, with over/underflow (and
+                            the subnormals) rounded as one multiply; NaN in either gives NaN
+    """
+    n = 16
+    tanh_table = False
+    unroll = 1      # W1, 1 thread, CPU time: 1: 0.96x of 4's, 2: 0.98x (no spills, no moves)
+                    # on a quiet core (1.08x with its other hyperthread busy); 2 threads
+                    # (RLXC_ADAPTIVE_THREADS=0, wall median): 0.78x of 4's
+
+    def __call__(self, o, entries, idx):
+        b, w = o.b, idx.type.count
+        v16, i16 = ir.VectorType(F32, 16), ir.VectorType(I32, 16)
+        tab = b.bitcast(ir.Constant(i16, list(entries)), v16)
+        fn = _declare(b, "llvm.x86.avx512.permvar.sf.512", v16, [v16, i16])
+        return b.bitcast(_by_register(b, lambda i: b.call(fn, [tab, i]), w, 16, idx),
+                         idx.type)
+
+    def scalef(self, o, x, e):
+        b, w = o.b, x.type.count
+        v16 = ir.VectorType(F32, 16)
+        fn = _declare(b, "llvm.x86.avx512.mask.scalef.ps.512", v16,
+                      [v16, v16, v16, ir.IntType(16), I32])
+        return _by_register(b, lambda xi, ei: b.call(fn, [xi, ei, xi, ir.Constant(
+            ir.IntType(16), -1), ir.Constant(I32, 4)]), w, 16, x, e)
 
 
 def lut_for(cpu: str):
-    """The in-register table lookup ratio_sum_loop gives mathlib_ratio on `cpu`: vpermps on
-    AVX2 targets; None elsewhere (AVX-512: its 512-bit FMAs share port 5 with the shuffle,
-    so the lookups would cost what they save; NEON, SSE: no such lookup)."""
+    """The target instructions ratio_sum_loop gives mathlib_ratio on `cpu`: vpermps tables on
+    AVX2 targets (Avx2Lut), vpermps/vrangeps/vscalefps on AVX-512 (Avx512Ops); None elsewhere
+    (NEON, SSE: no such lookup)."""
     from rlxc.lowering.cpu.sgemm_kernels import sgemm_config
 
-    return Avx2Lut() if sgemm_config(cpu).isa == "avx2" else None
+    isa = sgemm_config(cpu).isa
+    return Avx2Lut() if isa == "avx2" else Avx512Ops() if isa == "avx512" else None
+
+
+def unroll_for(cpu: str) -> int:
+    """Vector registers per iteration of ratio_sum_loop on `cpu`."""
+    return getattr(lut_for(cpu), "unroll", UNROLL)
 
 
 def _hsum(b, x, w: int, reg: int):

@@ -51,6 +51,8 @@ compares); +-inf and +-0 give the products of the IEEE values of the factors (ta
 instructions (37 and 38 left); the sum's one scale (fused_parts) one multiply less.  With
 the tables (AVX2): max 4.12 ulp over 60M pairs (tests/test_mathlib_ratio_lut.py), 24 FMA-port
 instructions per <8 x float> (were 29), W1 on one thread 0.83x the CPU time with vsum.py.
+On AVX-512 sigmoid's exponential is table-driven with vscalefps ("AVX-512" below): max 3.95
+ulp over 8M pairs (tests/test_mathlib_ratio_avx512.py).
 """
 from __future__ import annotations
 
@@ -95,8 +97,26 @@ class Ratio(NamedTuple):
 # 0.90x the CPU time of the table-free form, with the explicit loop of vsum.py).
 # Coefficients: minimax (relative error) on |w| <= ln2/(2N) (N = 8: sigmoid 2^-32.5, tanh
 # 2^-27.6; N = 16: 2^-37.5, 2^-31.6).
+#
+# AVX-512 (`lut` with scalef: vsum.Avx512Ops, vpermps over 16 lanes and vscalefps, all on the
+# two 512-bit ports that bound W1 there).  sigmoid: v clamped to [-110, 110]; the rounding sum
+# t = -v*log2(e) + 1.5*2^19 rounds to multiples of 1/16, so nf = t - 1.5*2^19 = n + j/16
+# exactly and the low 4 bits of t are j, the table index; w = v + nf*ln2 (two parts: nf has
+# at most 12 significant bits, nf*LN2_HI is exact); den = vscalefps(T_j*2^-64, nf) * e^-w +
+# 2^-64 with T_j*2^-64 from the table and e^-w = 1 - w + c2*w^2 + c3*w^3 (minimax on
+# |w| <= ln2/32, 2^-28.7); vscalefps scales by 2^floor(nf) = 2^n exactly, also down into
+# the subnormals and to 0 (v > 104: den = 2^-64), NaN stays NaN.  12 instructions per
+# register (the table-free form: 14; an exponent built from t's bits, as on AVX2, would
+# need an asymmetric clamp and a shift and an add).  T_j's rounding is left in: max
+# 3.95 ulp of the product over 8M pairs (3.80 table-free).  tanh keeps the table-free
+# form: its delta table (a lookup and a subtract) and a 2^n*T_j (a lookup and vscalefps)
+# cost more than the two FMAs a shorter polynomial saves.  W1, 1 thread: 0.89-0.90x the
+# CPU time (with vsum's one-register loop, lowering/cpu/vsum.py).
 _LUT_SIG = {8: (0.5000000127408148, -0.16668024689113026, 0.04166042514783269),
             16: (0.5000000007964341, -0.16667006179457333, 0.04166510597075933)}
+# sigmoid with vscalefps (AVX-512): e^-w = 1 - w + c2*w^2 + c3*w^3 on |w| <= ln2/32, minimax
+# relative error 2^-28.7
+_SCALEF_SIG = {16: (0.5000195499887177, -0.1666705766464035)}
 _LUT_TANH = {8: (1.0000000080966156, 0.6667184305083009, 0.33332613140240197),
              16: (1.0000000005060656, 0.6666796075666533, 0.33333153262267917)}
 
@@ -114,16 +134,18 @@ def _i32(v: int) -> int:
     return v - (1 << 32) if v >= 1 << 31 else v
 
 
-def lut_tables(n: int) -> dict:
+def lut_tables(n: int, k: int = 0) -> dict:
     """The N-entry tables (int32 bit patterns): 'exp' bits(T_j) - (j << shift) (plus the
     rounding sum's bits << shift and the exponent bias << 23: T_j * 2^n), 'delta' bits of
-    delta_j = ln T_j - j*ln2/N and 'half_delta' of delta_j/2; shift = 23 - log2 N."""
+    delta_j = ln T_j - j*ln2/N and 'half_delta' of delta_j/2; shift = 23 - log2 N; 't' bits
+    of T_j * 2^k (exact: a power of two times T_j)."""
     sh = 23 - (n.bit_length() - 1)
     t = [_f32(2.0 ** (j / n)) for j in range(n)]
     delta = [math.log(tj) - j * math.log(2.0) / n for j, tj in enumerate(t)]
     return {"exp": [_i32(_bits(tj) - (j << sh)) for j, tj in enumerate(t)],
             "delta": [_bits(_f32(d)) for d in delta],
-            "half_delta": [_bits(_f32(d / 2)) for d in delta], "shift": sh}
+            "half_delta": [_bits(_f32(d / 2)) for d in delta], "shift": sh,
+            "t": [_bits(tj * 2.0 ** k) for tj in t]}
 
 
 def _lut_reduce(o, x, mul, lut, exp_bias):
@@ -148,29 +170,23 @@ def _lut_reduce(o, x, mul, lut, exp_bias):
 
 
 def _tanh_ratio(o, u, lut=None):
-    if lut is not None:
-        return _tanh_ratio_lut(o, u, lut)
     a = o.abs(u)
-    sc, h = kernel(o, "_exp_scaled")(o, o.sel(o.gt(a, o.f(10.0)), o.f(10.0), a), 2.0, 0,
-                                     one_part=True)
-    g = o.fma(sc, h, o.fma(sc, o.f(0.5), o.f(-0.5)))     # >= 0 (or NaN)
+    a = o.sel(o.gt(a, o.f(10.0)), o.f(10.0), a)
+    if lut is not None and lut.tanh_table:
+        sc, w = _lut_reduce(o, a, 2.0, lut, 0)
+        h = o.fma(o.mul(w, w), o.horner(w, _LUT_TANH[lut.n]), w)     # (e^2w - 1)/2
+    else:
+        sc, h = kernel(o, "_exp_scaled")(o, a, 2.0, 0, one_part=True)
+    g = o.fma(sc, h, o.fma(sc, o.f(0.5), o.f(-0.5)))     # (e^2a - 1)/2 >= 0 (or NaN)
     sgn = o.iand(o.bits(u), o.i(-(2 ** 31)))
     # D = g + 1, never rounded on its own: D * d = g*d + d, one FMA
     return (o.flt(o.ior(o.bits(g), sgn)),
             lambda d: o.add(g, o.f(1.0)) if d is None else o.fma(g, d, d))
 
 
-def _tanh_ratio_lut(o, u, lut):
-    a = o.abs(u)
-    sc, w = _lut_reduce(o, o.sel(o.gt(a, o.f(10.0)), o.f(10.0), a), 2.0, lut, 0)
-    h = o.fma(o.mul(w, w), o.horner(w, _LUT_TANH[lut.n]), w)     # (e^2w - 1)/2
-    g = o.fma(sc, h, o.fma(sc, o.f(0.5), o.f(-0.5)))     # (e^2a - 1)/2 >= 0 (or NaN)
-    sgn = o.iand(o.bits(u), o.i(-(2 ** 31)))
-    return (o.flt(o.ior(o.bits(g), sgn)),
-            lambda d: o.add(g, o.f(1.0)) if d is None else o.fma(g, d, d))
-
-
 def _sigmoid_ratio(o, v, lut=None):
+    if lut is not None and hasattr(lut, "scalef"):
+        return None, _sigmoid_den_scalef(o, v, lut)
     if lut is not None:
         s, w = _lut_reduce(o, o.clamp(v, -110.0, 40.0), -1.0, lut, -64)
         p = o.horner(w, (1.0, -1.0) + _LUT_SIG[lut.n])      # e^-w
@@ -179,6 +195,21 @@ def _sigmoid_ratio(o, v, lut=None):
     s, p = kernel(o, "_exp_scaled")(o, o.clamp(v, -110.0, 40.0), -1.0, -64, whole=True)
     den = o.fma(s, p, o.f(SCALE))                          # (e^-v + 1) * 2^-64
     return None, lambda d: den if d is None else o.mul(den, d)
+
+
+def _sigmoid_den_scalef(o, v, lut):
+    """den_fn of sigmoid with lut.scalef (AVX-512; see "AVX-512" above)."""
+    n = lut.n
+    vc = o.clamp(v, -110.0, 110.0)
+    magic = _mathlib._MAGIC / n                            # rounds to multiples of 1/N
+    t = o.fma(vc, o.f(-_mathlib._LOG2E), o.f(magic))
+    nf = o.sub(t, o.f(magic))                              # (N*n + j)/N, exact
+    w = o.fma(nf, o.f(_mathlib._LN2_HI), vc)               # exact: nf*LN2_HI has < 24 bits
+    w = o.fma(nf, o.f(_mathlib._LN2_LO), w)
+    p = o.horner(w, (1.0, -1.0) + _SCALEF_SIG[n])          # e^-w
+    tj = o.flt(lut(o, lut_tables(n, -64)["t"], o.bits(t)))  # T_j * 2^-64
+    den = o.fma(lut.scalef(o, tj, nf), p, o.f(SCALE))      # (e^-v + 1) * 2^-64
+    return lambda d: den if d is None else o.mul(den, d)
 
 
 RATIO = {
@@ -222,12 +253,13 @@ def fused_parts(b: ir.IRBuilder, x: ir.Value, y: ir.Value,
     rounds once into the subnormals) and |q| <= 1/scale (or NaN; 2^64 for tanh*sigmoid);
     None when the pair does not qualify.  A sum of such products may add the q's and scale
     the sum once (lowering/cpu/codegen.py and vsum.py do for a float sum of one product).
-    `lut`: table-driven exponentials (see "table-driven exponentials")."""
+    `lut`: table-driven exponentials (see "table-driven exponentials"; with AVX-512's
+    vscalefps: "AVX-512")."""
     cx, cy = _ratio_call(x), _ratio_call(y)
     if cx is None or cy is None or x.type != y.type or not qualifies(cx[0], cy[0]):
         return None
     o = Ops(b, x.type)
-    (n1, d1), (n2, d2) = (RATIO[cx[0]].fn(o, cx[1], lut), RATIO[cy[0]].fn(o, cy[1], lut))
+    (n1, d1), (n2, d2) = (RATIO[c[0]].fn(o, c[1], lut) for c in (cx, cy))
     num = n1 if n2 is None else n2 if n1 is None else o.mul(n1, n2)
     # den1 * den2: the factor whose product is one FMA outermost (tanh: g*d + d)
     outer_y = RATIO[cy[0]].fma_den and not RATIO[cx[0]].fma_den
