@@ -340,3 +340,30 @@ def test_kernel_is_vectorized():
         m = target.ir_module("asm512")
         sgemm.emit_sgemm(m, "sg")
         assert "%zmm" in target.emit_asm(m)
+
+
+@pytest.mark.parametrize("cpu", ["native", "x86-64-v3"])
+def test_dynamic_row_chunks(tmp_path_factory, cpu):
+    """The dynamic row split (threads claim chunks of rows from a shared counter) covers
+    every row exactly once: accumulating into C0 would show a chunk run twice (C0 + 2AB)
+    or skipped (C0); M values around the chunk size, the MR tile and MC, at 2 threads."""
+    base = sgemm.sgemm_config(cpu)
+    cfg = sgemm.sgemm_config(cpu, mc=4 * base.mr, min_work=0, dyn_chunks=3)
+    m = target.ir_module("dyn")
+    sgemm.emit_sgemm(m, "sg", config=cfg)
+    parallel.thread_control(m)
+    assert "atomicrmw add" in str(m)
+    path = str(tmp_path_factory.mktemp("dyn") / "libdyn.so")
+    target.build_shared(m, path, cpu=cpu)
+    g = Gemm(path, cfg)
+    g.lib.rlxc_set_num_threads(2)
+    rng = np.random.default_rng(12)
+    mr = cfg.mr
+    for M in sorted({2 * mr + 1, 6 * mr - 1, 6 * mr, 6 * mr + 1, 24 * mr + 3, 50 * mr - 1,
+                     131}):
+        _run_case(g, rng, M, 2 * cfg.nr + 5, 37, False, False, 1)
+        _run_case(g, rng, M, 3 * cfg.vl, 20, True, False, 0)
+    off = sgemm.sgemm_config(cpu, dyn_chunks=0)
+    m = target.ir_module("static")
+    sgemm.emit_sgemm(m, "sg", config=off)
+    assert "atomicrmw" not in str(m)
