@@ -348,21 +348,26 @@ def test_dynamic_row_chunks(tmp_path_factory, cpu):
     every row exactly once: accumulating into C0 would show a chunk run twice (C0 + 2AB)
     or skipped (C0); M values around the chunk size, the MR tile and MC, at 2 threads."""
     base = sgemm.sgemm_config(cpu)
-    cfg = sgemm.sgemm_config(cpu, mc=4 * base.mr, min_work=0, dyn_chunks=3)
+    # small kc (several K blocks, an odd last one) and nc (several column blocks: an item
+    # repacks B for a new one), rows per item: max(M / 6, 64 rounded to MR) <= mc
+    cfg = sgemm.sgemm_config(cpu, kc=16, nc=2 * base.nr, mc=24 * base.mr, min_work=0,
+                             dyn_chunks=3)
     m = target.ir_module("dyn")
     sgemm.emit_sgemm(m, "sg", config=cfg)
     parallel.thread_control(m)
-    assert "atomicrmw add" in str(m)
+    assert "atomicrmw add" in str(m) and "sg.dyn" in str(m)
     path = str(tmp_path_factory.mktemp("dyn") / "libdyn.so")
     target.build_shared(m, path, cpu=cpu)
     g = Gemm(path, cfg)
     g.lib.rlxc_set_num_threads(2)
     rng = np.random.default_rng(12)
-    mr = cfg.mr
-    for M in sorted({2 * mr + 1, 6 * mr - 1, 6 * mr, 6 * mr + 1, 24 * mr + 3, 50 * mr - 1,
-                     131}):
-        _run_case(g, rng, M, 2 * cfg.nr + 5, 37, False, False, 1)
-        _run_case(g, rng, M, 3 * cfg.vl, 20, True, False, 0)
+    mr, nr = cfg.mr, cfg.nr
+    for M in (255, 256, 257, 300, 64 * 6 + 1, 24 * mr * 6 + mr + 1):
+        for N, K, ta, tb, acc in ((5 * nr + 3, 37, False, False, 1),
+                                  (3 * cfg.vl, 20, True, False, 0),
+                                  (nr + 1, 1, False, True, 1), (2 * nr, 0, False, False, 1)):
+            assert sgemm.dyn_ok(M, N, K, cfg) == (M >= sgemm.DYN_MIN_M)
+            _run_case(g, rng, M, N, K, ta, tb, acc)
     off = sgemm.sgemm_config(cpu, dyn_chunks=0)
     m = target.ir_module("static")
     sgemm.emit_sgemm(m, "sg", config=off)
