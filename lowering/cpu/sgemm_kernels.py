@@ -7,9 +7,10 @@
                   by rows or by columns, whichever costs a thread less
                   (its share of the FMAs plus the packing: a row split packs
                   all of B in every thread, a column split all of A); the row
-                  split hands out chunks of rows from a shared counter
-                  (dyn_chunks per thread), so a descheduled thread does not
-                  hold up the join on a shared machine
+                  split (M >= 256) hands out chunks of rows from a shared
+                  counter (sgemm_dyn.py, dyn_chunks per thread), so a
+                  descheduled thread does not hold up the join on a shared
+                  machine
      └ NAME.seq   one thread's C rows/columns:
          M <= MR, unit-stride B → NAME.skinnyM (M × W tiles over all of K, B read
                                   in place) or, for M == 1, NAME.gemv (streams
