@@ -372,3 +372,31 @@ def test_dynamic_row_chunks(tmp_path_factory, cpu):
     m = target.ir_module("static")
     sgemm.emit_sgemm(m, "sg", config=off)
     assert "atomicrmw" not in str(m)
+
+
+@pytest.mark.parametrize("cpu", ["native", "znver3", "x86-64-v3"])
+def test_workspace_ir_twin_matches(tmp_path_factory, cpu):
+    """The kernel's own per-thread workspace size (IR) equals sgemm_workspace_floats for
+    shapes on both sides of the dynamic split's limits (M = DYN_MIN_M, K x nc =
+    dyn_b_floats): a larger IR size would cap the team or fall back to malloc."""
+    cfg = sgemm.sgemm_config(cpu)
+    i64 = ir.IntType(64)
+    m = target.ir_module("wstwin", cpu)
+    fn = ir.Function(m, ir.FunctionType(i64, [i64, i64, i64]), "ws_per_thread")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    a_part, b_part = sgemm._emit_ws_per_thread(b, *fn.args, cfg)
+    b.ret(b.add(a_part, b_part))
+    path = str(tmp_path_factory.mktemp("wstwin") / "libwstwin.so")
+    target.build_shared(m, path, cpu=cpu)
+    f = ctypes.CDLL(path).ws_per_thread
+    f.argtypes, f.restype = [L, L, L], L
+    lim = sgemm.DYN_MIN_M
+    kmax = cfg.dyn_b_floats // cfg.nc
+    shapes = [(M, N, K) for M in (1, lim - 1, lim, 1024)
+              for N in (1, cfg.vl, cfg.vl + 1, 1000, 5000)
+              for K in (0, 1, 300, kmax, kmax + 1, 4096)]
+    got = {s: f(*s) for s in shapes}
+    want = {s: sgemm.sgemm_workspace_floats(*s, 1, config=cfg) for s in shapes}
+    assert got == want
+    dyn = [sgemm.dyn_ok(*s, cfg) for s in shapes]
+    assert any(dyn) and not all(dyn)
