@@ -340,3 +340,63 @@ def test_kernel_is_vectorized():
         m = target.ir_module("asm512")
         sgemm.emit_sgemm(m, "sg")
         assert "%zmm" in target.emit_asm(m)
+
+
+@pytest.mark.parametrize("cpu", ["native", "x86-64-v3"])
+def test_dynamic_row_chunks(tmp_path_factory, cpu):
+    """The dynamic row split (threads claim chunks of rows from a shared counter) covers
+    every row exactly once: accumulating into C0 would show a chunk run twice (C0 + 2AB)
+    or skipped (C0); M values around the chunk size, the MR tile and MC, at 2 threads."""
+    base = sgemm.sgemm_config(cpu)
+    # small kc (several K blocks, an odd last one) and nc (several column blocks: an item
+    # repacks B for a new one), rows per item: max(M / 6, 64 rounded to MR) <= mc
+    cfg = sgemm.sgemm_config(cpu, kc=16, nc=2 * base.nr, mc=24 * base.mr, min_work=0,
+                             dyn_chunks=3)
+    m = target.ir_module("dyn")
+    sgemm.emit_sgemm(m, "sg", config=cfg)
+    parallel.thread_control(m)
+    assert "atomicrmw add" in str(m) and "sg.dyn" in str(m)
+    path = str(tmp_path_factory.mktemp("dyn") / "libdyn.so")
+    target.build_shared(m, path, cpu=cpu)
+    g = Gemm(path, cfg)
+    g.lib.rlxc_set_num_threads(2)
+    rng = np.random.default_rng(12)
+    mr, nr = cfg.mr, cfg.nr
+    for M in (255, 256, 257, 300, 64 * 6 + 1, 24 * mr * 6 + mr + 1):
+        for N, K, ta, tb, acc in ((5 * nr + 3, 37, False, False, 1),
+                                  (3 * cfg.vl, 20, True, False, 0),
+                                  (nr + 1, 1, False, True, 1), (2 * nr, 0, False, False, 1)):
+            assert sgemm.dyn_ok(M, N, K, cfg) == (M >= sgemm.DYN_MIN_M)
+            _run_case(g, rng, M, N, K, ta, tb, acc)
+    off = sgemm.sgemm_config(cpu, dyn_chunks=0)
+    m = target.ir_module("static")
+    sgemm.emit_sgemm(m, "sg", config=off)
+    assert "atomicrmw" not in str(m)
+
+
+@pytest.mark.parametrize("cpu", ["native", "znver3", "x86-64-v3"])
+def test_workspace_ir_twin_matches(tmp_path_factory, cpu):
+    """The kernel's own per-thread workspace size (IR) equals sgemm_workspace_floats for
+    shapes on both sides of the dynamic split's limits (M = DYN_MIN_M, K x nc =
+    dyn_b_floats): a larger IR size would cap the team or fall back to malloc."""
+    cfg = sgemm.sgemm_config(cpu)
+    i64 = ir.IntType(64)
+    m = target.ir_module("wstwin", cpu)
+    fn = ir.Function(m, ir.FunctionType(i64, [i64, i64, i64]), "ws_per_thread")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    a_part, b_part = sgemm._emit_ws_per_thread(b, *fn.args, cfg)
+    b.ret(b.add(a_part, b_part))
+    path = str(tmp_path_factory.mktemp("wstwin") / "libwstwin.so")
+    target.build_shared(m, path, cpu=cpu)
+    f = ctypes.CDLL(path).ws_per_thread
+    f.argtypes, f.restype = [L, L, L], L
+    lim = sgemm.DYN_MIN_M
+    kmax = cfg.dyn_b_floats // cfg.nc
+    shapes = [(M, N, K) for M in (1, lim - 1, lim, 1024)
+              for N in (1, cfg.vl, cfg.vl + 1, 1000, 5000)
+              for K in (0, 1, 300, kmax, kmax + 1, 4096)]
+    got = {s: f(*s) for s in shapes}
+    want = {s: sgemm.sgemm_workspace_floats(*s, 1, config=cfg) for s in shapes}
+    assert got == want
+    dyn = [sgemm.dyn_ok(*s, cfg) for s in shapes]
+    assert any(dyn) and not all(dyn)

@@ -189,3 +189,24 @@ def test_cpus_without_fma(tmp_path, cpu, isa, tile):
           ws.ctypes.data, ws.size)
         ref = A.astype(np.float64) @ B
         np.testing.assert_allclose(C, ref, rtol=1e-4, atol=1e-4 * np.sqrt(K))
+
+
+def test_every_named_cpu_gets_a_valid_config():
+    """Every x86-64 CPU name the tables know (and --cpu portable = x86-64-v3, AVX2+FMA:
+    the 4x24 ymm tile, not the SSE one) derives a config that satisfies the blocking
+    model: B micro-panel in L1d, A block in half of L2 (or one tile of rows), blocks
+    multiples of the tile, K blocks within [KC_MIN, KC_MAX], a bounded dynamic-split B
+    part."""
+    names = {*target.CACHE_TABLE, *target._CPU_FAMILY, *sum(sg.NO_FMA_CPUS.values(), ()),
+             "x86-64-v3", "x86-64-v4", "znver3", "haswell"} - {
+                 "neoverse-n1", "neoverse-v1", "neoverse-n2", "apple-m1", "generic-aarch64"}
+    for name in sorted(names):
+        cfg, caches = sg.sgemm_config(name), target.cache_info(name)
+        assert cfg.kc * cfg.nr * 4 <= caches.l1d, name
+        assert cfg.mc == cfg.mr or cfg.mc * cfg.kc * 4 <= caches.l2 // 2, name
+        assert cfg.mc % cfg.mr == 0 and cfg.nc % cfg.nr == 0 and cfg.nr % cfg.vl == 0, name
+        assert sg.KC_MIN <= cfg.kc <= sg.KC_MAX, name
+        assert cfg.dyn_b_floats * 4 <= 8 * M, name
+    p = sg.sgemm_config("x86-64-v3")
+    assert (p.isa, p.mr, p.nr) == ("avx2", 4, 24)
+    assert sg.sgemm_config("x86-64").isa == "sse"

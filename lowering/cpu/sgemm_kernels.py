@@ -6,7 +6,11 @@
     NAME          picks the workspace, splits C over an OpenMP team (openmp.py):
                   by rows or by columns, whichever costs a thread less
                   (its share of the FMAs plus the packing: a row split packs
-                  all of B in every thread, a column split all of A)
+                  all of B in every thread, a column split all of A); the row
+                  split (M >= 256) hands out chunks of rows from a shared
+                  counter (sgemm_dyn.py, dyn_chunks per thread), so a
+                  descheduled thread does not hold up the join on a shared
+                  machine
      └ NAME.seq   one thread's C rows/columns:
          M <= MR, unit-stride B → NAME.skinnyM (M × W tiles over all of K, B read
                                   in place) or, for M == 1, NAME.gemv (streams
@@ -131,6 +135,10 @@ class SgemmConfig:
     # Sharing saves a few percent on an idle machine, but on a busy one a
     # descheduled thread stalls the whole team at every barrier.
     share_b: bool = False
+    # Row split without share_b: 0 = one static range per thread; n > 0 = chunks of about
+    # M / (n * threads) rows (MR..MC) that the threads claim from a shared counter
+    dyn_chunks: int = 4
+    dyn_b_floats: int = 1 << 21   # ... when K x nc fits this many floats (its packed B part)
     skinny: bool = True       # M <= mr with unit-stride B: unpacked skinny kernels
     skinny_prefetch: int = 8  # B rows ahead prefetched by the skinny kernels (0 = off)
     gemv_rows: int = 8        # M == 1: B rows streamed together (0 = use the skinny tile)
@@ -194,6 +202,8 @@ NO_FMA_CPUS = {"sse": ("x86-64", "x86-64-v2", "generic", "core2", "penryn", "neh
 KC_MIN, KC_MAX = 128, 512   # K block bounds: C is loaded and stored once per K block
 MC_MAX = 288                # rows of A per L2 block: more did not help on a 2 MiB L2 (SPR)
 NC_MAX = 4096
+DYN_MIN_ROWS = 64           # rows per item of the dynamic row split, at least
+DYN_MIN_M = 256             # ... which runs for M >= this (smaller M: the static split)
 
 
 def register_tile(isa: VectorIsa) -> tuple[int, int]:
@@ -312,7 +322,8 @@ def _per_thread_floats(M: int, N: int, K: int, cfg: SgemmConfig) -> int:
     kc = max(1, min(cfg.kc, K))
     mc = min(cfg.mc, _rup(max(M, 1), cfg.mr))
     nc = min(cfg.nc, _rup(max(N, 1), cfg.nr))
-    return _rup(mc * kc, 16) + 16 + _rup(kc * nc, 16) + 16
+    kb = max(K, 1) if dyn_ok(M, N, K, cfg) else kc   # the dynamic split packs all of K
+    return _rup(mc * kc, 16) + 16 + _rup(kb * nc, 16) + 16
 
 
 def sgemm_workspace_floats(M: int, N: int, K: int, threads: int = 1, *,
@@ -1328,6 +1339,38 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
     return fn
 
 
+def _dyn_chunk_rows(b, M, nt, cfg: SgemmConfig):
+    """Rows per item of the dynamic row split: M / (dyn_chunks * nt) rounded up to MR,
+    at least DYN_MIN_ROWS (an item streams all of packed B through L2 once), at most MC
+    and at most a 1/nt share of M (every thread gets an item)."""
+    def rup(x):
+        return b.mul(b.sdiv(b.add(x, _c64(cfg.mr - 1)), _c64(cfg.mr)), _c64(cfg.mr))
+    per = b.mul(_c64(cfg.dyn_chunks), nt)
+    rows = rup(b.sdiv(b.add(M, b.sub(per, _c64(1))), per))
+    rows = _smax(b, rows, _c64(min(cfg.mc, -(-DYN_MIN_ROWS // cfg.mr) * cfg.mr)))
+    share = rup(b.sdiv(b.add(M, b.sub(nt, _c64(1))), nt))
+    return _smax(b, _smin(b, _smin(b, rows, _c64(cfg.mc)), share), _c64(cfg.mr))
+
+
+def dyn_ok(M: int, N: int, K: int, cfg: SgemmConfig) -> bool:
+    """Whether a row split of (M, N, K) runs the dynamic split (sgemm_dyn.py), whose B part
+    of the workspace holds all of K: M >= DYN_MIN_M, N wider than a vector, K x nc
+    within cfg.dyn_b_floats (IR twin: _emit_dyn_ok)."""
+    nc = min(cfg.nc, _rup(max(N, 1), cfg.nr))
+    return bool(cfg.dyn_chunks) and not cfg.share_b and M >= DYN_MIN_M and N > cfg.vl \
+        and max(K, 1) * nc <= cfg.dyn_b_floats
+
+
+def _emit_dyn_ok(b, M, N, K, cfg: SgemmConfig):
+    if not cfg.dyn_chunks or cfg.share_b:
+        return ir.Constant(I1, 0)
+    nc = _smin(b, _c64(cfg.nc), b.mul(b.sdiv(b.add(_smax(b, N, _c64(1)), _c64(cfg.nr - 1)),
+                                             _c64(cfg.nr)), _c64(cfg.nr)))
+    ok = b.and_(b.icmp_signed(">=", M, _c64(DYN_MIN_M)), b.icmp_signed(">", N, _c64(cfg.vl)))
+    return b.and_(ok, b.icmp_signed("<=", b.mul(_smax(b, K, _c64(1)), nc),
+                                    _c64(cfg.dyn_b_floats)))
+
+
 def _emit_ws_per_thread(b, M, N, K, cfg: SgemmConfig):
     """IR twin of _per_thread_floats (keep in sync)."""
     def rup(x, m):
@@ -1336,7 +1379,8 @@ def _emit_ws_per_thread(b, M, N, K, cfg: SgemmConfig):
     mc = _smin(b, _c64(cfg.mc), rup(_smax(b, M, _c64(1)), cfg.mr))
     nc = _smin(b, _c64(cfg.nc), rup(_smax(b, N, _c64(1)), cfg.nr))
     a_part = b.add(rup(b.mul(mc, kc), 16), _c64(16))
-    b_part = b.add(rup(b.mul(kc, nc), 16), _c64(16))
+    kb = b.select(_emit_dyn_ok(b, M, N, K, cfg), _smax(b, K, _c64(1)), kc)
+    b_part = b.add(rup(b.mul(kb, nc), 16), _c64(16))
     return a_part, b_part
 
 
@@ -1380,6 +1424,10 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
              for r in tall_rows(cfg)]
     seq = _emit_seq(module, name + ".seq", cfg, micros, pack_a, pack_b, epi_types, skinnies,
                     narrow, micro_da, talls)
+    dyn = None
+    if threads and cfg.dyn_chunks and not cfg.share_b:
+        from rlxc.lowering.cpu.sgemm_dyn import emit_dyn
+        dyn = emit_dyn(module, name + ".dyn", cfg, micros, micro_da, pack_a, pack_b, epi_types)
 
     fn = ir.Function(module, sgemm_signature(epi_types), name)
     _set_noalias(fn, [3, 6, 9])
@@ -1476,6 +1524,21 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
             m1 = _smin(b, b.mul(hi, _c64(cfg.mr)), M_)
             run(b, m0, m1, _c64(0), args[1], tid, nt, cfg.share_b, args)
 
+        def body_dyn(b, lo, hi, tid, nt, args):
+            # dynamic row split (sgemm_dyn.py): the threads claim chunks of rows from a
+            # shared counter; a team of one runs the static seq
+            counter, args = args[-1], args[:-1]
+            with b.if_else(b.icmp_signed(">", nt, ir.Constant(I32, 1))) as (t2, o2):
+                with t2:
+                    (M_, N_, K_, A_, rsa_, csa_, B_, rsb_, csb_, C_, ldc_, beta_, ws_, a_part_,
+                     per_) = args[:15]
+                    ap, bp = slot(b, ws_, per_, a_part_, tid)
+                    rows_c = _dyn_chunk_rows(b, M_, b.sext(nt, I64), cfg)
+                    b.call(dyn, [M_, N_, K_, A_, rsa_, csa_, B_, rsb_, csb_, C_, ldc_, beta_,
+                                 ap, bp, counter, rows_c, *args[15:]])
+                with o2:
+                    body_m(b, lo, hi, tid, nt, args)
+
         def body_n(b, lo, hi, tid, nt, args):
             N_ = args[1]
             with b.if_then(b.icmp_signed("<", lo, hi)):
@@ -1485,9 +1548,25 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
 
         with b.if_else(split_m) as (t, o):
             with t:
-                parallel.emit_parallel_ranges(module, b, mb, body_m, captured,
-                                              name=name + ".par_m", work=work,
-                                              min_work=cfg.min_work, max_threads=cap)
+                if dyn is not None:
+                    with b.if_else(_emit_dyn_ok(b, M, N, K, cfg)) as (t3, o3):
+                        with t3:
+                            eb = ir.IRBuilder(fn.entry_basic_block)
+                            eb.position_at_start(fn.entry_basic_block)
+                            counter = eb.alloca(I64, name="dyn.next")
+                            b.store(_c64(0), counter)
+                            parallel.emit_parallel_ranges(
+                                module, b, mb, body_dyn, [*captured, counter],
+                                name=name + ".par_dyn", work=work, min_work=cfg.min_work,
+                                max_threads=cap)
+                        with o3:
+                            parallel.emit_parallel_ranges(
+                                module, b, mb, body_m, captured, name=name + ".par_m",
+                                work=work, min_work=cfg.min_work, max_threads=cap)
+                else:
+                    parallel.emit_parallel_ranges(module, b, mb, body_m, captured,
+                                                  name=name + ".par_m", work=work,
+                                                  min_work=cfg.min_work, max_threads=cap)
             with o:
                 parallel.emit_parallel_ranges(module, b, nb, body_n, captured,
                                               name=name + ".par_n", work=work,

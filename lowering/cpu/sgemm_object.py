@@ -59,7 +59,7 @@ EPI_FN = ir.FunctionType(VOID, [I8P, I64, I64, F32.as_pointer(), I64])
 _lock = threading.Lock()
 _objects: dict = {}
 SOURCES = ("sgemm_kernels.py", "openmp.py", "target.py", "sgemm_object.py",
-           "sgemm_tall.py")
+           "sgemm_tall.py", "sgemm_dyn.py")
 
 
 def _key(cpu: str) -> tuple[str, str]:

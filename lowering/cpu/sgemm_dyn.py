@@ -1,0 +1,155 @@
+"""Dynamic row split of the sgemm: threads claim (column block, row chunk) items from a counter.
+
+    NAME (sgemm_kernels.emit_sgemm), row split over a team of nt >= 2 threads
+      │ counter = 0; every thread runs dyn(..., &counter, R)
+      ▼
+    dyn   loop: it = atomic counter++          (items in jc-major order)
+                if it >= n_items: return
+                jc block = it / n_ic, rows [ic, ic + R) with ic = (it % n_ic) * R
+                first item of this jc block for this thread:
+                    pack all of B[:, jc block] (every K block, kc x ceil(nc/NR)*NR
+                    each, one after the other) into this thread's B part
+                for pc in K by kcb:                  (the same balanced K blocks as seq)
+                  pack_a A[ic:ic+R, pc:pc+kc]  (or read A in place: direct_a)
+                  for jr in nc by NR: for ir in R by MR: micro tile (beta: acc or pc > 0,
+                                                          epilogue on the last K block)
+
+Why: with a static split (one range of rows per thread) the call ends when the slower
+thread ends; on a shared machine the OS deschedules one of two threads for whole
+slices, and the other then idles at the join.  Here a thread that runs takes the next
+chunk, so the call ends about when the team's total work is done.  One thread owns
+all K blocks of an item, so no two threads ever write the same C rows (no barrier,
+no race, the first K block may overwrite C).  Each thread packs B once per column
+block as in the static row split (a chunk that packed B itself would pay one B pack
+per chunk: 128-row chunks of 1024^3 ran 28% slower).  The cost: the B part of the
+workspace holds all of K (sgemm_kernels.dyn_ok bounds it by cfg.dyn_b_floats), and B
+streams from L2/L3 once per chunk instead of once per MC rows.
+"""
+from __future__ import annotations
+
+import llvmlite.ir as ir
+
+from rlxc.lowering.cpu.sgemm_kernels import (
+    F32P, I1, I64, SgemmConfig, c64, counted_loop, gep, internal_fn, smin)
+
+I64P = I64.as_pointer()
+
+
+def _smax(b, x, y):
+    return b.select(b.icmp_signed(">", x, y), x, y)
+
+
+def _rup(b, x, m: int):
+    return b.mul(b.sdiv(b.add(x, c64(m - 1)), c64(m)), c64(m))
+
+
+def emit_dyn(module, name, cfg: SgemmConfig, micros, micro_da, pack_a, pack_b,
+             epi_types) -> ir.Function:
+    """dyn(M, N, K, A, rsa, csa, B, rsb, csb, C, ldc, acc i1, Ap, Bp, counter i64*, R,
+    epi...): this thread's share of C (=|+=) A @ B, claimed R rows at a time (header)."""
+    MR, NR, KC, NC, VL, UN = cfg.mr, cfg.nr, cfg.kc, cfg.nc, cfg.vl, cfg.unroll
+    fn = internal_fn(module, name, [I64, I64, I64, F32P, I64, I64, F32P, I64, I64, F32P, I64,
+                                    I1, F32P, F32P, I64P, I64, *epi_types],
+                     [3, 6, 9, 12, 13], inline="noinline")
+    M, N, K, A, rsa, csa, B, rsb, csb, C, ldc, acc, Ap, Bp, counter, R = fn.args[:16]
+    epi_args = list(fn.args[16:])
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    cur = b.alloca(I64, name="cur.jc")
+    b.store(c64(-1), cur)
+    # the balanced K blocks of seq (784 = 4 x 196), a multiple of the k unroll
+    k_end = _smax(b, K, c64(1))
+    n_kb = b.sdiv(b.add(k_end, c64(KC - 1)), c64(KC))
+    kcb = b.sdiv(b.add(k_end, b.sub(n_kb, c64(1))), n_kb)
+    kcb = smin(b, _rup(b, kcb, UN), c64(KC))
+    n_ic = b.sdiv(b.add(M, b.sub(R, c64(1))), R)
+    n_items = b.mul(n_ic, b.sdiv(b.add(N, c64(NC - 1)), c64(NC)))
+
+    def dispatch(b, n_rem, margs, variants):
+        if len(variants) == 1:
+            b.call(variants[0], margs)
+            return
+        nvu = b.sdiv(b.add(n_rem, c64(VL - 1)), c64(VL))
+        done = fn.append_basic_block("micro.done")
+        dflt = fn.append_basic_block("micro.full")
+        sw = b.switch(nvu, dflt)
+        for i, mk in enumerate(variants[:-1]):
+            blk = fn.append_basic_block(f"micro.nv{i + 1}")
+            sw.add_case(ir.Constant(I64, i + 1), blk)
+            b.position_at_end(blk)
+            b.call(mk, margs)
+            b.branch(done)
+        b.position_at_end(dflt)
+        b.call(variants[-1], margs)
+        b.branch(done)
+        b.position_at_end(done)
+
+    head = fn.append_basic_block("item.head")
+    body = fn.append_basic_block("item.body")
+    done = fn.append_basic_block("item.done")
+    b.branch(head)
+    b.position_at_end(head)
+    it = b.atomic_rmw("add", counter, c64(1), "monotonic")
+    b.cbranch(b.icmp_signed("<", it, n_items), body, done)
+    b.position_at_end(body)
+    jcb = b.sdiv(it, n_ic)
+    ic = b.mul(b.sub(it, b.mul(jcb, n_ic)), R)
+    jc = b.mul(jcb, c64(NC))
+    nc = smin(b, c64(NC), b.sub(N, jc))
+    ncp = _rup(b, nc, NR)
+    mi = smin(b, R, b.sub(M, ic))
+
+    with b.if_then(b.icmp_signed("!=", b.load(cur), jcb)):
+        def pack(b, pc):
+            kc = _smax(b, smin(b, kcb, b.sub(K, pc)), c64(0))
+            b.call(pack_b, [gep(b, B, b.add(b.mul(pc, rsb), b.mul(jc, csb))), rsb, csb, kc, nc,
+                            gep(b, Bp, b.mul(pc, ncp))])
+        counted_loop(b, c64(0), k_end, kcb, pack, "dpb")
+        b.store(jcb, cur)
+
+    direct = None
+    if micro_da is not None:
+        full = b.icmp_signed("==", b.srem(nc, c64(NR)), c64(0))
+        if cfg.direct_a_edge:
+            full = ir.Constant(I1, 1)
+        direct = b.and_(b.icmp_signed("==", csa, c64(1)), full)
+
+    def pc_body(b, pc):
+        kc = _smax(b, smin(b, kcb, b.sub(K, pc)), c64(0))
+        beta = b.or_(acc, b.icmp_signed(">", pc, c64(0)))
+        last = b.icmp_signed(">=", b.add(pc, kcb), K)
+        ablk = gep(b, A, b.add(b.mul(ic, rsa), b.mul(pc, csa)))
+        bblk = gep(b, Bp, b.mul(pc, ncp))
+
+        def tiles(b, da):
+            def jr_body(b, jr):
+                n_rem = smin(b, c64(NR), b.sub(nc, jr))
+                bp = gep(b, bblk, b.mul(jr, kc))
+
+                def ir_body(b, i_r):
+                    m_rem = smin(b, c64(MR), b.sub(mi, i_r))
+                    ap = gep(b, ablk, b.mul(i_r, rsa)) if da else gep(b, Ap, b.mul(i_r, kc))
+                    cp = gep(b, C, b.add(b.mul(b.add(ic, i_r), ldc), b.add(jc, jr)))
+                    margs = [kc, ap, bp, cp, ldc, m_rem, n_rem, beta, last, b.add(ic, i_r),
+                             b.add(jc, jr)]
+                    if da:
+                        dispatch(b, n_rem, [*margs, rsa, *epi_args], micro_da)
+                    else:
+                        dispatch(b, n_rem, [*margs, *epi_args], micros)
+                counted_loop(b, c64(0), mi, MR, ir_body, "dir")
+            counted_loop(b, c64(0), nc, NR, jr_body, "djr")
+
+        if direct is None:
+            b.call(pack_a, [ablk, rsa, csa, mi, kc, Ap])
+            tiles(b, False)
+            return
+        with b.if_else(direct) as (t, o):
+            with t:
+                tiles(b, True)
+            with o:
+                b.call(pack_a, [ablk, rsa, csa, mi, kc, Ap])
+                tiles(b, False)
+    counted_loop(b, c64(0), k_end, kcb, pc_body, "dpc")
+    b.branch(head)
+    b.position_at_end(done)
+    b.ret_void()
+    return fn
