@@ -100,6 +100,9 @@ def lower(module, name: str | None = None, cpu: str = "native", max_threads: int
     from rlxc.lowering.cpu.schedule import build_program
 
     prog = build_program(module, _name(module, name), max_threads or default_threads(), cpu)
+    from rlxc.lowering.cpu.matmul_chain import form_chains
+
+    form_chains(prog, cpu)   # chained small-batch GEMMs: one team (matmul_chain.py)
     buffers.plan(prog)
     return prog
 
@@ -175,8 +178,8 @@ def compile_cpu(func_module, name: str | None = None, cpu: str = "native", opt: 
     t0 = time.perf_counter()
     obj = emit_object(ref, cpu, opt)
     t["codegen"] = time.perf_counter() - t0
-    variants = sorted({"plain" if k.epilogue is None else "cb" for k in prog.kernels
-                       if isinstance(k, MatmulKernel)})
+    variants = sorted({"plain" if k.epilogue is None else "cb" for kk in prog.kernels
+                       for k in getattr(kk, "steps", [kk]) if isinstance(k, MatmulKernel)})
     if variants:  # the shared sgemm entry points it calls (sgemm_object.py)
         t0 = time.perf_counter()
         obj = relocatable_link([obj] + [sgemm_object(cpu, v) for v in variants], cpu)

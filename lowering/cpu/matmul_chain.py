@@ -1,0 +1,245 @@
+"""Matmul chains: consecutive dependent GEMMs of a small batch in ONE thread team.
+
+    kernels  k1 = sgemm(x, W1) -> h1 (+ bias, relu epilogue)      each one its own
+             k2 = sgemm(h1, W2) -> h2 (...)                       fork/join (sgemm
+             k3 = sgemm(h2, W3) -> h3 (...)                       splits its own C)
+          │ form_chains (a static program, before buffers.plan)
+          ▼
+    MatmulChain(steps k1, k2, k3; scratch: `parts` one-thread sgemm slices)
+          │ emit: one function run over `parts` static parts by codegen's
+          │ emit_parallel_ranges (ONE fork/join per call); thread with parts [lo, hi):
+          ▼
+    for each step s:
+        columns split (ceil(N/NR) >= parts): C[:, n0:n1], n0..n1 its NR-panels' share
+        else rows split (N=10 logits):       C[i0:i1, :], i0..i1 its MR-tiles' share
+        sgemm(sub-block, one thread, workspace slice lo) with the step's epilogue
+        (bias row / epilogue slots offset by the sub-block's first row and column)
+        GOMP_barrier between steps (the next step reads all of this one's C)
+
+Why: an MLP forward at batch 128 (784-512-512-10, issue 19's W3) is three GEMMs of
+~0.3 ms each on two cores: every one forked and joined the team, and the 128x10
+logits GEMM (below SGEMM_PAR_MIN) ran on one thread while the other waited.  A
+chain is one fork, a barrier between steps, and every step split.  Columns keep each
+thread's half of a weight matrix (and its packing) to that thread, as the sgemm's own
+column split does; rows serve a product too narrow to split by columns.
+
+When the team is one thread (RLXC_NUM_THREADS=1, the thread governor, work below the
+threshold, or a call from inside another OpenMP region) codegen runs the function with
+[0, parts): every step whole, in order, no barrier (a barrier is skipped whenever the
+thread owns all parts, so no one waits for a team that is not there).
+
+Formed only for a static program (sizes are ints; a size-generic program keeps its
+kernels: dynsizes merges sampled programs kernel by kernel), for >= 2 consecutive
+MatmulKernels without a batch loop where each step's A is the previous step's output
+(a chain: anything else in between ends it), each step big enough to split
+(M*N*K >= BATCH_PAR_MIN), at least one of them threaded on its own, and every epilogue
+load at fixed row and column coefficients per ctx slot (so a sub-block moves each
+slot's base).  The buffers of the whole chain are live over the whole chain.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import llvmlite.ir as ir
+
+from rlxc.lowering.cpu import indexing as ix
+from rlxc.lowering.cpu.loops import Buffer, Load, MatmulKernel, format_kernel, walk_expr
+
+CHAIN_MAX_M = 1024   # rows: a tall product gains nothing from sharing one team (sgemm's
+#                      own split already keeps both threads busy for long)
+
+
+@dataclass(eq=False)
+class MatmulChain:
+    name: str
+    what: str
+    steps: list            # MatmulKernel, in order; each step's A is the previous out
+    scratch: Buffer        # `parts` slices of `slice_floats` floats (64-byte aligned)
+    slice_floats: int
+    parts: int             # static parts of every step (the compile-time thread cap)
+    work: int = 0
+    parallel: bool = True  # codegen: emit_parallel_ranges over [0, items)
+    items: int = 1
+    splits: list = field(default_factory=list)   # per step: "cols" | "rows"
+
+    @property
+    def outputs(self):
+        return [s.out for s in self.steps]
+
+    def buffers(self) -> list:
+        seen: dict = {}
+        for s in self.steps:
+            for b in s.buffers():
+                if b is not s.scratch:
+                    seen.setdefault(id(b), b)
+        seen.setdefault(id(self.scratch), self.scratch)
+        return list(seen.values())
+
+    def format(self) -> str:
+        lines = [f"kernel {self.name}  // {self.what}  (work {self.work}; one team, "
+                 f"{self.parts} parts per step, workspace={self.scratch!r})"]
+        for s, how in zip(self.steps, self.splits):
+            lines.append(f"  step split by {how}:")
+            lines += ["    " + x for x in format_kernel(s).splitlines()]
+        return "\n".join(lines)
+
+    def emit(self, g):
+        return emit_chain(g, self)
+
+
+# ------------------------------------------------------------------ formation
+
+def _slot_coeffs(k: MatmulKernel):
+    """{slot index: (row coeff, col coeff)} of k's epilogue loads, or None when two loads
+    of one slot disagree (then a sub-block cannot move the slot's base)."""
+    from rlxc.lowering.cpu.matmul_codegen import epilogue_slots
+
+    if k.epilogue is None:
+        return {}
+    slots = epilogue_slots(k)
+    index = {(id(b), base): i for i, (b, base) in enumerate(slots)}
+    out: dict = {}
+    for e in walk_expr(k.epilogue):
+        if isinstance(e, Load):
+            co = e.off.coeffs()
+            rc, cc = co.get(k.row, 0), co.get(k.col, 0)
+            s = index[(id(e.buf), ix.subst(e.off, {k.row: ix.ZERO, k.col: ix.ZERO}))]
+            if out.setdefault(s, (rc, cc)) != (rc, cc):
+                return None
+    return out
+
+
+def _chainable(k) -> bool:
+    from rlxc.lowering.cpu.matmul_schedule import BATCH_PAR_MIN
+
+    return (isinstance(k, MatmulKernel) and k.par_batch == 1 and
+            all(v.extent == 1 for v in k.batch) and
+            all(isinstance(d, int) for d in (k.m, k.n, k.k)) and
+            0 < k.m <= CHAIN_MAX_M and k.n > 0 and
+            k.m * k.n * max(k.k, 1) >= BATCH_PAR_MIN and _slot_coeffs(k) is not None)
+
+
+def _aligned(floats: int) -> int:
+    return -(-floats // 16) * 16
+
+
+def form_chains(prog, cpu: str = "native"):
+    """Replace every run of >= 2 chained GEMMs of the static program `prog` by one
+    MatmulChain (see the header); returns prog (changed in place).  Call before
+    buffers.plan: the chain's scratch is a new temp."""
+    from rlxc.lowering.cpu.sgemm_kernels import sgemm_config, sgemm_workspace_floats
+
+    parts = int(getattr(prog, "sgemm_threads", 1) or 1)
+    if parts < 2 or getattr(prog, "dims", None):
+        return prog
+    cfg = sgemm_config(cpu)
+    out, run = [], []
+
+    def flush():
+        if len(run) >= 2 and any(s.scratch.numel > sgemm_workspace_floats(
+                s.m, s.n, s.k, 1, cpu=cpu) for s in run):
+            per = max(_aligned(sgemm_workspace_floats(s.m, s.n, s.k, 1, cpu=cpu)) for s in run)
+            scratch = Buffer(f"chainws{len(prog.buffers)}", "temp", "f32", parts * per)
+            prog.buffers.append(scratch)
+            splits = ["cols" if -(-s.n // cfg.nr) >= parts else "rows" for s in run]
+            out.append(MatmulChain(
+                f"{run[0].name}_chain", " -> ".join(s.name for s in run), list(run), scratch,
+                per, parts, work=sum(s.work for s in run), items=parts, splits=splits))
+        else:
+            out.extend(run)
+        run.clear()
+
+    for k in prog.kernels:
+        if _chainable(k) and (not run or k.a.buf is run[-1].out):
+            run.append(k)
+            continue
+        flush()
+        if _chainable(k):
+            run.append(k)
+        else:
+            out.append(k)
+    flush()
+    prog.kernels = out
+    return prog
+
+
+# ------------------------------------------------------------------ codegen
+
+def _sub_range(b, lo, hi, parts: int, units: int, unit: int, total: int):
+    """[first, last) elements of parts [lo, hi) of `units` blocks of `unit` (capped)."""
+    c = ir.IntType(64)
+
+    def at(p):
+        blk = b.sdiv(b.mul(p, ir.Constant(c, units)), ir.Constant(c, parts))
+        e = b.mul(blk, ir.Constant(c, unit))
+        return b.select(b.icmp_signed("<", e, ir.Constant(c, total)), e,
+                        ir.Constant(c, total))
+    return at(lo), at(hi)
+
+
+def emit_chain(g, ch: MatmulChain):
+    """fn(bufs..., i64 lo, i64 hi): the steps of `ch` for parts [lo, hi) of ch.parts."""
+    from rlxc.lowering.cpu import openmp as parallel
+    from rlxc.lowering.cpu import sgemm_object as sgemmlib
+    from rlxc.lowering.cpu.codegen import VOID, Body, c64, ptr_type
+    from rlxc.lowering.cpu.matmul_codegen import (F32P, I8P, _declare, _epilogue_fn,
+                                                  builtin_epilogue, epilogue_slots)
+    from rlxc.lowering.cpu.sgemm_kernels import sgemm_config, sgemm_signature
+    from rlxc.lowering.shared.scalar import I32, I64
+
+    cfg = sgemm_config(g.cpu)
+    bufs = ch.buffers()
+    fn = g._fn(ch.name, VOID, [ptr_type(x.dtype) for x in bufs] + [I64, I64])
+    ptrs = {id(x): a for x, a in zip(bufs, fn.args)}
+    lo, hi = fn.args[len(bufs)], fn.args[len(bufs) + 1]
+    body = Body(fn, ptrs)
+    b = ir.IRBuilder(fn.entry_basic_block)
+    plain, cb = sgemmlib.symbols(g.cpu)
+    g.uses_sgemm = True
+    nslots = max([1] + [len(epilogue_slots(s)) for s in ch.steps])
+    ctx = b.alloca(ir.ArrayType(F32P, nslots), name="epi.ctx")
+    whole = b.and_(b.icmp_signed("==", lo, c64(0)), b.icmp_signed("==", hi, c64(ch.parts)))
+    ws = b.gep(ptrs[id(ch.scratch)], [b.mul(lo, c64(ch.slice_floats))], inbounds=True)
+    for n, (k, how) in enumerate(zip(ch.steps, ch.splits)):
+        zero = {v: c64(0) for v in k.batch}
+
+        def at(buf, off, extra):
+            base = body.index(b, off, zero)
+            return b.gep(ptrs[id(buf)], [b.add(base, extra)], inbounds=True)
+        if how == "cols":
+            n0, n1 = _sub_range(b, lo, hi, ch.parts, -(-k.n // cfg.nr), cfg.nr, k.n)
+            i0, i1 = c64(0), c64(k.m)
+        else:
+            i0, i1 = _sub_range(b, lo, hi, ch.parts, -(-k.m // cfg.mr), cfg.mr, k.m)
+            n0, n1 = c64(0), c64(k.n)
+        ms, ns = b.sub(i1, i0), b.sub(n1, n0)
+        with b.if_then(b.and_(b.icmp_signed(">", ms, c64(0)), b.icmp_signed(">", ns, c64(0)))):
+            args = [ms, ns, c64(k.k),
+                    at(k.a.buf, k.a.off, b.mul(i0, c64(k.a.rs))), c64(k.a.rs), c64(k.a.cs),
+                    at(k.b.buf, k.b.off, b.mul(n0, c64(k.b.cs))), c64(k.b.rs), c64(k.b.cs),
+                    at(k.out, ix.ZERO, b.add(b.mul(i0, c64(k.n)), n0)), c64(k.n),
+                    ir.Constant(I32, 0), ws, c64(ch.slice_floats)]
+            if k.epilogue is None:
+                b.call(_declare(g.m, plain, sgemm_signature()), args)
+            else:
+                code = builtin_epilogue(k)
+                epi = _epilogue_fn(g, k, epilogue_slots(k)) if code is None else \
+                    ir.Constant(I64, code).inttoptr(I8P)
+                coeffs = _slot_coeffs(k)
+                for s, (buf, base) in enumerate(epilogue_slots(k)):
+                    rc, cc = coeffs.get(s, (0, 0))
+                    shift = b.add(b.mul(i0, c64(rc)), b.mul(n0, c64(cc)))
+                    b.store(at(buf, base, shift),
+                            b.gep(ctx, [ir.Constant(I32, 0), ir.Constant(I32, s)],
+                                  inbounds=True))
+                b.call(_declare(g.m, cb, sgemm_signature([I8P, I8P])),
+                       args + [epi if epi.type == I8P else b.bitcast(epi, I8P),
+                               b.bitcast(ctx, I8P)])
+        if n + 1 < len(ch.steps):   # the next step reads all of this one's C
+            with b.if_then(b.not_(whole)):
+                parallel.emit_barrier(b, c64(2))
+    b.ret_void()
+    return fn, bufs, None
+
+
+__all__ = ["MatmulChain", "form_chains", "emit_chain", "CHAIN_MAX_M"]
