@@ -12,7 +12,10 @@
     for each step s:
         columns split (ceil(N/NR) >= parts): C[:, n0:n1], n0..n1 its NR-panels' share
         else rows split (N=10 logits):       C[i0:i1, :], i0..i1 its MR-tiles' share
-        sgemm(sub-block, one thread, workspace slice lo) with the step's epilogue
+        sgemm(sub-block, one thread, workspace slice lo) with the step's epilogue;
+        a rows share with N <= VL and B of <= ONE_VECTOR_B_FLOATS in blocks of the
+        tallest tall-tile rows (24 on AVX-512): sgemm_tall's tiles read B in place
+        instead of the narrow kernel packing B transposed for every call
         (bias row / epilogue slots offset by the sub-block's first row and column)
         GOMP_barrier between steps (the next step reads all of this one's C)
 
@@ -177,6 +180,17 @@ def _sub_range(b, lo, hi, parts: int, units: int, unit: int, total: int):
     return at(lo), at(hi)
 
 
+def _row_block(cfg, k, how):
+    """Rows per sgemm call of a row-split step, or None (its whole share in one call)."""
+    from rlxc.lowering.cpu.sgemm_tall import ONE_VECTOR_B_FLOATS, tall_rows
+
+    talls = tall_rows(cfg)
+    if how != "rows" or not talls or k.n > cfg.vl or k.b.cs != 1 or \
+            k.n * k.k > ONE_VECTOR_B_FLOATS:
+        return None
+    return talls[-1]
+
+
 def emit_chain(g, ch: MatmulChain):
     """fn(bufs..., i64 lo, i64 hi): the steps of `ch` for parts [lo, hi) of ch.parts."""
     from rlxc.lowering.cpu import openmp as parallel
@@ -184,7 +198,7 @@ def emit_chain(g, ch: MatmulChain):
     from rlxc.lowering.cpu.codegen import VOID, Body, c64, ptr_type
     from rlxc.lowering.cpu.matmul_codegen import (F32P, I8P, _declare, _epilogue_fn,
                                                   builtin_epilogue, epilogue_slots)
-    from rlxc.lowering.cpu.sgemm_kernels import sgemm_config, sgemm_signature
+    from rlxc.lowering.cpu.sgemm_kernels import counted_loop, sgemm_config, sgemm_signature
     from rlxc.lowering.shared.scalar import I32, I64
 
     cfg = sgemm_config(g.cpu)
@@ -212,29 +226,39 @@ def emit_chain(g, ch: MatmulChain):
         else:
             i0, i1 = _sub_range(b, lo, hi, ch.parts, -(-k.m // cfg.mr), cfg.mr, k.m)
             n0, n1 = c64(0), c64(k.n)
-        ms, ns = b.sub(i1, i0), b.sub(n1, n0)
-        with b.if_then(b.and_(b.icmp_signed(">", ms, c64(0)), b.icmp_signed(">", ns, c64(0)))):
+        blk = _row_block(cfg, k, how)
+
+        def call(b, r0, r1):
+            ms, ns = b.sub(r1, r0), b.sub(n1, n0)
             args = [ms, ns, c64(k.k),
-                    at(k.a.buf, k.a.off, b.mul(i0, c64(k.a.rs))), c64(k.a.rs), c64(k.a.cs),
+                    at(k.a.buf, k.a.off, b.mul(r0, c64(k.a.rs))), c64(k.a.rs), c64(k.a.cs),
                     at(k.b.buf, k.b.off, b.mul(n0, c64(k.b.cs))), c64(k.b.rs), c64(k.b.cs),
-                    at(k.out, ix.ZERO, b.add(b.mul(i0, c64(k.n)), n0)), c64(k.n),
+                    at(k.out, ix.ZERO, b.add(b.mul(r0, c64(k.n)), n0)), c64(k.n),
                     ir.Constant(I32, 0), ws, c64(ch.slice_floats)]
             if k.epilogue is None:
                 b.call(_declare(g.m, plain, sgemm_signature()), args)
-            else:
-                code = builtin_epilogue(k)
-                epi = _epilogue_fn(g, k, epilogue_slots(k)) if code is None else \
-                    ir.Constant(I64, code).inttoptr(I8P)
-                coeffs = _slot_coeffs(k)
-                for s, (buf, base) in enumerate(epilogue_slots(k)):
-                    rc, cc = coeffs.get(s, (0, 0))
-                    shift = b.add(b.mul(i0, c64(rc)), b.mul(n0, c64(cc)))
-                    b.store(at(buf, base, shift),
-                            b.gep(ctx, [ir.Constant(I32, 0), ir.Constant(I32, s)],
-                                  inbounds=True))
-                b.call(_declare(g.m, cb, sgemm_signature([I8P, I8P])),
-                       args + [epi if epi.type == I8P else b.bitcast(epi, I8P),
-                               b.bitcast(ctx, I8P)])
+                return
+            code = builtin_epilogue(k)
+            epi = _epilogue_fn(g, k, epilogue_slots(k)) if code is None else \
+                ir.Constant(I64, code).inttoptr(I8P)
+            coeffs = _slot_coeffs(k)
+            for s, (buf, base) in enumerate(epilogue_slots(k)):
+                rc, cc = coeffs.get(s, (0, 0))
+                shift = b.add(b.mul(r0, c64(rc)), b.mul(n0, c64(cc)))
+                b.store(at(buf, base, shift),
+                        b.gep(ctx, [ir.Constant(I32, 0), ir.Constant(I32, s)], inbounds=True))
+            b.call(_declare(g.m, cb, sgemm_signature([I8P, I8P])),
+                   args + [epi if epi.type == I8P else b.bitcast(epi, I8P),
+                           b.bitcast(ctx, I8P)])
+
+        with b.if_then(b.and_(b.icmp_signed(">", b.sub(i1, i0), c64(0)),
+                              b.icmp_signed(">", b.sub(n1, n0), c64(0)))):
+            if blk is None:
+                call(b, i0, i1)
+            else:   # blocks of `blk` rows: the sgemm's tall register tiles (header)
+                counted_loop(b, i0, i1, blk, lambda b, r0: call(
+                    b, r0, b.select(b.icmp_signed("<", b.add(r0, c64(blk)), i1),
+                                    b.add(r0, c64(blk)), i1)), "chrow")
         if n + 1 < len(ch.steps):   # the next step reads all of this one's C
             with b.if_then(b.not_(whole)):
                 parallel.emit_barrier(b, c64(2))
