@@ -29,8 +29,8 @@ def parts3(monkeypatch):
     monkeypatch.setenv("RLXC_ADAPTIVE_THREADS", "0")       # every call uses the count set
 
 
-def _chains(f):
-    return [k for k in lower(f.module, "chk", max_threads=PARTS).kernels
+def _chains(f, cpu="native"):
+    return [k for k in lower(f.module, "chk", cpu=cpu, max_threads=PARTS).kernels
             if isinstance(k, MatmulChain)]
 
 
@@ -153,3 +153,19 @@ def test_what_is_not_a_chain_keeps_its_kernels(parts3):
     got = dyn.run(x=x)[0]
     np.testing.assert_allclose(got, _ref(p, x, 2, lambda h: np.maximum(h, 0)),
                                rtol=2e-4, atol=2e-4)
+
+
+def test_avx2_tiles_chain(parts3, monkeypatch):
+    """The portable (x86-64-v3: AVX2, 4x24 tiles, no tall tile for 10 columns) build."""
+    from rlxc.registry import backend
+
+    monkeypatch.setattr(backend("cpu"), "default_cpu", "x86-64-v3")
+    n, sizes = 41, (300, 520, 400, 10)
+    p = _params(sizes, 9)
+    f = rlxc.Func("chainv3", _mlp(n, sizes)).with_params(p)
+    (ch,) = _chains(f, "x86-64-v3")
+    assert ch.splits == ["cols", "cols", "rows"]
+    x = np.random.default_rng(5).standard_normal((n, sizes[0])).astype(np.float32)
+    want = _ref(p, x, 3, lambda h: np.maximum(h, 0))
+    for t, got in _runs(f.jit(), x):
+        np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4, err_msg=f"{t} threads")
