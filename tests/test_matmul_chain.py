@@ -1,7 +1,7 @@
 """Matmul chains (lowering/cpu/matmul_chain.py): chained GEMMs of a small batch in one team.
 
-Checked against NumPy (float64) at odd sizes, compiled for 3 parts so that the column
-and row shares are uneven, on teams of 1, 2 and 3 threads (parts [0,1),[1,3) on two):
+Checked against NumPy (float64) at odd sizes (a partial last column panel and row
+block), compiled for 3 threads, on teams of 1, 2 and 3 threads (units claimed):
 an MLP whose layers split by columns (bias + relu, the built-in epilogue) and whose
 narrow last layer splits by rows; called epilogues (tanh of bias, a per-row scale read
 at the row a sub-block starts at) on both splits; a rebound param changes the result;

@@ -218,8 +218,9 @@ def has_parallel_kernels(prog, cpu: str = "native") -> bool:
         if isinstance(k, LoopKernel) and k.body and isinstance(k.body[0], For) and \
                 k.body[0].parallel and k.work >= PAR_MIN_WORK:
             return True
-        if getattr(k, "parallel", False) is True and k.work >= PAR_MIN_WORK:
-            return True   # a kernel with its own codegen (attention_kernel.py)
+        if (getattr(k, "parallel", False) is True or getattr(k, "forks", False)) and \
+                k.work >= PAR_MIN_WORK:
+            return True   # a kernel with its own codegen (attention_kernel.py, matmul_chain.py)
         if isinstance(k, MatmulKernel) and \
                 k.scratch.numel > sgemm_workspace_floats(k.m, k.n, k.k, 1, cpu=cpu):
             return True

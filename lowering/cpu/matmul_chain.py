@@ -5,31 +5,33 @@
              k3 = sgemm(h2, W3) -> h3 (...)                       splits its own C)
           │ form_chains (a static program, before buffers.plan)
           ▼
-    MatmulChain(steps k1, k2, k3; scratch: `parts` one-thread sgemm slices)
-          │ emit: one function run over `parts` static parts by codegen's
-          │ emit_parallel_ranges (ONE fork/join per call); thread with parts [lo, hi):
-          ▼
-    for each step s:
-        columns split (ceil(N/NR) >= parts): C[:, n0:n1], n0..n1 its NR-panels' share
-        else rows split (N=10 logits):       C[i0:i1, :], i0..i1 its MR-tiles' share
-        sgemm(sub-block, one thread, workspace slice lo) with the step's epilogue;
-        a rows share with N <= VL and B of <= ONE_VECTOR_B_FLOATS in blocks of the
-        tallest tall-tile rows (24 on AVX-512): sgemm_tall's tiles read B in place
-        instead of the narrow kernel packing B transposed for every call
-        (bias row / epilogue slots offset by the sub-block's first row and column)
-        GOMP_barrier between steps (the next step reads all of this one's C)
+    MatmulChain(steps k1, k2, k3; scratch: `parts` one-thread sgemm slices + a claim
+          │ counter per step)
+          │ emit: zero the counters, ONE fork (emit_parallel_ranges, at most `parts`
+          ▼ threads); every thread, for each step:
+    while (u = atomic_add(&counter[step], 1)) < units:
+        cols (ceil(N/NR) >= parts): unit u = C[:, u*NR : (u+1)*NR]   (one NR panel)
+        rows (the N=10 logits):     unit u = C[u*R : (u+1)*R, :]     (R = the tallest
+                                    tall tile when N <= VL and B is small: sgemm_tall's
+                                    tiles read B in place; else 4 MR tiles)
+        sgemm(unit's sub-block, one thread, workspace slice tid) with the step's epilogue
+        (bias row / epilogue slots moved to the sub-block's first row and column)
+    GOMP_barrier between steps (the next step reads all of this one's C)
 
 Why: an MLP forward at batch 128 (784-512-512-10, issue 19's W3) is three GEMMs of
 ~0.3 ms each on two cores: every one forked and joined the team, and the 128x10
 logits GEMM (below SGEMM_PAR_MIN) ran on one thread while the other waited.  A
-chain is one fork, a barrier between steps, and every step split.  Columns keep each
-thread's half of a weight matrix (and its packing) to that thread, as the sgemm's own
-column split does; rows serve a product too narrow to split by columns.
+chain is one fork, a barrier between steps, and every step split.  Column units read
+(and pack) only their panel of a weight matrix, as the sgemm's own column split does;
+rows serve a product too narrow to split by columns.  Units are claimed, not assigned:
+on a shared VM the two vCPUs run at different speeds (steal time; measured 148 vs 95
+GFLOP/s on one FMA loop), and a thread that wakes late or runs slow takes fewer units
+instead of holding the other at the barrier (a static half per thread: 1-4% slower by
+the median, same process, A/B).
 
 When the team is one thread (RLXC_NUM_THREADS=1, the thread governor, work below the
-threshold, or a call from inside another OpenMP region) codegen runs the function with
-[0, parts): every step whole, in order, no barrier (a barrier is skipped whenever the
-thread owns all parts, so no one waits for a team that is not there).
+threshold, or a call from inside another OpenMP region) the one thread claims every
+unit, in order, and skips the barriers (emit_barrier with a team of 1).
 
 Formed only for a static program (sizes are ints; a size-generic program keeps its
 kernels: dynsizes merges sampled programs kernel by kernel), for >= 2 consecutive
@@ -48,6 +50,7 @@ import llvmlite.ir as ir
 from rlxc.lowering.cpu import indexing as ix
 from rlxc.lowering.cpu.loops import Buffer, Load, MatmulKernel, format_kernel, walk_expr
 
+COUNTER_FLOATS = 16  # one 64-byte line per step: its claim counter (i64)
 CHAIN_MAX_M = 1024   # rows: a tall product gains nothing from sharing one team (sgemm's
 #                      own split already keeps both threads busy for long)
 
@@ -61,7 +64,8 @@ class MatmulChain:
     slice_floats: int
     parts: int             # static parts of every step (the compile-time thread cap)
     work: int = 0
-    parallel: bool = True  # codegen: emit_parallel_ranges over [0, items)
+    parallel: bool = False  # codegen calls fn(bufs..., 0, 1); fn forks the team itself
+    forks: bool = True      # ... so the library has threads to pin and govern (driver.py)
     items: int = 1
     splits: list = field(default_factory=list)   # per step: "cols" | "rows"
 
@@ -142,12 +146,13 @@ def form_chains(prog, cpu: str = "native"):
         if len(run) >= 2 and any(s.scratch.numel > sgemm_workspace_floats(
                 s.m, s.n, s.k, 1, cpu=cpu) for s in run):
             per = max(_aligned(sgemm_workspace_floats(s.m, s.n, s.k, 1, cpu=cpu)) for s in run)
-            scratch = Buffer(f"chainws{len(prog.buffers)}", "temp", "f32", parts * per)
+            scratch = Buffer(f"chainws{len(prog.buffers)}", "temp", "f32",
+                             parts * per + COUNTER_FLOATS * len(run))
             prog.buffers.append(scratch)
             splits = ["cols" if -(-s.n // cfg.nr) >= parts else "rows" for s in run]
             out.append(MatmulChain(
                 f"{run[0].name}_chain", " -> ".join(s.name for s in run), list(run), scratch,
-                per, parts, work=sum(s.work for s in run), items=parts, splits=splits))
+                per, parts, work=sum(s.work for s in run), splits=splits))
         else:
             out.extend(run)
         run.clear()
@@ -168,18 +173,6 @@ def form_chains(prog, cpu: str = "native"):
 
 # ------------------------------------------------------------------ codegen
 
-def _sub_range(b, lo, hi, parts: int, units: int, unit: int, total: int):
-    """[first, last) elements of parts [lo, hi) of `units` blocks of `unit` (capped)."""
-    c = ir.IntType(64)
-
-    def at(p):
-        blk = b.sdiv(b.mul(p, ir.Constant(c, units)), ir.Constant(c, parts))
-        e = b.mul(blk, ir.Constant(c, unit))
-        return b.select(b.icmp_signed("<", e, ir.Constant(c, total)), e,
-                        ir.Constant(c, total))
-    return at(lo), at(hi)
-
-
 def _row_block(cfg, k, how):
     """Rows per sgemm call of a row-split step, or None (its whole share in one call)."""
     from rlxc.lowering.cpu.sgemm_tall import ONE_VECTOR_B_FLOATS, tall_rows
@@ -191,77 +184,111 @@ def _row_block(cfg, k, how):
     return talls[-1]
 
 
+def _units(cfg, k, how):
+    """(units, unit size) of a step: NR-column panels, or blocks of rows."""
+    if how == "cols":
+        return -(-k.n // cfg.nr), cfg.nr
+    blk = _row_block(cfg, k, how) or 4 * cfg.mr
+    return -(-k.m // blk), blk
+
+
 def emit_chain(g, ch: MatmulChain):
-    """fn(bufs..., i64 lo, i64 hi): the steps of `ch` for parts [lo, hi) of ch.parts."""
+    """fn(bufs..., i64, i64): zero the steps' claim counters, then fork (emit_parallel_ranges
+    over ch.parts, capped at ch.parts threads); each thread, for each step: claim units
+    (atomic add on the step's counter) until none is left, one one-thread sgemm call per
+    unit in its workspace slice (tid); a team barrier between steps."""
     from rlxc.lowering.cpu import openmp as parallel
     from rlxc.lowering.cpu import sgemm_object as sgemmlib
     from rlxc.lowering.cpu.codegen import VOID, Body, c64, ptr_type
     from rlxc.lowering.cpu.matmul_codegen import (F32P, I8P, _declare, _epilogue_fn,
                                                   builtin_epilogue, epilogue_slots)
-    from rlxc.lowering.cpu.sgemm_kernels import counted_loop, sgemm_config, sgemm_signature
+    from rlxc.lowering.cpu.sgemm_kernels import sgemm_config, sgemm_signature
+    from rlxc.lowering.cpu.tuning import PAR_MIN_WORK
     from rlxc.lowering.shared.scalar import I32, I64
 
     cfg = sgemm_config(g.cpu)
     bufs = ch.buffers()
     fn = g._fn(ch.name, VOID, [ptr_type(x.dtype) for x in bufs] + [I64, I64])
-    ptrs = {id(x): a for x, a in zip(bufs, fn.args)}
-    lo, hi = fn.args[len(bufs)], fn.args[len(bufs) + 1]
-    body = Body(fn, ptrs)
     b = ir.IRBuilder(fn.entry_basic_block)
     plain, cb = sgemmlib.symbols(g.cpu)
     g.uses_sgemm = True
+    sc = bufs.index(ch.scratch)
+    counters = b.bitcast(b.gep(fn.args[sc], [c64(ch.parts * ch.slice_floats)], inbounds=True),
+                         I64.as_pointer())
+    for n in range(len(ch.steps)):
+        b.store(c64(0), b.gep(counters, [c64(n * COUNTER_FLOATS // 2)], inbounds=True))
+    epis = {}
+    for k in ch.steps:   # emitted once, outside the outlined worker
+        if k.epilogue is not None and builtin_epilogue(k) is None:
+            epis[id(k)] = _epilogue_fn(g, k, epilogue_slots(k))
     nslots = max([1] + [len(epilogue_slots(s)) for s in ch.steps])
-    ctx = b.alloca(ir.ArrayType(F32P, nslots), name="epi.ctx")
-    whole = b.and_(b.icmp_signed("==", lo, c64(0)), b.icmp_signed("==", hi, c64(ch.parts)))
-    ws = b.gep(ptrs[id(ch.scratch)], [b.mul(lo, c64(ch.slice_floats))], inbounds=True)
-    for n, (k, how) in enumerate(zip(ch.steps, ch.splits)):
-        zero = {v: c64(0) for v in k.batch}
 
-        def at(buf, off, extra):
-            base = body.index(b, off, zero)
-            return b.gep(ptrs[id(buf)], [b.add(base, extra)], inbounds=True)
-        if how == "cols":
-            n0, n1 = _sub_range(b, lo, hi, ch.parts, -(-k.n // cfg.nr), cfg.nr, k.n)
-            i0, i1 = c64(0), c64(k.m)
-        else:
-            i0, i1 = _sub_range(b, lo, hi, ch.parts, -(-k.m // cfg.mr), cfg.mr, k.m)
-            n0, n1 = c64(0), c64(k.n)
-        blk = _row_block(cfg, k, how)
+    def team(wb, lo, hi, tid, nt, args):
+        ptrs = {id(x): a for x, a in zip(bufs, args)}
+        body = Body(wb.function, ptrs)
+        ctx = wb.alloca(ir.ArrayType(F32P, nslots), name="epi.ctx")
+        ws = wb.gep(ptrs[id(ch.scratch)], [wb.mul(wb.sext(tid, I64), c64(ch.slice_floats))],
+                    inbounds=True)
+        ctrs = wb.bitcast(wb.gep(ptrs[id(ch.scratch)], [c64(ch.parts * ch.slice_floats)],
+                                 inbounds=True), I64.as_pointer())
+        for n, (k, how) in enumerate(zip(ch.steps, ch.splits)):
+            zero = {v: c64(0) for v in k.batch}
+            units, size = _units(cfg, k, how)
 
-        def call(b, r0, r1):
-            ms, ns = b.sub(r1, r0), b.sub(n1, n0)
-            args = [ms, ns, c64(k.k),
-                    at(k.a.buf, k.a.off, b.mul(r0, c64(k.a.rs))), c64(k.a.rs), c64(k.a.cs),
-                    at(k.b.buf, k.b.off, b.mul(n0, c64(k.b.cs))), c64(k.b.rs), c64(k.b.cs),
-                    at(k.out, ix.ZERO, b.add(b.mul(r0, c64(k.n)), n0)), c64(k.n),
-                    ir.Constant(I32, 0), ws, c64(ch.slice_floats)]
-            if k.epilogue is None:
-                b.call(_declare(g.m, plain, sgemm_signature()), args)
-                return
-            code = builtin_epilogue(k)
-            epi = _epilogue_fn(g, k, epilogue_slots(k)) if code is None else \
-                ir.Constant(I64, code).inttoptr(I8P)
-            coeffs = _slot_coeffs(k)
-            for s, (buf, base) in enumerate(epilogue_slots(k)):
-                rc, cc = coeffs.get(s, (0, 0))
-                shift = b.add(b.mul(r0, c64(rc)), b.mul(n0, c64(cc)))
-                b.store(at(buf, base, shift),
-                        b.gep(ctx, [ir.Constant(I32, 0), ir.Constant(I32, s)], inbounds=True))
-            b.call(_declare(g.m, cb, sgemm_signature([I8P, I8P])),
-                   args + [epi if epi.type == I8P else b.bitcast(epi, I8P),
-                           b.bitcast(ctx, I8P)])
+            def at(b, buf, off, extra, zero=zero):
+                base = body.index(b, off, zero)
+                return b.gep(ptrs[id(buf)], [b.add(base, extra)], inbounds=True)
 
-        with b.if_then(b.and_(b.icmp_signed(">", b.sub(i1, i0), c64(0)),
-                              b.icmp_signed(">", b.sub(n1, n0), c64(0)))):
-            if blk is None:
-                call(b, i0, i1)
-            else:   # blocks of `blk` rows: the sgemm's tall register tiles (header)
-                counted_loop(b, i0, i1, blk, lambda b, r0: call(
-                    b, r0, b.select(b.icmp_signed("<", b.add(r0, c64(blk)), i1),
-                                    b.add(r0, c64(blk)), i1)), "chrow")
-        if n + 1 < len(ch.steps):   # the next step reads all of this one's C
-            with b.if_then(b.not_(whole)):
-                parallel.emit_barrier(b, c64(2))
+            def call(b, r0, r1, n0, n1, k=k, at=at):
+                args_ = [b.sub(r1, r0), b.sub(n1, n0), c64(k.k),
+                         at(b, k.a.buf, k.a.off, b.mul(r0, c64(k.a.rs))), c64(k.a.rs),
+                         c64(k.a.cs),
+                         at(b, k.b.buf, k.b.off, b.mul(n0, c64(k.b.cs))), c64(k.b.rs),
+                         c64(k.b.cs),
+                         at(b, k.out, ix.ZERO, b.add(b.mul(r0, c64(k.n)), n0)), c64(k.n),
+                         ir.Constant(I32, 0), ws, c64(ch.slice_floats)]
+                if k.epilogue is None:
+                    b.call(_declare(g.m, plain, sgemm_signature()), args_)
+                    return
+                code = builtin_epilogue(k)
+                epi = epis[id(k)] if code is None else ir.Constant(I64, code).inttoptr(I8P)
+                coeffs = _slot_coeffs(k)
+                for s_, (buf, base) in enumerate(epilogue_slots(k)):
+                    rc, cc = coeffs.get(s_, (0, 0))
+                    shift = b.add(b.mul(r0, c64(rc)), b.mul(n0, c64(cc)))
+                    b.store(at(b, buf, base, shift),
+                            b.gep(ctx, [ir.Constant(I32, 0), ir.Constant(I32, s_)],
+                                  inbounds=True))
+                b.call(_declare(g.m, cb, sgemm_signature([I8P, I8P])),
+                       args_ + [epi if epi.type == I8P else b.bitcast(epi, I8P),
+                                b.bitcast(ctx, I8P)])
+
+            ctr = wb.gep(ctrs, [c64(n * COUNTER_FLOATS // 2)], inbounds=True)
+            f = wb.function
+            head, work, done = (f.append_basic_block(f"chain{n}.claim"),
+                                f.append_basic_block(f"chain{n}.unit"),
+                                f.append_basic_block(f"chain{n}.done"))
+            wb.branch(head)
+            wb.position_at_end(head)
+            u = wb.atomic_rmw("add", ctr, c64(1), "monotonic")
+            wb.cbranch(wb.icmp_signed("<", u, c64(units)), work, done)
+            wb.position_at_end(work)
+            first = wb.mul(u, c64(size))
+            total = k.n if how == "cols" else k.m
+            last = wb.add(first, c64(size))
+            last = wb.select(wb.icmp_signed("<", last, c64(total)), last, c64(total))
+            if how == "cols":
+                call(wb, c64(0), c64(k.m), first, last)
+            else:
+                call(wb, first, last, c64(0), c64(k.n))
+            wb.branch(head)
+            wb.position_at_end(done)
+            if n + 1 < len(ch.steps):   # the next step reads all of this one's C
+                parallel.emit_barrier(wb, nt)
+
+    parallel.emit_parallel_ranges(g.m, b, c64(ch.parts), team, list(fn.args[:len(bufs)]),
+                                  name=f"{g.sym}.{ch.name}.team", work=c64(ch.work),
+                                  min_work=PAR_MIN_WORK, max_threads=c64(ch.parts))
     b.ret_void()
     return fn, bufs, None
 
