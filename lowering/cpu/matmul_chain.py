@@ -200,8 +200,8 @@ def emit_chain(g, ch: MatmulChain):
     from rlxc.lowering.cpu import openmp as parallel
     from rlxc.lowering.cpu import sgemm_object as sgemmlib
     from rlxc.lowering.cpu.codegen import VOID, Body, c64, ptr_type
-    from rlxc.lowering.cpu.matmul_codegen import (F32P, I8P, _declare, _epilogue_fn,
-                                                  builtin_epilogue, epilogue_slots)
+    from rlxc.lowering.cpu.matmul_codegen import (F32P, I8P, builtin_epilogue, declare,
+                                                  epilogue_fn, epilogue_slots)
     from rlxc.lowering.cpu.sgemm_kernels import sgemm_config, sgemm_signature
     from rlxc.lowering.cpu.tuning import PAR_MIN_WORK
     from rlxc.lowering.shared.scalar import I32, I64
@@ -220,7 +220,7 @@ def emit_chain(g, ch: MatmulChain):
     epis = {}
     for k in ch.steps:   # emitted once, outside the outlined worker
         if k.epilogue is not None and builtin_epilogue(k) is None:
-            epis[id(k)] = _epilogue_fn(g, k, epilogue_slots(k))
+            epis[id(k)] = epilogue_fn(g, k, epilogue_slots(k))
     nslots = max([1] + [len(epilogue_slots(s)) for s in ch.steps])
 
     def team(wb, lo, hi, tid, nt, args):
@@ -248,7 +248,7 @@ def emit_chain(g, ch: MatmulChain):
                          at(b, k.out, ix.ZERO, b.add(b.mul(r0, c64(k.n)), n0)), c64(k.n),
                          ir.Constant(I32, 0), ws, c64(ch.slice_floats)]
                 if k.epilogue is None:
-                    b.call(_declare(g.m, plain, sgemm_signature()), args_)
+                    b.call(declare(g.m, plain, sgemm_signature()), args_)
                     return
                 code = builtin_epilogue(k)
                 epi = epis[id(k)] if code is None else ir.Constant(I64, code).inttoptr(I8P)
@@ -259,7 +259,7 @@ def emit_chain(g, ch: MatmulChain):
                     b.store(at(b, buf, base, shift),
                             b.gep(ctx, [ir.Constant(I32, 0), ir.Constant(I32, s_)],
                                   inbounds=True))
-                b.call(_declare(g.m, cb, sgemm_signature([I8P, I8P])),
+                b.call(declare(g.m, cb, sgemm_signature([I8P, I8P])),
                        args_ + [epi if epi.type == I8P else b.bitcast(epi, I8P),
                                 b.bitcast(ctx, I8P)])
 
