@@ -101,6 +101,9 @@ def lower(module, name: str | None = None, cpu: str = "native", max_threads: int
     from rlxc.lowering.cpu.schedule import build_program
 
     prog = build_program(module, _name(module, name), max_threads or default_threads(), cpu)
+    from rlxc.lowering.cpu.matmul_chain import form_chains
+
+    form_chains(prog, cpu)   # chained small-batch GEMMs: one team (matmul_chain.py)
     buffers.plan(prog)
     return prog
 
@@ -180,8 +183,8 @@ def compile_cpu(func_module, name: str | None = None, cpu: str = "native", opt: 
     t0 = time.perf_counter()
     obj = emit_object(ref, cpu, opt)
     t["codegen"] = time.perf_counter() - t0
-    variants = sorted({"plain" if k.epilogue is None else "cb" for k in prog.kernels
-                       if isinstance(k, MatmulKernel)})
+    variants = sorted({"plain" if k.epilogue is None else "cb" for kk in prog.kernels
+                       for k in getattr(kk, "steps", [kk]) if isinstance(k, MatmulKernel)})
     parts = [obj]
     if variants:  # the shared sgemm entry points it calls (sgemm_object.py)
         t0 = time.perf_counter()
@@ -223,8 +226,9 @@ def has_parallel_kernels(prog, cpu: str = "native") -> bool:
         if isinstance(k, LoopKernel) and k.body and isinstance(k.body[0], For) and \
                 k.body[0].parallel and k.work >= PAR_MIN_WORK:
             return True
-        if getattr(k, "parallel", False) is True and k.work >= PAR_MIN_WORK:
-            return True   # a kernel with its own codegen (attention_kernel.py)
+        if (getattr(k, "parallel", False) is True or getattr(k, "forks", False)) and \
+                k.work >= PAR_MIN_WORK:
+            return True   # a kernel with its own codegen (attention_kernel.py, matmul_chain.py)
         if isinstance(k, MatmulKernel) and \
                 k.scratch.numel > sgemm_workspace_floats(k.m, k.n, k.k, 1, cpu=cpu):
             return True

@@ -266,3 +266,7 @@ def epilogue_slots(k: MatmulKernel) -> list:
             seen.add((id(e.buf), base))
             out.append((e.buf, base))
     return out
+
+
+# what matmul_chain.py shares, under public names
+declare, epilogue_fn = _declare, _epilogue_fn

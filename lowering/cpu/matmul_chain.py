@@ -1,0 +1,296 @@
+"""Matmul chains: consecutive dependent GEMMs of a small batch in ONE thread team.
+
+    kernels  k1 = sgemm(x, W1) -> h1 (+ bias, relu epilogue)      each one its own
+             k2 = sgemm(h1, W2) -> h2 (...)                       fork/join (sgemm
+             k3 = sgemm(h2, W3) -> h3 (...)                       splits its own C)
+          │ form_chains (a static program, before buffers.plan)
+          ▼
+    MatmulChain(steps k1, k2, k3; scratch: `parts` one-thread sgemm slices + a claim
+          │ counter per step)
+          │ emit: zero the counters, ONE fork (emit_parallel_ranges, at most `parts`
+          ▼ threads); every thread, for each step:
+    while (u = atomic_add(&counter[step], 1)) < units:
+        cols (ceil(N/NR) >= parts): unit u = C[:, u*NR : (u+1)*NR]   (one NR panel)
+        rows (the N=10 logits):     unit u = C[u*R : (u+1)*R, :]     (R = the tallest
+                                    tall tile when N <= VL and B is small: sgemm_tall's
+                                    tiles read B in place; else 4 MR tiles)
+        sgemm(unit's sub-block, one thread, workspace slice tid) with the step's epilogue
+        (bias row / epilogue slots moved to the sub-block's first row and column)
+    GOMP_barrier between steps (the next step reads all of this one's C)
+
+Why: an MLP forward at batch 128 (784-512-512-10, issue 19's W3) is three GEMMs of
+~0.3 ms each on two cores: every one forked and joined the team, and the 128x10
+logits GEMM (below SGEMM_PAR_MIN) ran on one thread while the other waited.  A
+chain is one fork, a barrier between steps, and every step split.  Column units read
+(and pack) only their panel of a weight matrix, as the sgemm's own column split does;
+rows serve a product too narrow to split by columns.  Units are claimed, not assigned:
+on a shared VM the two vCPUs run at different speeds (steal time; measured 148 vs 95
+GFLOP/s on one FMA loop), and a thread that wakes late or runs slow takes fewer units
+instead of holding the other at the barrier (a static half per thread: 1-4% slower by
+the median, same process, A/B).
+
+When the team is one thread (RLXC_NUM_THREADS=1, the thread governor, work below the
+threshold, or a call from inside another OpenMP region) the one thread claims every
+unit, in order, and skips the barriers (emit_barrier with a team of 1).
+
+Formed only for a static program (sizes are ints; a size-generic program keeps its
+kernels: dynsizes merges sampled programs kernel by kernel), for >= 2 consecutive
+MatmulKernels without a batch loop where each step's A is the previous step's output
+(a chain: anything else in between ends it), each step big enough to split
+(M*N*K >= BATCH_PAR_MIN), at least one of them threaded on its own, and every epilogue
+load at fixed row and column coefficients per ctx slot (so a sub-block moves each
+slot's base).  The buffers of the whole chain are live over the whole chain.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import llvmlite.ir as ir
+
+from rlxc.lowering.cpu import indexing as ix
+from rlxc.lowering.cpu.loops import Buffer, Load, MatmulKernel, format_kernel, walk_expr
+
+COUNTER_FLOATS = 16  # one 64-byte line per step: its claim counter (i64)
+CHAIN_MAX_M = 1024   # rows: a tall product gains nothing from sharing one team (sgemm's
+#                      own split already keeps both threads busy for long)
+
+
+@dataclass(eq=False)
+class MatmulChain:
+    name: str
+    what: str
+    steps: list            # MatmulKernel, in order; each step's A is the previous out
+    scratch: Buffer        # `parts` slices of `slice_floats` floats (64-byte aligned)
+    slice_floats: int
+    parts: int             # static parts of every step (the compile-time thread cap)
+    work: int = 0
+    parallel: bool = False  # codegen calls fn(bufs..., 0, 1); fn forks the team itself
+    forks: bool = True      # ... so the library has threads to pin and govern (driver.py)
+    items: int = 1
+    splits: list = field(default_factory=list)   # per step: "cols" | "rows"
+
+    @property
+    def outputs(self):
+        return [s.out for s in self.steps]
+
+    def buffers(self) -> list:
+        seen: dict = {}
+        for s in self.steps:
+            for b in s.buffers():
+                if b is not s.scratch:
+                    seen.setdefault(id(b), b)
+        seen.setdefault(id(self.scratch), self.scratch)
+        return list(seen.values())
+
+    def format(self) -> str:
+        lines = [f"kernel {self.name}  // {self.what}  (work {self.work}; one team, "
+                 f"{self.parts} parts per step, workspace={self.scratch!r})"]
+        for s, how in zip(self.steps, self.splits):
+            lines.append(f"  step split by {how}:")
+            lines += ["    " + x for x in format_kernel(s).splitlines()]
+        return "\n".join(lines)
+
+    def emit(self, g):
+        return emit_chain(g, self)
+
+
+# ------------------------------------------------------------------ formation
+
+def _slot_coeffs(k: MatmulKernel):
+    """{slot index: (row coeff, col coeff)} of k's epilogue loads, or None when two loads
+    of one slot disagree (then a sub-block cannot move the slot's base)."""
+    from rlxc.lowering.cpu.matmul_codegen import epilogue_slots
+
+    if k.epilogue is None:
+        return {}
+    slots = epilogue_slots(k)
+    index = {(id(b), base): i for i, (b, base) in enumerate(slots)}
+    out: dict = {}
+    for e in walk_expr(k.epilogue):
+        if isinstance(e, Load):
+            co = e.off.coeffs()
+            rc, cc = co.get(k.row, 0), co.get(k.col, 0)
+            s = index[(id(e.buf), ix.subst(e.off, {k.row: ix.ZERO, k.col: ix.ZERO}))]
+            if out.setdefault(s, (rc, cc)) != (rc, cc):
+                return None
+    return out
+
+
+def _chainable(k) -> bool:
+    from rlxc.lowering.cpu.matmul_schedule import BATCH_PAR_MIN
+
+    return (isinstance(k, MatmulKernel) and k.par_batch == 1 and
+            all(v.extent == 1 for v in k.batch) and
+            all(isinstance(d, int) for d in (k.m, k.n, k.k)) and
+            0 < k.m <= CHAIN_MAX_M and k.n > 0 and
+            k.m * k.n * max(k.k, 1) >= BATCH_PAR_MIN and _slot_coeffs(k) is not None)
+
+
+def _aligned(floats: int) -> int:
+    return -(-floats // 16) * 16
+
+
+def form_chains(prog, cpu: str = "native"):
+    """Replace every run of >= 2 chained GEMMs of the static program `prog` by one
+    MatmulChain (see the header); returns prog (changed in place).  Call before
+    buffers.plan: the chain's scratch is a new temp."""
+    from rlxc.lowering.cpu.sgemm_kernels import sgemm_config, sgemm_workspace_floats
+
+    parts = int(getattr(prog, "sgemm_threads", 1) or 1)
+    if parts < 2 or getattr(prog, "dims", None):
+        return prog
+    cfg = sgemm_config(cpu)
+    out, run = [], []
+
+    def flush():
+        if len(run) >= 2 and any(s.scratch.numel > sgemm_workspace_floats(
+                s.m, s.n, s.k, 1, cpu=cpu) for s in run):
+            per = max(_aligned(sgemm_workspace_floats(s.m, s.n, s.k, 1, cpu=cpu)) for s in run)
+            scratch = Buffer(f"chainws{len(prog.buffers)}", "temp", "f32",
+                             parts * per + COUNTER_FLOATS * len(run))
+            prog.buffers.append(scratch)
+            splits = ["cols" if -(-s.n // cfg.nr) >= parts else "rows" for s in run]
+            out.append(MatmulChain(
+                f"{run[0].name}_chain", " -> ".join(s.name for s in run), list(run), scratch,
+                per, parts, work=sum(s.work for s in run), splits=splits))
+        else:
+            out.extend(run)
+        run.clear()
+
+    for k in prog.kernels:
+        if _chainable(k) and (not run or k.a.buf is run[-1].out):
+            run.append(k)
+            continue
+        flush()
+        if _chainable(k):
+            run.append(k)
+        else:
+            out.append(k)
+    flush()
+    prog.kernels = out
+    return prog
+
+
+# ------------------------------------------------------------------ codegen
+
+def _row_block(cfg, k, how):
+    """Rows per sgemm call of a row-split step, or None (its whole share in one call)."""
+    from rlxc.lowering.cpu.sgemm_tall import ONE_VECTOR_B_FLOATS, tall_rows
+
+    talls = tall_rows(cfg)
+    if how != "rows" or not talls or k.n > cfg.vl or k.b.cs != 1 or \
+            k.n * k.k > ONE_VECTOR_B_FLOATS:
+        return None
+    return talls[-1]
+
+
+def _units(cfg, k, how):
+    """(units, unit size) of a step: NR-column panels, or blocks of rows."""
+    if how == "cols":
+        return -(-k.n // cfg.nr), cfg.nr
+    blk = _row_block(cfg, k, how) or 4 * cfg.mr
+    return -(-k.m // blk), blk
+
+
+def emit_chain(g, ch: MatmulChain):
+    """fn(bufs..., i64, i64): zero the steps' claim counters, then fork (emit_parallel_ranges
+    over ch.parts, capped at ch.parts threads); each thread, for each step: claim units
+    (atomic add on the step's counter) until none is left, one one-thread sgemm call per
+    unit in its workspace slice (tid); a team barrier between steps."""
+    from rlxc.lowering.cpu import openmp as parallel
+    from rlxc.lowering.cpu import sgemm_object as sgemmlib
+    from rlxc.lowering.cpu.codegen import VOID, Body, c64, ptr_type
+    from rlxc.lowering.cpu.matmul_codegen import (F32P, I8P, builtin_epilogue, declare,
+                                                  epilogue_fn, epilogue_slots)
+    from rlxc.lowering.cpu.sgemm_kernels import sgemm_config, sgemm_signature
+    from rlxc.lowering.cpu.tuning import PAR_MIN_WORK
+    from rlxc.lowering.shared.scalar import I32, I64
+
+    cfg = sgemm_config(g.cpu)
+    bufs = ch.buffers()
+    fn = g._fn(ch.name, VOID, [ptr_type(x.dtype) for x in bufs] + [I64, I64])
+    b = ir.IRBuilder(fn.entry_basic_block)
+    plain, cb = sgemmlib.symbols(g.cpu)
+    g.uses_sgemm = True
+    sc = bufs.index(ch.scratch)
+    counters = b.bitcast(b.gep(fn.args[sc], [c64(ch.parts * ch.slice_floats)], inbounds=True),
+                         I64.as_pointer())
+    for n in range(len(ch.steps)):
+        b.store(c64(0), b.gep(counters, [c64(n * COUNTER_FLOATS // 2)], inbounds=True))
+    epis = {}
+    for k in ch.steps:   # emitted once, outside the outlined worker
+        if k.epilogue is not None and builtin_epilogue(k) is None:
+            epis[id(k)] = epilogue_fn(g, k, epilogue_slots(k))
+    nslots = max([1] + [len(epilogue_slots(s)) for s in ch.steps])
+
+    def team(wb, lo, hi, tid, nt, args):
+        ptrs = {id(x): a for x, a in zip(bufs, args)}
+        body = Body(wb.function, ptrs)
+        ctx = wb.alloca(ir.ArrayType(F32P, nslots), name="epi.ctx")
+        ws = wb.gep(ptrs[id(ch.scratch)], [wb.mul(wb.sext(tid, I64), c64(ch.slice_floats))],
+                    inbounds=True)
+        ctrs = wb.bitcast(wb.gep(ptrs[id(ch.scratch)], [c64(ch.parts * ch.slice_floats)],
+                                 inbounds=True), I64.as_pointer())
+        for n, (k, how) in enumerate(zip(ch.steps, ch.splits)):
+            zero = {v: c64(0) for v in k.batch}
+            units, size = _units(cfg, k, how)
+
+            def at(b, buf, off, extra, zero=zero):
+                base = body.index(b, off, zero)
+                return b.gep(ptrs[id(buf)], [b.add(base, extra)], inbounds=True)
+
+            def call(b, r0, r1, n0, n1, k=k, at=at):
+                args_ = [b.sub(r1, r0), b.sub(n1, n0), c64(k.k),
+                         at(b, k.a.buf, k.a.off, b.mul(r0, c64(k.a.rs))), c64(k.a.rs),
+                         c64(k.a.cs),
+                         at(b, k.b.buf, k.b.off, b.mul(n0, c64(k.b.cs))), c64(k.b.rs),
+                         c64(k.b.cs),
+                         at(b, k.out, ix.ZERO, b.add(b.mul(r0, c64(k.n)), n0)), c64(k.n),
+                         ir.Constant(I32, 0), ws, c64(ch.slice_floats)]
+                if k.epilogue is None:
+                    b.call(declare(g.m, plain, sgemm_signature()), args_)
+                    return
+                code = builtin_epilogue(k)
+                epi = epis[id(k)] if code is None else ir.Constant(I64, code).inttoptr(I8P)
+                coeffs = _slot_coeffs(k)
+                for s_, (buf, base) in enumerate(epilogue_slots(k)):
+                    rc, cc = coeffs.get(s_, (0, 0))
+                    shift = b.add(b.mul(r0, c64(rc)), b.mul(n0, c64(cc)))
+                    b.store(at(b, buf, base, shift),
+                            b.gep(ctx, [ir.Constant(I32, 0), ir.Constant(I32, s_)],
+                                  inbounds=True))
+                b.call(declare(g.m, cb, sgemm_signature([I8P, I8P])),
+                       args_ + [epi if epi.type == I8P else b.bitcast(epi, I8P),
+                                b.bitcast(ctx, I8P)])
+
+            ctr = wb.gep(ctrs, [c64(n * COUNTER_FLOATS // 2)], inbounds=True)
+            f = wb.function
+            head, work, done = (f.append_basic_block(f"chain{n}.claim"),
+                                f.append_basic_block(f"chain{n}.unit"),
+                                f.append_basic_block(f"chain{n}.done"))
+            wb.branch(head)
+            wb.position_at_end(head)
+            u = wb.atomic_rmw("add", ctr, c64(1), "monotonic")
+            wb.cbranch(wb.icmp_signed("<", u, c64(units)), work, done)
+            wb.position_at_end(work)
+            first = wb.mul(u, c64(size))
+            total = k.n if how == "cols" else k.m
+            last = wb.add(first, c64(size))
+            last = wb.select(wb.icmp_signed("<", last, c64(total)), last, c64(total))
+            if how == "cols":
+                call(wb, c64(0), c64(k.m), first, last)
+            else:
+                call(wb, first, last, c64(0), c64(k.n))
+            wb.branch(head)
+            wb.position_at_end(done)
+            if n + 1 < len(ch.steps):   # the next step reads all of this one's C
+                parallel.emit_barrier(wb, nt)
+
+    parallel.emit_parallel_ranges(g.m, b, c64(ch.parts), team, list(fn.args[:len(bufs)]),
+                                  name=f"{g.sym}.{ch.name}.team", work=c64(ch.work),
+                                  min_work=PAR_MIN_WORK, max_threads=c64(ch.parts))
+    b.ret_void()
+    return fn, bufs, None
+
+
+__all__ = ["MatmulChain", "form_chains", "emit_chain", "CHAIN_MAX_M"]

@@ -1,0 +1,171 @@
+"""Matmul chains (lowering/cpu/matmul_chain.py): chained GEMMs of a small batch in one team.
+
+Checked against NumPy (float64) at odd sizes (a partial last column panel and row
+block), compiled for 3 threads, on teams of 1, 2 and 3 threads (units claimed):
+an MLP whose layers split by columns (bias + relu, the built-in epilogue) and whose
+narrow last layer splits by rows; called epilogues (tanh of bias, a per-row scale read
+at the row a sub-block starts at) on both splits; a rebound param changes the result;
+what is not a chain (a size-generic program, GEMMs that do not feed each other, one
+GEMM) keeps its kernels.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import rlxc
+from rlxc.lowering.cpu.driver import lower
+from rlxc.lowering.cpu.matmul_chain import MatmulChain
+
+PARTS = 3
+
+
+@pytest.fixture
+def parts3(monkeypatch):
+    import rlxc.backends as backends
+
+    monkeypatch.setattr(backends, "_libs", {})
+    monkeypatch.setenv("RLXC_MAX_THREADS", str(PARTS))    # libraries compiled for 3 threads
+    monkeypatch.setenv("RLXC_ADAPTIVE_THREADS", "0")       # every call uses the count set
+
+
+def _chains(f, cpu="native"):
+    return [k for k in lower(f.module, "chk", cpu=cpu, max_threads=PARTS).kernels
+            if isinstance(k, MatmulChain)]
+
+
+def _params(sizes, seed):
+    rng = np.random.default_rng(seed)
+    return {**{f"w{i}": (rng.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32)
+               for i, (a, b) in enumerate(zip(sizes, sizes[1:]))},
+            **{f"b{i}": rng.standard_normal(b).astype(np.float32)
+               for i, b in enumerate(sizes[1:])}}
+
+
+def _mlp(n, sizes, act="relu"):
+    def build(s):
+        h = s.input("x", (n, sizes[0]))
+        for i in range(len(sizes) - 1):
+            h = h.linear(s.param(f"w{i}", (sizes[i], sizes[i + 1])),
+                         s.param(f"b{i}", (sizes[i + 1],)))
+            if i < len(sizes) - 2:
+                h = getattr(h, act)()
+        return h
+    return build
+
+
+def _ref(p, x, nl, act=np.tanh):
+    h = x.astype(np.float64)
+    for i in range(nl):
+        h = h @ p[f"w{i}"].astype(np.float64) + p[f"b{i}"]
+        if i < nl - 1:
+            h = act(h)
+    return h
+
+
+def _runs(j, *args):
+    out = []
+    for t in (1, 2, PARTS):
+        j.set_num_threads(t)
+        out.append((t, j.run(*args)[0]))
+    return out
+
+
+@pytest.mark.parametrize("n", [37, 130])
+def test_mlp_chain_splits_columns_and_rows(parts3, n):
+    sizes = (300, 520, 400, 10)
+    p = _params(sizes, n)
+    f = rlxc.Func(f"chain{n}", _mlp(n, sizes)).with_params(p)
+    (ch,) = _chains(f)
+    assert len(ch.steps) == 3 and ch.splits == ["cols", "cols", "rows"], ch.splits
+    x = np.random.default_rng(1).standard_normal((n, sizes[0])).astype(np.float32)
+    want = _ref(p, x, 3, lambda h: np.maximum(h, 0))
+    j = f.jit()
+    for t, got in _runs(j, x):
+        np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4, err_msg=f"{t} threads")
+    # a rebound param is what the next call computes with (nothing is kept from before)
+    p2 = dict(p, w1=-p["w1"], b2=p["b2"] + 1)
+    j2 = f.with_params(p2).jit()
+    want2 = _ref(p2, x, 3, lambda h: np.maximum(h, 0))
+    assert np.abs(want2 - want).max() > 0.5
+    for t, got in _runs(j2, x):
+        np.testing.assert_allclose(got, want2, rtol=2e-4, atol=2e-4, err_msg=f"{t} threads")
+
+
+def test_called_epilogues_move_with_the_sub_block(parts3):
+    """tanh(x @ w + b) (a called epilogue, bias at the column a share starts at), then a
+    narrow product scaled per row (a load at the row a share starts at)."""
+    n, sizes = 70, (400, 300, 7)
+
+    def build(s):
+        x = s.input("x", (n, sizes[0]))
+        r = s.input("r", (n, 1))
+        h = x.linear(s.param("w0", sizes[:2]), s.param("b0", (sizes[1],))).tanh()
+        return (h @ s.param("w1", sizes[1:])) * r
+    p = _params(sizes, 3)
+    p.pop("b1")
+    f = rlxc.Func("chainepi", build).with_params(p)
+    (ch,) = _chains(f)
+    assert ch.splits == ["cols", "rows"] and all(s.epilogue is not None for s in ch.steps)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((n, sizes[0])).astype(np.float32)
+    r = rng.standard_normal((n, 1)).astype(np.float32)
+    want = np.tanh(x.astype(np.float64) @ p["w0"] + p["b0"]) @ p["w1"].astype(np.float64) * r
+    j = f.jit()
+    for t, got in _runs(j, x, r):
+        np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4, err_msg=f"{t} threads")
+
+
+def test_mlp_loss_chain_matches_numpy(parts3):
+    """W3's shape (a loss after the chain), smaller: the chain's outputs feed later kernels."""
+    n, sizes = 64, (256, 320, 256, 10)
+    p = _params(sizes, 7)
+
+    def build(s):
+        return _mlp(n, sizes)(s).cross_entropy(s.input("y", (n,), "i32"))
+    f = rlxc.Func("chainloss", build).with_params(p)
+    assert len(_chains(f)) == 1
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((n, sizes[0])).astype(np.float32)
+    y = rng.integers(0, 10, n).astype(np.int32)
+    z = _ref(p, x, 3, lambda h: np.maximum(h, 0))
+    z = z - z.max(-1, keepdims=True)
+    want = -(z - np.log(np.exp(z).sum(-1, keepdims=True)))[np.arange(n), y].mean()
+    for t, got in _runs(f.jit(), x, y):
+        np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=f"{t} threads")
+
+
+def test_what_is_not_a_chain_keeps_its_kernels(parts3):
+    n = 40
+
+    def independent(s):   # two GEMMs of one input: neither reads the other
+        x = s.input("x", (n, 512))
+        return x @ s.param("a", (512, 256)), x @ s.param("b", (512, 256))
+    f = rlxc.Func("nochain", independent).init_randn(seed=1, stddev=0.1)
+    assert _chains(f) == []
+    single = rlxc.Func("single", _mlp(n, (512, 256))).init_randn(seed=1, stddev=0.1)
+    assert _chains(single) == []
+    # a size-generic program (dynsizes merges sampled programs kernel by kernel)
+    dyn = rlxc.Func("dynchain", _mlp("B", (300, 520, 10)))
+    p = _params((300, 520, 10), 2)
+    dyn = dyn.with_params(p)
+    x = np.random.default_rng(2).standard_normal((40, 300)).astype(np.float32)
+    got = dyn.run(x=x)[0]
+    np.testing.assert_allclose(got, _ref(p, x, 2, lambda h: np.maximum(h, 0)),
+                               rtol=2e-4, atol=2e-4)
+
+
+def test_avx2_tiles_chain(parts3, monkeypatch):
+    """The portable (x86-64-v3: AVX2, 4x24 tiles, no tall tile for 10 columns) build."""
+    from rlxc.registry import backend
+
+    monkeypatch.setattr(backend("cpu"), "default_cpu", "x86-64-v3")
+    n, sizes = 41, (300, 520, 400, 10)
+    p = _params(sizes, 9)
+    f = rlxc.Func("chainv3", _mlp(n, sizes)).with_params(p)
+    (ch,) = _chains(f, "x86-64-v3")
+    assert ch.splits == ["cols", "cols", "rows"]
+    x = np.random.default_rng(5).standard_normal((n, sizes[0])).astype(np.float32)
+    want = _ref(p, x, 3, lambda h: np.maximum(h, 0))
+    for t, got in _runs(f.jit(), x):
+        np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4, err_msg=f"{t} threads")
