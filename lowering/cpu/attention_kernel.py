@@ -163,6 +163,26 @@ def pack_transposed(bl, x, what, n_pad, scale=None, label="x^T"):
     return out
 
 
+def pack_key_tiles(bl, x, what, kt_n, scale):
+    """(B, H, S, D) keys -> a new (B*H, Skp/kt_n, D, kt_n) temp: each tile of kt_n keys
+    transposed and contiguous (D x kt_n floats, read from L1 by every register tile of a
+    query block; a plain (D, Skp) K^T puts a tile's rows Skp floats apart, which maps
+    them onto a few L1 sets), times `scale`, keys past S zero."""
+    B, H, S, D = shape_of(x.type)
+    nt = -(-S // kt_n)
+    out = bl._buf(f"t{len(bl.buffers)}", "temp", "f32", B * H * nt * D * kt_n)
+
+    def pack(g, idx):
+        b_, h_, t_, d_, c_ = idx
+        j_ = ix.add(ix.scale(t_, kt_n), c_)
+        src = Op("mul", (g.value(x, (b_, h_, ix.clamp(j_, 0, S - 1), d_)), Const(scale)),
+                 "f32")
+        return Op("select", (InRange(j_, 0, S), src, Const(0.0)), "f32")
+    bl.map_kernel(f"{what}: k^T * scale in tiles of {kt_n} keys", (B, H, nt, D, kt_n), out,
+                  pack, tag="pack_kt")
+    return out
+
+
 def attention_kernels(bl, v, op, what, lse=None):
     """Append the K^T pack and the fused kernel of `v = rlx.attention(...)` to the
     schedule.Builder `bl` (operands that have no buffer are copied into one); with `lse`
@@ -183,7 +203,7 @@ def attention_kernels(bl, v, op, what, lse=None):
         mo = op.operands[3]
         mb = operand_buffer(bl, mo, what, "mask")
         mstr = mask_strides(shape_of(mo.type))
-    kt = pack_transposed(bl, k, what, Skp, float(p["scale"]), "k^T * scale")
+    kt = pack_key_tiles(bl, k, what, kt_n, float(p["scale"]))
     eff = Sk if p["kind"] in ("", "tensor") else (
         min(Sk, p["window"]) if p["kind"] == "sliding" else max(1, min(Sk, Sq) // 2))
     work = 4 * B * H * Sq * eff * D
@@ -195,4 +215,4 @@ def attention_kernels(bl, v, op, what, lse=None):
 
 
 __all__ = ["AttentionKernel", "attention_kernels", "covers", "geometry", "operand_buffer",
-           "mask_strides", "pack_transposed"]
+           "mask_strides", "pack_transposed", "pack_key_tiles"]
