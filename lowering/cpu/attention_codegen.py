@@ -24,7 +24,7 @@ import math
 
 import llvmlite.ir as ir
 
-from rlxc.lowering.cpu.attention_kernel import NV, QB, geometry
+from rlxc.lowering.cpu.attention_kernel import NV, QB, fwd_geometry, geometry
 from rlxc.lowering.cpu.sgemm_kernels import counted_loop
 
 
@@ -102,6 +102,17 @@ def _row_block(b, c, nb, n):
     return bh, r0, _smin(b, b.add(r0, c64(QB)), c64(n))
 
 
+def _row_block_of(b, c, nb, n, qb):
+    """_row_block with blocks of qb rows (the forward's QBF)."""
+    bh = b.sdiv(c, c64(nb))
+    t = b.srem(c, c64(nb))
+    half = b.sdiv(t, c64(2))
+    even = b.icmp_signed("==", b.srem(t, c64(2)), c64(0))
+    blk = b.select(even, half, b.sub(c64(nb - 1), half))
+    r0 = b.mul(blk, c64(qb))
+    return bh, r0, _smin(b, b.add(r0, c64(qb)), c64(n))
+
+
 def _vload(b, base, off, w):
     p = b.gep(base, [off], inbounds=True)
     if w == 1:
@@ -172,11 +183,38 @@ def _fma_rows(b, acc, w, src, row, cn, KT, DW):
     counted_loop(b, c64(0), cn, 1, body, "c")
 
 
+def _pv_rows(b, out, obase, alphas, P, v, vrow, cn, KT, DW, DV, ACC):
+    """out[obase[r] + d] = out[...] * alpha[r] + sum_{c < cn} P[r * KT + c] v[vrow(c) + d]
+    for the R rows, D in chunks of DC vectors: ACC, R x DC entry-block allocas (SROA
+    turns them into registers), c ascending."""
+    R, DC = len(obase), len(ACC[0])
+    for d0 in range(0, DV, DC):
+        ds = range(d0, min(DV, d0 + DC))
+        acc = [ACC[r][:len(ds)] for r in range(R)]
+        for r in range(R):
+            av = _splat(b, alphas[r], DW)
+            for a, d in zip(acc[r], ds):
+                b.store(b.fmul(_vload(b, out, b.add(obase[r], c64(d * DW)), DW), av), a)
+
+        def body(b, c, acc=acc, ds=ds):
+            base = vrow(b, c)
+            xs = [_vload(b, v, b.add(base, c64(d * DW)), DW) for d in ds]
+            for r in range(R):
+                ws = _splat(b, b.load(b.gep(P, [b.add(c, c64(r * KT))], inbounds=True),
+                                      align=4), DW)
+                for d, a in enumerate(acc[r]):
+                    b.store(_fma(b, ws, xs[d], b.load(a)), a)
+        counted_loop(b, c64(0), cn, 1, body, "c")
+        for r in range(R):
+            for a, d in zip(acc[r], ds):
+                _vstore(b, out, b.add(obase[r], c64(d * DW)), b.load(a), DW)
+
+
 def emit_attention(g, k):
     vl, D, Sq, Sk = k.vl, k.D, k.Sq, k.Sk
     KT = NV * vl
-    DW, DV, R = geometry(D, vl)
-    nqb = -(-Sq // QB)
+    DW, DV, R, DC, QBF = fwd_geometry(D, vl)
+    nqb = -(-Sq // QBF)
     args = [F32.as_pointer()] * 4 + ([I8.as_pointer()] if k.mask else []) + \
         ([F32.as_pointer()] if k.lse else []) + [I64, I64]
     fn = ir.Function(g.m, ir.FunctionType(ir.VoidType(), args), f"{g.sym}.{k.name}")
@@ -191,13 +229,17 @@ def emit_attention(g, k):
     lo, hi = fn.args[-2], fn.args[-1]
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     # register-tile state: one alloca per vector (SROA turns them into phis); the
-    # block's m and l (QB rows) on the stack, its O accumulators in `out` itself
-    O = [[b.alloca(_vt(DW), name=f"o{r}_{d}") for d in range(DV)] for r in range(R)]
+    # block's m (QBF rows) and l (QBF rows of VL partial sums) on the stack, its O
+    # accumulators in `out` itself
     S = [[b.alloca(_vt(vl), name=f"s{r}_{j}") for j in range(NV)] for r in range(R)]
+    ACC = [[b.alloca(_vt(DW), name=f"o{r}_{d}") for d in range(DC)] for r in range(R)]
     P = b.alloca(ir.ArrayType(F32, R * KT), name="p")
     Pf = b.bitcast(P, F32.as_pointer())
-    Mb = b.bitcast(b.alloca(ir.ArrayType(F32, QB), name="m"), F32.as_pointer())
-    Lb = b.bitcast(b.alloca(ir.ArrayType(F32, QB), name="l"), F32.as_pointer())
+    Mb = b.bitcast(b.alloca(ir.ArrayType(F32, QBF), name="m"), F32.as_pointer())
+    Lb = b.bitcast(b.alloca(ir.ArrayType(F32, QBF * vl), name="l"), F32.as_pointer())
+
+    def lrow(b, i, r0):
+        return b.mul(b.sub(i, r0), c64(vl))
     iota = [ir.Constant(ir.VectorType(I32, vl), [j * vl + t for t in range(vl)])
             for j in range(NV)]
 
@@ -212,7 +254,7 @@ def emit_attention(g, k):
         return kstart, kend
 
     def item(b, c):
-        bh, r0, r1 = _row_block(b, c, nqb, Sq)
+        bh, r0, r1 = _row_block_of(b, c, nqb, Sq, QBF)
         qbase = b.mul(bh, c64(Sq * D))
         ktbase = b.mul(bh, c64(D * k.Skp))
         vbase = b.mul(bh, c64(Sk * D))
@@ -224,7 +266,7 @@ def emit_attention(g, k):
 
         def init(b, i):
             b.store(ir.Constant(F32, NEG_INF), b.gep(Mb, [b.sub(i, r0)], inbounds=True))
-            b.store(ir.Constant(F32, 0.0), b.gep(Lb, [b.sub(i, r0)], inbounds=True))
+            _vstore(b, Lb, lrow(b, i, r0), _fconst(vl, 0.0), vl)
             ob = b.add(qbase, b.mul(i, c64(D)))
             for d in range(DV):
                 _vstore(b, out, b.add(ob, c64(d * DW)), _fconst(DW, 0.0), DW)
@@ -243,7 +285,8 @@ def emit_attention(g, k):
         counted_loop(b, kstart, kend, KT, ktile, "kt")
 
         def fin(b, i):
-            den = b.load(b.gep(Lb, [b.sub(i, r0)], inbounds=True))
+            den = _hreduce(b, _vload(b, Lb, lrow(b, i, r0), vl), vl,
+                           lambda b, x, y: b.fadd(x, y))
             den = b.select(b.fcmp_ordered("==", den, ir.Constant(F32, 0.0)),
                            ir.Constant(F32, 1.0), den)
             inv = _splat(b, b.fdiv(ir.Constant(F32, 1.0), den), DW)
@@ -294,7 +337,7 @@ def emit_attention(g, k):
             tiles.append(ps)
             bms.append(_hreduce(b, mx, vl, _max))
         mp = [b.gep(Mb, [b.sub(rows[r], r0)], inbounds=True) for r in range(R)]
-        lp = [b.gep(Lb, [b.sub(rows[r], r0)], inbounds=True) for r in range(R)]
+        lp = [lrow(b, rows[r], r0) for r in range(R)]
         molds = [b.load(x) for x in mp]
         mnews = [_max(b, bm, mo) for bm, mo in zip(bms, molds)]
         mrefs = [b.select(b.fcmp_ordered("==", mn, ir.Constant(F32, NEG_INF)),
@@ -305,7 +348,7 @@ def emit_attention(g, k):
             x = b.fsub(molds[r], mrefs[r])
             diff = x if R == 1 else b.insert_element(diff, x, ir.Constant(I32, r))
         alphas = _exp_nonpos(b, diff, R)
-        l_olds = [b.load(x) for x in lp]     # before any store: clamped rows repeat
+        l_olds = [_vload(b, Lb, x, vl) for x in lp]   # before any store: clamped rows repeat
         out_alpha = []
         for r in range(R):
             alpha = alphas if R == 1 else b.extract_element(alphas, ir.Constant(I32, r))
@@ -314,9 +357,8 @@ def emit_attention(g, k):
             tot = es[0]
             for e in es[1:]:
                 tot = b.fadd(tot, e)
-            rs = _hreduce(b, tot, vl, lambda b, x, y: b.fadd(x, y))
             b.store(mnews[r], mp[r])
-            b.store(b.fadd(b.fmul(l_olds[r], alpha), rs), lp[r])
+            _vstore(b, Lb, lp[r], b.fadd(b.fmul(l_olds[r], _splat(b, alpha, vl)), tot), vl)
             out_alpha.append(alpha)
             for j in range(NV):
                 _vstore(b, Pf, c64(r * KT + j * vl), es[j], vl)
@@ -360,18 +402,9 @@ def emit_attention(g, k):
                 alphas.append(ph)
         else:
             alphas = softmax(b, j0, rows, r0, mbase, k.kind != "")
-        for r in range(R):                              # O = O * alpha, from `out`
-            av = _splat(b, alphas[r], DW)
-            ob = b.add(qbase, b.mul(rows[r], c64(D)))
-            for d in range(DV):
-                b.store(b.fmul(_vload(b, out, b.add(ob, c64(d * DW)), DW), av), O[r][d])
-        cn = _smin(b, c64(KT), b.sub(c64(Sk), j0))
-        _fma_rows(b, O, Pf, v, lambda b, c: b.add(vbase, b.mul(b.add(j0, c), c64(D))), cn, KT,
-                  DW)                                   # O += P v[j0 + c]
-        for r in range(R):
-            ob = b.add(qbase, b.mul(rows[r], c64(D)))
-            for d in range(DV):
-                _vstore(b, out, b.add(ob, c64(d * DW)), b.load(O[r][d]), DW)
+        cn = _smin(b, c64(KT), b.sub(c64(Sk), j0))     # O = O * alpha + P v[j0 + c]
+        _pv_rows(b, out, [b.add(qbase, b.mul(rows[r], c64(D))) for r in range(R)], alphas, Pf,
+                 v, lambda b, c: b.add(vbase, b.mul(b.add(j0, c), c64(D))), cn, KT, DW, DV, ACC)
 
     counted_loop(b, lo, hi, 1, item, "item")
     b.ret_void()

@@ -44,6 +44,7 @@ ENABLED = True        # tests switch the kernel off to compare with the expansio
 NV = 4                # score vectors per register-tile row: KT = NV * VL keys per key tile
 QB = 32               # query rows per parallel work item
 REG_BUDGET = {16: 16, 8: 8, 4: 8}   # vector registers for the O accumulators, by lane count
+FWD_R_MAX = 6         # most query rows per forward register tile
 FUSED_OPS = ("rlx.attention", "rlx.attention_lse", "rlx.attention_bwd")
 
 
@@ -65,6 +66,19 @@ def geometry(D: int, vl: int):
     regs = REG_BUDGET.get(vl, 8) * (vl // dw if dw < vl else 1)   # narrow vectors: more fit
     r = max(1, min(4, regs // max(dv, 1)))
     return dw, dv, r
+
+
+def fwd_geometry(D: int, vl: int):
+    """The forward kernel's tiles: (DW, DV, R, DC, QBF).  The scores (R x NV vectors)
+    and the P V accumulators (R x DC vectors, D in chunks of DC) are live in different
+    phases, so each phase gets the whole register file: R x NV + NV + 1 and
+    R x DC + DC + 1 vectors fit (32 zmm: R = 6, DC = 4; 16 ymm: R = 2, DC = 5); QBF
+    query rows per work item, a multiple of R near QB."""
+    dw, dv, _ = geometry(D, vl)
+    regs = 32 if vl == 16 else 16
+    r = max(1, min(FWD_R_MAX, (regs - NV - 1) // NV))
+    dc = max(1, min(dv, (regs - 1) // (r + 1)))
+    return dw, dv, r, dc, r * -(-QB // r)
 
 
 @dataclass(eq=False)
@@ -102,17 +116,18 @@ class AttentionKernel:
 
     @property
     def items(self) -> int:
-        return self.B * self.H * (-(-self.Sq // QB))
+        return self.B * self.H * (-(-self.Sq // fwd_geometry(self.D, self.vl)[4]))
 
     def format(self) -> str:
-        dw, dv, r = geometry(self.D, self.vl)
+        dw, dv, r, dc, qbf = fwd_geometry(self.D, self.vl)
         kt = NV * self.vl
         m = {"": "none", "causal": "causal", "sliding": f"sliding({self.window})",
              "tensor": f"tensor {self.mask!r} strides {self.mstrides}"}[self.kind]
         return "\n".join([
             f"kernel {self.name}  // {self.what}  (work {self.work})",
-            f"  parallel for item in [0, {self.items}):  // (bh, block of {QB} query rows)",
-            f"    flash attention tile {r} rows x {kt} keys, D={self.D} as {dv}x{dw} lanes,",
+            f"  parallel for item in [0, {self.items}):  // (bh, block of {qbf} query rows)",
+            f"    flash attention tile {r} rows x {kt} keys, D={self.D} as {dv}x{dw} lanes"
+            f" (P v in chunks of {dc}),",
             f"      q={self.q!r} kt={self.kt!r} (Skp={self.Skp}) v={self.v!r} -> {self.out!r},",
             f"      mask {m}, softcap {self.softcap}, Sq={self.Sq} Sk={self.Sk}"
             + (f", row logsumexp -> {self.lse!r}" if self.lse else "")])
@@ -214,5 +229,6 @@ def attention_kernels(bl, v, op, what, lse=None):
                             vl, work, work >= PAR_MIN_WORK, lse=lse))
 
 
-__all__ = ["AttentionKernel", "attention_kernels", "covers", "geometry", "operand_buffer",
+__all__ = ["AttentionKernel", "attention_kernels", "covers", "geometry", "fwd_geometry",
+           "operand_buffer",
            "mask_strides", "pack_transposed", "pack_key_tiles"]
