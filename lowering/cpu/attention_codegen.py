@@ -3,16 +3,17 @@
     AttentionKernel (shapes, buffers, mask kind)
           │ emit_attention
           ▼
-    void NAME.kN(f32* q, f32* kt, f32* v, f32* out, [i8* mask], i64 lo, i64 hi)
-        for item in [lo, hi):  bh, query block (ordered early/late alternately)
-          for register tile i0 (R rows, clamped to Sq - 1):
-            m, l, O[R][DV] = -inf, 0, 0                    (allocas -> SROA -> registers)
-            for j0 in [kstart, kend) step KT:
-              S = q[rows] . kt[:, j0:j0+KT]                FMA over d, R x NV vectors
+    void NAME.kN(f32* q, f32* kt, f32* v, f32* out, [i8* mask], [f32* lse], i64 lo, i64 hi)
+        for item in [lo, hi):  bh, query block r0..r1 of QBF rows (early/late alternately)
+          m[], l[][VL], out[r0:r1] = -inf, 0, 0            (m, l: stack arrays)
+          for j0 in [kstart, kend) step KT:                 one key tile, from L1
+            for register tile i0 (R rows, clamped to r1 - 1) that sees j0:
+              S = q[rows] . kt[tile j0]                    FMA over d, R x NV vectors
               masked? (diagonal / last tile / sliding / tensor): S = allowed ? S : -inf
               online softmax: P (stack), alpha = exp(m - m') as one R-lane vector
-              O = O * alpha + P . v[j0 : j0 + min(KT, Sk - j0)]
-            out[rows] = O / (l == 0 ? 1 : l)
+              out[rows] = out[rows] * alpha + P . v[j0 : j0 + min(KT, Sk - j0)]
+                                                           (_pv_rows: D in chunks of DC)
+          out[r0:r1] /= (l == 0 ? 1 : l);  [lse = m + log l]
 
 The exp here is Cephes expf's (as lowering/shared/mathlib.py) specialised to
 arguments <= 0: no overflow path, 2^n built directly from the rounding constant,

@@ -3,26 +3,35 @@
     rlx.attention(q, k, v [, mask]) {scale, softcap, kind, window}      f32, D >= 1, Sk >= 1
           │ attention_kernels (hook of schedule.Builder.build)
           ▼
-    LoopKernel  kt[bh, d, j] = j < Sk ? k[bh, j, d] * scale : 0     (B*H, D, Skp), Skp = Sk
-                                                                    rounded up to KT keys
-    AttentionKernel  parallel over items (bh, query block of QB rows):
-        for each register tile of R query rows i0..i0+R:
-            m[r] = -inf, l[r] = 0, O[r][:] = 0                (registers: SROA'd allocas)
-            for j0 in [kstart, kend) step KT:                 only key tiles the mask allows
-                S[r][:] = sum_d q[i0+r, d] * kt[d, j0:j0+KT]  (R x NV vectors of VL lanes, FMA)
-                S = softcap * tanh(S / softcap);  S = allowed ? S : -inf
-                mnew = max(m, rowmax S); mref = mnew == -inf ? 0 : mnew
-                P = exp(S - mref); alpha = exp(m - mref)
-                l = l * alpha + rowsum P;  O *= alpha;  m = mnew
-                O[r][:] += sum_{c < min(KT, Sk - j0)} P[r][c] * v[j0 + c, :]   (D in DV
-                                                                      vectors of DW lanes)
-            out[i0+r, :] = O[r] / (l == 0 ? 1 : l)            (fully masked row: zeros)
+    LoopKernel  kt[bh, t, d, c] = j < Sk ? k[bh, j, d] * scale : 0,  j = t*KT + c
+                                  (B*H, Skp/KT, D, KT): K^T tile by tile, each contiguous
+    AttentionKernel  parallel over items (bh, query block of QBF rows):
+        m[i] = -inf, l[i][:] = 0 (VL partial sums), out[i, :] = 0     for the block's rows
+        for j0 in [kstart, kend) step KT:                 key tiles the block's mask allows
+          for each register tile of R query rows i0..i0+R that sees tile j0:
+            S[r][:] = sum_d q[i0+r, d] * kt[j0 tile][d, :]   (R x NV vectors of VL lanes, FMA)
+            S = softcap * tanh(S / softcap);  S = allowed ? S : -inf   (edge tiles only)
+            mnew = max(m, rowmax S); mref = mnew == -inf ? 0 : mnew
+            P = exp(S - mref); alpha = exp(m - mref)
+            l = l * alpha + (sum of P's NV vectors);  m = mnew
+            out[i0+r, :] = out * alpha + sum_{c < min(KT, Sk - j0)} P[r][c] * v[j0 + c, :]
+                                              (D in DV vectors of DW lanes, chunks of DC)
+        out[i, :] /= (L == 0 ? 1 : L), L = sum of l[i]'s lanes     (fully masked row: zeros)
 
+The key-tile loop is outside the register tiles so that one tile of K^T and of v
+(2 x D x KT floats, 32 KiB at D = 64 on AVX-512) is read from L1 by the block's
+QBF / R register tiles instead of from L2 by each; a (D, Skp) K^T would put a tile's
+D rows Skp floats apart, on a few L1 sets.  The scores (R x NV accumulators) and the
+P v accumulators (R x DC) are live in different phases, so each phase has the whole
+register file (fwd_geometry: 6 rows x 4 zmm on AVX-512, 2 rows on AVX2); the block's
+O lives in `out` (loaded and stored once per register tile and key tile: R x DV
+vectors against R x KT x D multiply-adds each way).
 The scores live only as one R x KT tile in registers and a KT-float row of P
 per query row on the stack; nothing of size Sq x Sk exists.  Key tiles that
 the causal or sliding rule masks entirely are never visited (kstart/kend per
-register tile).  The last register tile of a block clamps its rows to Sq - 1
-(it recomputes and rewrites that row with the same value), the last key tile
+register tile).  The last register tile of a block clamps its rows to the block's
+last row (it recomputes and rewrites that row with the same value: every row's
+state is loaded before any is stored), the last key tile
 masks keys >= Sk (kt is zero-padded, v rows past Sk are never read).  NaN
 scores propagate through P to the row's output; a NaN in v under a masked-out
 or skipped key does not reach the output (torch's flash kernel does the same).
