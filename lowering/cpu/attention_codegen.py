@@ -25,7 +25,7 @@ import math
 
 import llvmlite.ir as ir
 
-from rlxc.lowering.cpu.attention_kernel import NV, QB, fwd_geometry, geometry
+from rlxc.lowering.cpu.attention_kernel import NV, QB, fwd_geometry
 from rlxc.lowering.cpu.sgemm_kernels import counted_loop
 
 
