@@ -217,7 +217,7 @@ def emit_attention(g, k):
     DW, DV, R, DC, QBF = fwd_geometry(D, vl)
     nqb = -(-Sq // QBF)
     args = [F32.as_pointer()] * 4 + ([I8.as_pointer()] if k.mask else []) + \
-        ([F32.as_pointer()] if k.lse else []) + [I64, I64]
+        ([F32.as_pointer()] if k.lse else []) + ([F32.as_pointer()] if k.ctr else []) + [I64, I64]
     fn = ir.Function(g.m, ir.FunctionType(ir.VoidType(), args), f"{g.sym}.{k.name}")
     fn.linkage = "internal"
     fn.attributes.add("nounwind")
@@ -226,7 +226,8 @@ def emit_attention(g, k):
             a.add_attribute("noalias")
     q, kt, v, out = fn.args[:4]
     mask = fn.args[4] if k.mask else None
-    lse = fn.args[-3] if k.lse else None
+    lse = fn.args[4 + bool(k.mask)] if k.lse else None
+    ctr = fn.args[-3] if k.ctr else None
     lo, hi = fn.args[-2], fn.args[-1]
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     # register-tile state: one alloca per vector (SROA turns them into phis); the
@@ -407,9 +408,30 @@ def emit_attention(g, k):
         _pv_rows(b, out, [b.add(qbase, b.mul(rows[r], c64(D))) for r in range(R)], alphas, Pf,
                  v, lambda b, c: b.add(vbase, b.mul(b.add(j0, c), c64(D))), cn, KT, DW, DV, ACC)
 
-    counted_loop(b, lo, hi, 1, item, "item")
+    if ctr is None:
+        counted_loop(b, lo, hi, 1, item, "item")
+    else:
+        _claim_loop(b, b.bitcast(ctr, I64.as_pointer()), k.items, item)
     b.ret_void()
     return fn
+
+
+def _claim_loop(b, ctr, n, body):
+    """while ((c = atomic ctr++) < n) body(c): every thread of the team claims items from
+    one counter (its static [lo, hi) is ignored), so a thread the OS preempts, or one that
+    drew the costly causal blocks, leaves the rest to the others."""
+    fn = b.function
+    head = fn.append_basic_block("claim.head")
+    loop = fn.append_basic_block("claim.body")
+    done = fn.append_basic_block("claim.done")
+    b.branch(head)
+    b.position_at_end(head)
+    c = b.atomic_rmw("add", ctr, c64(1), "monotonic")
+    b.cbranch(b.icmp_signed("<", c, c64(n)), loop, done)
+    b.position_at_end(loop)
+    body(b, c)
+    b.branch(head)
+    b.position_at_end(done)
 
 
 # the vector helpers attention_bwd_codegen.py shares, under public names

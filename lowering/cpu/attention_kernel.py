@@ -35,8 +35,10 @@ state is loaded before any is stored), the last key tile
 masks keys >= Sk (kt is zero-padded, v rows past Sk are never read).  NaN
 scores propagate through P to the row's output; a NaN in v under a masked-out
 or skipped key does not reach the output (torch's flash kernel does the same).
-Work items are ordered so that each thread's static range mixes early and
-late query blocks (causal rows differ in cost).  Shapes and dtypes the kernel
+Work items are ordered so that early and late query blocks alternate (causal
+rows differ in cost); above PAR_MIN_WORK the team claims them one at a time from
+a counter in the workspace (zeroed by a loop kernel before each call), so a
+thread the OS preempts on a busy machine does not hold up the call.  Shapes and dtypes the kernel
 does not cover (f64, D = 0, Sk = 0) keep dialect/attention.py's expansion;
 the GPU always uses the expansion.  This file plans the kernel (the schedule
 hook and AttentionKernel); attention_codegen.py emits its LLVM IR.
@@ -114,6 +116,7 @@ class AttentionKernel:
     parallel: bool = True
     extra: list = field(default_factory=list)
     lse: Buffer | None = None   # also write L = rowmax + log(rowsum) (rlx.attention_lse)
+    ctr: Buffer | None = None   # the team's work counter (8 bytes, zeroed before the kernel)
 
     @property
     def outputs(self):
@@ -121,7 +124,7 @@ class AttentionKernel:
 
     def buffers(self) -> list:
         return [self.q, self.kt, self.v, self.out] + ([self.mask] if self.mask else []) + \
-            ([self.lse] if self.lse else [])
+            ([self.lse] if self.lse else []) + ([self.ctr] if self.ctr else [])
 
     @property
     def items(self) -> int:
@@ -134,7 +137,8 @@ class AttentionKernel:
              "tensor": f"tensor {self.mask!r} strides {self.mstrides}"}[self.kind]
         return "\n".join([
             f"kernel {self.name}  // {self.what}  (work {self.work})",
-            f"  parallel for item in [0, {self.items}):  // (bh, block of {qbf} query rows)",
+            f"  parallel for item in [0, {self.items}){' claimed one by one' if self.ctr else ''}"
+            f":  // (bh, block of {qbf} query rows)",
             f"    flash attention tile {r} rows x {kt} keys, D={self.D} as {dv}x{dw} lanes"
             f" (P v in chunks of {dc}),",
             f"      q={self.q!r} kt={self.kt!r} (Skp={self.Skp}) v={self.v!r} -> {self.out!r},",
@@ -233,9 +237,14 @@ def attention_kernels(bl, v, op, what, lse=None):
     work = 4 * B * H * Sq * eff * D
     out = bl.bufs[v] if v is not None else \
         bl._buf(f"t{len(bl.buffers)}", "temp", "f32", B * H * Sq * D)   # L alone: O is scratch
+    ctr = None
+    if work >= PAR_MIN_WORK:   # the team claims items from a shared counter (dynamic)
+        ctr = bl._buf(f"t{len(bl.buffers)}", "temp", "f32", 2)
+        bl.map_kernel(f"{what}: work counter = 0", (2,), ctr, lambda g, idx: Const(0.0),
+                      parallel_ok=False, tag="copy")
     bl._add(AttentionKernel(bl._kname("attention"), what, qb, kt, vb, out, mb, mstr, B, H, Sq,
                             Sk, D, Skp, float(p["softcap"] or 0.0), p["kind"], int(p["window"]),
-                            vl, work, work >= PAR_MIN_WORK, lse=lse))
+                            vl, work, work >= PAR_MIN_WORK, lse=lse, ctr=ctr))
 
 
 __all__ = ["AttentionKernel", "attention_kernels", "covers", "geometry", "fwd_geometry",
