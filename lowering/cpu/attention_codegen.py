@@ -3,16 +3,17 @@
     AttentionKernel (shapes, buffers, mask kind)
           │ emit_attention
           ▼
-    void NAME.kN(f32* q, f32* kt, f32* v, f32* out, [i8* mask], i64 lo, i64 hi)
-        for item in [lo, hi):  bh, query block (ordered early/late alternately)
-          for register tile i0 (R rows, clamped to Sq - 1):
-            m, l, O[R][DV] = -inf, 0, 0                    (allocas -> SROA -> registers)
-            for j0 in [kstart, kend) step KT:
-              S = q[rows] . kt[:, j0:j0+KT]                FMA over d, R x NV vectors
+    void NAME.kN(f32* q, f32* kt, f32* v, f32* out, [i8* mask], [f32* lse], i64 lo, i64 hi)
+        for item in [lo, hi):  bh, query block r0..r1 of QBF rows (early/late alternately)
+          m[], l[][VL], out[r0:r1] = -inf, 0, 0            (m, l: stack arrays)
+          for j0 in [kstart, kend) step KT:                 one key tile, from L1
+            for register tile i0 (R rows, clamped to r1 - 1) that sees j0:
+              S = q[rows] . kt[tile j0]                    FMA over d, R x NV vectors
               masked? (diagonal / last tile / sliding / tensor): S = allowed ? S : -inf
               online softmax: P (stack), alpha = exp(m - m') as one R-lane vector
-              O = O * alpha + P . v[j0 : j0 + min(KT, Sk - j0)]
-            out[rows] = O / (l == 0 ? 1 : l)
+              out[rows] = out[rows] * alpha + P . v[j0 : j0 + min(KT, Sk - j0)]
+                                                           (_pv_rows: D in chunks of DC)
+          out[r0:r1] /= (l == 0 ? 1 : l);  [lse = m + log l]
 
 The exp here is Cephes expf's (as lowering/shared/mathlib.py) specialised to
 arguments <= 0: no overflow path, 2^n built directly from the rounding constant,
@@ -24,7 +25,7 @@ import math
 
 import llvmlite.ir as ir
 
-from rlxc.lowering.cpu.attention_kernel import NV, QB, geometry
+from rlxc.lowering.cpu.attention_kernel import NV, QB, fwd_geometry
 from rlxc.lowering.cpu.sgemm_kernels import counted_loop
 
 
@@ -102,6 +103,17 @@ def _row_block(b, c, nb, n):
     return bh, r0, _smin(b, b.add(r0, c64(QB)), c64(n))
 
 
+def _row_block_of(b, c, nb, n, qb):
+    """_row_block with blocks of qb rows (the forward's QBF)."""
+    bh = b.sdiv(c, c64(nb))
+    t = b.srem(c, c64(nb))
+    half = b.sdiv(t, c64(2))
+    even = b.icmp_signed("==", b.srem(t, c64(2)), c64(0))
+    blk = b.select(even, half, b.sub(c64(nb - 1), half))
+    r0 = b.mul(blk, c64(qb))
+    return bh, r0, _smin(b, b.add(r0, c64(qb)), c64(n))
+
+
 def _vload(b, base, off, w):
     p = b.gep(base, [off], inbounds=True)
     if w == 1:
@@ -172,13 +184,40 @@ def _fma_rows(b, acc, w, src, row, cn, KT, DW):
     counted_loop(b, c64(0), cn, 1, body, "c")
 
 
+def _pv_rows(b, out, obase, alphas, P, v, vrow, cn, KT, DW, DV, ACC):
+    """out[obase[r] + d] = out[...] * alpha[r] + sum_{c < cn} P[r * KT + c] v[vrow(c) + d]
+    for the R rows, D in chunks of DC vectors: ACC, R x DC entry-block allocas (SROA
+    turns them into registers), c ascending."""
+    R, DC = len(obase), len(ACC[0])
+    for d0 in range(0, DV, DC):
+        ds = range(d0, min(DV, d0 + DC))
+        acc = [ACC[r][:len(ds)] for r in range(R)]
+        for r in range(R):
+            av = _splat(b, alphas[r], DW)
+            for a, d in zip(acc[r], ds):
+                b.store(b.fmul(_vload(b, out, b.add(obase[r], c64(d * DW)), DW), av), a)
+
+        def body(b, c, acc=acc, ds=ds):
+            base = vrow(b, c)
+            xs = [_vload(b, v, b.add(base, c64(d * DW)), DW) for d in ds]
+            for r in range(R):
+                ws = _splat(b, b.load(b.gep(P, [b.add(c, c64(r * KT))], inbounds=True),
+                                      align=4), DW)
+                for d, a in enumerate(acc[r]):
+                    b.store(_fma(b, ws, xs[d], b.load(a)), a)
+        counted_loop(b, c64(0), cn, 1, body, "c")
+        for r in range(R):
+            for a, d in zip(acc[r], ds):
+                _vstore(b, out, b.add(obase[r], c64(d * DW)), b.load(a), DW)
+
+
 def emit_attention(g, k):
-    vl, D, Sq, Sk, Skp = k.vl, k.D, k.Sq, k.Sk, k.Skp
+    vl, D, Sq, Sk = k.vl, k.D, k.Sq, k.Sk
     KT = NV * vl
-    DW, DV, R = geometry(D, vl)
-    nqb = -(-Sq // QB)
+    DW, DV, R, DC, QBF = fwd_geometry(D, vl)
+    nqb = -(-Sq // QBF)
     args = [F32.as_pointer()] * 4 + ([I8.as_pointer()] if k.mask else []) + \
-        ([F32.as_pointer()] if k.lse else []) + [I64, I64]
+        ([F32.as_pointer()] if k.lse else []) + ([F32.as_pointer()] if k.ctr else []) + [I64, I64]
     fn = ir.Function(g.m, ir.FunctionType(ir.VoidType(), args), f"{g.sym}.{k.name}")
     fn.linkage = "internal"
     fn.attributes.add("nounwind")
@@ -187,63 +226,87 @@ def emit_attention(g, k):
             a.add_attribute("noalias")
     q, kt, v, out = fn.args[:4]
     mask = fn.args[4] if k.mask else None
-    lse = fn.args[-3] if k.lse else None
+    lse = fn.args[4 + bool(k.mask)] if k.lse else None
+    ctr = fn.args[-3] if k.ctr else None
     lo, hi = fn.args[-2], fn.args[-1]
     b = ir.IRBuilder(fn.append_basic_block("entry"))
-    # register-tile state: one alloca per scalar/vector (SROA turns them into phis)
-    O = [[b.alloca(_vt(DW), name=f"o{r}_{d}") for d in range(DV)] for r in range(R)]
-    M = [b.alloca(F32, name=f"m{r}") for r in range(R)]
-    L = [b.alloca(F32, name=f"l{r}") for r in range(R)]
+    # register-tile state: one alloca per vector (SROA turns them into phis); the
+    # block's m (QBF rows) and l (QBF rows of VL partial sums) on the stack, its O
+    # accumulators in `out` itself
     S = [[b.alloca(_vt(vl), name=f"s{r}_{j}") for j in range(NV)] for r in range(R)]
+    ACC = [[b.alloca(_vt(DW), name=f"o{r}_{d}") for d in range(DC)] for r in range(R)]
     P = b.alloca(ir.ArrayType(F32, R * KT), name="p")
     Pf = b.bitcast(P, F32.as_pointer())
+    Mb = b.bitcast(b.alloca(ir.ArrayType(F32, QBF), name="m"), F32.as_pointer())
+    Lb = b.bitcast(b.alloca(ir.ArrayType(F32, QBF * vl), name="l"), F32.as_pointer())
+
+    def lrow(b, i, r0):
+        return b.mul(b.sub(i, r0), c64(vl))
     iota = [ir.Constant(ir.VectorType(I32, vl), [j * vl + t for t in range(vl)])
             for j in range(NV)]
 
+    def key_range(b, i0, last):
+        """[kstart, kend) of the keys rows i0..last may see (kstart a multiple of KT)."""
+        kstart, kend = c64(0), c64(Sk)
+        if k.kind in ("causal", "sliding"):
+            kend = _smin(b, b.add(last, c64(1)), c64(Sk))
+        if k.kind == "sliding":
+            s0 = _smax(b, b.sub(i0, c64(k.window - 1)), c64(0))
+            kstart = b.mul(b.sdiv(s0, c64(KT)), c64(KT))
+        return kstart, kend
+
     def item(b, c):
-        bh, r0, r1 = _row_block(b, c, nqb, Sq)
+        bh, r0, r1 = _row_block_of(b, c, nqb, Sq, QBF)
         qbase = b.mul(bh, c64(Sq * D))
-        ktbase = b.mul(bh, c64(D * Skp))
+        ktbase = b.mul(bh, c64(D * k.Skp))
         vbase = b.mul(bh, c64(Sk * D))
         mbase = None
         if mask is not None:
             sb, sh, _, _ = k.mstrides
             mbase = b.add(b.mul(b.sdiv(bh, c64(k.H)), c64(sb)),
                           b.mul(b.srem(bh, c64(k.H)), c64(sh)))
-        counted_loop(b, r0, r1, R, lambda b, i0: tile(b, i0, qbase, ktbase, vbase, mbase), "rt")
 
-    def tile(b, i0, qbase, ktbase, vbase, mbase):
-        rows = [_smin(b, b.add(i0, c64(r)), c64(Sq - 1)) for r in range(R)]
-        for r in range(R):
+        def init(b, i):
+            b.store(ir.Constant(F32, NEG_INF), b.gep(Mb, [b.sub(i, r0)], inbounds=True))
+            _vstore(b, Lb, lrow(b, i, r0), _fconst(vl, 0.0), vl)
+            ob = b.add(qbase, b.mul(i, c64(D)))
             for d in range(DV):
-                b.store(_fconst(DW, 0.0), O[r][d])
-            b.store(ir.Constant(F32, NEG_INF), M[r])
-            b.store(ir.Constant(F32, 0.0), L[r])
-        kstart, kend = c64(0), c64(Sk)
-        if k.kind in ("causal", "sliding"):
-            kend = _smin(b, b.add(i0, c64(R)), c64(Sk))
-        if k.kind == "sliding":
-            s0 = _smax(b, b.sub(i0, c64(k.window - 1)), c64(0))
-            kstart = b.mul(b.sdiv(s0, c64(KT)), c64(KT))
-        counted_loop(b, kstart, kend, KT,
-                     lambda b, j0: keys(b, j0, rows, qbase, ktbase, vbase, mbase), "kt")
-        for r in range(R):
-            den = b.load(L[r])
+                _vstore(b, out, b.add(ob, c64(d * DW)), _fconst(DW, 0.0), DW)
+        counted_loop(b, r0, r1, 1, init, "ri")
+        last = b.sub(r1, c64(1))
+        kstart, kend = key_range(b, r0, last)
+
+        def ktile(b, j0):      # one key tile (L1-resident) for every register tile of the block
+            def rtile(b, i0):
+                rows = [_smin(b, b.add(i0, c64(r)), last) for r in range(R)]
+                ks, ke = key_range(b, i0, rows[-1])
+                go = b.and_(b.icmp_signed("<", j0, ke), b.icmp_signed(">=", j0, ks))
+                with b.if_then(go):
+                    tile(b, j0, rows, r0, qbase, ktbase, vbase, mbase)
+            counted_loop(b, r0, r1, R, rtile, "rt")
+        counted_loop(b, kstart, kend, KT, ktile, "kt")
+
+        def fin(b, i):
+            den = _hreduce(b, _vload(b, Lb, lrow(b, i, r0), vl), vl,
+                           lambda b, x, y: b.fadd(x, y))
             den = b.select(b.fcmp_ordered("==", den, ir.Constant(F32, 0.0)),
                            ir.Constant(F32, 1.0), den)
             inv = _splat(b, b.fdiv(ir.Constant(F32, 1.0), den), DW)
-            ob = b.add(qbase, b.mul(rows[r], c64(D)))
+            ob = b.add(qbase, b.mul(i, c64(D)))
             if lse is not None:   # L = m + log(l): a fully masked row (m -inf, l 0) gives 0
-                m = b.load(M[r])
+                m = b.load(b.gep(Mb, [b.sub(i, r0)], inbounds=True))
                 m = b.select(b.fcmp_ordered("==", m, ir.Constant(F32, NEG_INF)),
                              ir.Constant(F32, 0.0), m)
                 b.store(b.fadd(m, _unary(b, "log", den)),
-                        b.gep(lse, [b.add(b.sdiv(qbase, c64(D)), rows[r])], inbounds=True))
+                        b.gep(lse, [b.add(b.sdiv(qbase, c64(D)), i)], inbounds=True))
             for d in range(DV):
-                _vstore(b, out, b.add(ob, c64(d * DW)), b.fmul(b.load(O[r][d]), inv), DW)
+                o = b.add(ob, c64(d * DW))
+                _vstore(b, out, o, b.fmul(_vload(b, out, o, DW), inv), DW)
+        counted_loop(b, r0, r1, 1, fin, "rf")
 
-    def softmax(b, j0, rows, mbase, masked):
-        """Online softmax of the R x KT score tile in S: P to the stack, m, l, O rescaled."""
+    def softmax(b, j0, rows, r0, mbase, masked):
+        """Online softmax of the R x KT score tile in S: P to the stack, m and l updated;
+        returns the R rows' rescale factors alpha."""
         ninf = _fconst(vl, NEG_INF)
         jv = [b.add(_splat(b, b.trunc(j0, I32), vl), iota[j]) for j in range(NV)] \
             if masked else None
@@ -275,7 +338,9 @@ def emit_attention(g, k):
                 mx = _max(b, mx, x)
             tiles.append(ps)
             bms.append(_hreduce(b, mx, vl, _max))
-        molds = [b.load(M[r]) for r in range(R)]
+        mp = [b.gep(Mb, [b.sub(rows[r], r0)], inbounds=True) for r in range(R)]
+        lp = [lrow(b, rows[r], r0) for r in range(R)]
+        molds = [b.load(x) for x in mp]
         mnews = [_max(b, bm, mo) for bm, mo in zip(bms, molds)]
         mrefs = [b.select(b.fcmp_ordered("==", mn, ir.Constant(F32, NEG_INF)),
                           ir.Constant(F32, 0.0), mn) for mn in mnews]
@@ -285,6 +350,8 @@ def emit_attention(g, k):
             x = b.fsub(molds[r], mrefs[r])
             diff = x if R == 1 else b.insert_element(diff, x, ir.Constant(I32, r))
         alphas = _exp_nonpos(b, diff, R)
+        l_olds = [_vload(b, Lb, x, vl) for x in lp]   # before any store: clamped rows repeat
+        out_alpha = []
         for r in range(R):
             alpha = alphas if R == 1 else b.extract_element(alphas, ir.Constant(I32, r))
             mv = _splat(b, mrefs[r], vl)
@@ -292,25 +359,24 @@ def emit_attention(g, k):
             tot = es[0]
             for e in es[1:]:
                 tot = b.fadd(tot, e)
-            rs = _hreduce(b, tot, vl, lambda b, x, y: b.fadd(x, y))
-            b.store(b.fadd(b.fmul(b.load(L[r]), alpha), rs), L[r])
-            b.store(mnews[r], M[r])
-            av = _splat(b, alpha, DW)
-            for d in range(DV):
-                b.store(b.fmul(b.load(O[r][d]), av), O[r][d])
+            b.store(mnews[r], mp[r])
+            _vstore(b, Lb, lp[r], b.fadd(b.fmul(l_olds[r], _splat(b, alpha, vl)), tot), vl)
+            out_alpha.append(alpha)
             for j in range(NV):
                 _vstore(b, Pf, c64(r * KT + j * vl), es[j], vl)
+        return out_alpha
 
-    def keys(b, j0, rows, qbase, ktbase, vbase, mbase):
-        # scores: S[r][j] = sum_d q[row r, d] * kt[d, j0 + j*VL : +VL]
+    def tile(b, j0, rows, r0, qbase, ktbase, vbase, mbase):
+        # scores: S[r][j] = sum_d q[row r, d] * kt[tile j0][d, j*VL : +VL]
         zero = _fconst(vl, 0.0)
         for r in range(R):
             for j in range(NV):
                 b.store(zero, S[r][j])
         qrow = [b.add(qbase, b.mul(rows[r], c64(D))) for r in range(R)]
+        kt0 = b.add(ktbase, b.mul(j0, c64(D)))      # K^T is packed tile by tile
 
         def dot(b, d):
-            kb = b.add(b.add(ktbase, b.mul(d, c64(Skp))), j0)
+            kb = b.add(kt0, b.mul(d, c64(KT)))
             kv = [_vload(b, kt, b.add(kb, c64(j * vl)), vl) for j in range(NV)]
             for r in range(R):
                 qs = _splat(b, b.load(b.gep(q, [b.add(qrow[r], d)], inbounds=True), align=4), vl)
@@ -325,18 +391,47 @@ def emit_attention(g, k):
                 need = b.or_(need, b.icmp_signed(">", b.add(j0, c64(KT - 1)), i0))
             with b.if_else(need, likely=False) as (masked, plain):
                 with masked:
-                    softmax(b, j0, rows, mbase, True)
+                    am = softmax(b, j0, rows, r0, mbase, True)
+                    bm = b.block
                 with plain:
-                    softmax(b, j0, rows, mbase, False)
+                    ap = softmax(b, j0, rows, r0, mbase, False)
+                    bp = b.block
+            alphas = []
+            for x, y in zip(am, ap):
+                ph = b.phi(F32)
+                ph.add_incoming(x, bm)
+                ph.add_incoming(y, bp)
+                alphas.append(ph)
         else:
-            softmax(b, j0, rows, mbase, k.kind != "")
-        cn = _smin(b, c64(KT), b.sub(c64(Sk), j0))
-        _fma_rows(b, O, Pf, v, lambda b, c: b.add(vbase, b.mul(b.add(j0, c), c64(D))), cn, KT,
-                  DW)                                   # O += P v[j0 + c]
+            alphas = softmax(b, j0, rows, r0, mbase, k.kind != "")
+        cn = _smin(b, c64(KT), b.sub(c64(Sk), j0))     # O = O * alpha + P v[j0 + c]
+        _pv_rows(b, out, [b.add(qbase, b.mul(rows[r], c64(D))) for r in range(R)], alphas, Pf,
+                 v, lambda b, c: b.add(vbase, b.mul(b.add(j0, c), c64(D))), cn, KT, DW, DV, ACC)
 
-    counted_loop(b, lo, hi, 1, item, "item")
+    if ctr is None:
+        counted_loop(b, lo, hi, 1, item, "item")
+    else:
+        _claim_loop(b, b.bitcast(ctr, I64.as_pointer()), k.items, item)
     b.ret_void()
     return fn
+
+
+def _claim_loop(b, ctr, n, body):
+    """while ((c = atomic ctr++) < n) body(c): every thread of the team claims items from
+    one counter (its static [lo, hi) is ignored), so a thread the OS preempts, or one that
+    drew the costly causal blocks, leaves the rest to the others."""
+    fn = b.function
+    head = fn.append_basic_block("claim.head")
+    loop = fn.append_basic_block("claim.body")
+    done = fn.append_basic_block("claim.done")
+    b.branch(head)
+    b.position_at_end(head)
+    c = b.atomic_rmw("add", ctr, c64(1), "monotonic")
+    b.cbranch(b.icmp_signed("<", c, c64(n)), loop, done)
+    b.position_at_end(loop)
+    body(b, c)
+    b.branch(head)
+    b.position_at_end(done)
 
 
 # the vector helpers attention_bwd_codegen.py shares, under public names

@@ -3,31 +3,42 @@
     rlx.attention(q, k, v [, mask]) {scale, softcap, kind, window}      f32, D >= 1, Sk >= 1
           │ attention_kernels (hook of schedule.Builder.build)
           ▼
-    LoopKernel  kt[bh, d, j] = j < Sk ? k[bh, j, d] * scale : 0     (B*H, D, Skp), Skp = Sk
-                                                                    rounded up to KT keys
-    AttentionKernel  parallel over items (bh, query block of QB rows):
-        for each register tile of R query rows i0..i0+R:
-            m[r] = -inf, l[r] = 0, O[r][:] = 0                (registers: SROA'd allocas)
-            for j0 in [kstart, kend) step KT:                 only key tiles the mask allows
-                S[r][:] = sum_d q[i0+r, d] * kt[d, j0:j0+KT]  (R x NV vectors of VL lanes, FMA)
-                S = softcap * tanh(S / softcap);  S = allowed ? S : -inf
-                mnew = max(m, rowmax S); mref = mnew == -inf ? 0 : mnew
-                P = exp(S - mref); alpha = exp(m - mref)
-                l = l * alpha + rowsum P;  O *= alpha;  m = mnew
-                O[r][:] += sum_{c < min(KT, Sk - j0)} P[r][c] * v[j0 + c, :]   (D in DV
-                                                                      vectors of DW lanes)
-            out[i0+r, :] = O[r] / (l == 0 ? 1 : l)            (fully masked row: zeros)
+    LoopKernel  kt[bh, t, d, c] = j < Sk ? k[bh, j, d] * scale : 0,  j = t*KT + c
+                                  (B*H, Skp/KT, D, KT): K^T tile by tile, each contiguous
+    AttentionKernel  parallel over items (bh, query block of QBF rows):
+        m[i] = -inf, l[i][:] = 0 (VL partial sums), out[i, :] = 0     for the block's rows
+        for j0 in [kstart, kend) step KT:                 key tiles the block's mask allows
+          for each register tile of R query rows i0..i0+R that sees tile j0:
+            S[r][:] = sum_d q[i0+r, d] * kt[j0 tile][d, :]   (R x NV vectors of VL lanes, FMA)
+            S = softcap * tanh(S / softcap);  S = allowed ? S : -inf   (edge tiles only)
+            mnew = max(m, rowmax S); mref = mnew == -inf ? 0 : mnew
+            P = exp(S - mref); alpha = exp(m - mref)
+            l = l * alpha + (sum of P's NV vectors);  m = mnew
+            out[i0+r, :] = out * alpha + sum_{c < min(KT, Sk - j0)} P[r][c] * v[j0 + c, :]
+                                              (D in DV vectors of DW lanes, chunks of DC)
+        out[i, :] /= (L == 0 ? 1 : L), L = sum of l[i]'s lanes     (fully masked row: zeros)
 
+The key-tile loop is outside the register tiles so that one tile of K^T and of v
+(2 x D x KT floats, 32 KiB at D = 64 on AVX-512) is read from L1 by the block's
+QBF / R register tiles instead of from L2 by each; a (D, Skp) K^T would put a tile's
+D rows Skp floats apart, on a few L1 sets.  The scores (R x NV accumulators) and the
+P v accumulators (R x DC) are live in different phases, so each phase has the whole
+register file (fwd_geometry: 6 rows x 4 zmm on AVX-512, 2 rows on AVX2); the block's
+O lives in `out` (loaded and stored once per register tile and key tile: R x DV
+vectors against R x KT x D multiply-adds each way).
 The scores live only as one R x KT tile in registers and a KT-float row of P
 per query row on the stack; nothing of size Sq x Sk exists.  Key tiles that
 the causal or sliding rule masks entirely are never visited (kstart/kend per
-register tile).  The last register tile of a block clamps its rows to Sq - 1
-(it recomputes and rewrites that row with the same value), the last key tile
+register tile).  The last register tile of a block clamps its rows to the block's
+last row (it recomputes and rewrites that row with the same value: every row's
+state is loaded before any is stored), the last key tile
 masks keys >= Sk (kt is zero-padded, v rows past Sk are never read).  NaN
 scores propagate through P to the row's output; a NaN in v under a masked-out
 or skipped key does not reach the output (torch's flash kernel does the same).
-Work items are ordered so that each thread's static range mixes early and
-late query blocks (causal rows differ in cost).  Shapes and dtypes the kernel
+Work items are ordered so that early and late query blocks alternate (causal
+rows differ in cost); above PAR_MIN_WORK the team claims them one at a time from
+a counter in the workspace (zeroed by a loop kernel before each call), so a
+thread the OS preempts on a busy machine does not hold up the call.  Shapes and dtypes the kernel
 does not cover (f64, D = 0, Sk = 0) keep dialect/attention.py's expansion;
 the GPU always uses the expansion.  This file plans the kernel (the schedule
 hook and AttentionKernel); attention_codegen.py emits its LLVM IR.
@@ -44,6 +55,7 @@ ENABLED = True        # tests switch the kernel off to compare with the expansio
 NV = 4                # score vectors per register-tile row: KT = NV * VL keys per key tile
 QB = 32               # query rows per parallel work item
 REG_BUDGET = {16: 16, 8: 8, 4: 8}   # vector registers for the O accumulators, by lane count
+FWD_R_MAX = 6         # most query rows per forward register tile
 FUSED_OPS = ("rlx.attention", "rlx.attention_lse", "rlx.attention_bwd")
 
 
@@ -65,6 +77,19 @@ def geometry(D: int, vl: int):
     regs = REG_BUDGET.get(vl, 8) * (vl // dw if dw < vl else 1)   # narrow vectors: more fit
     r = max(1, min(4, regs // max(dv, 1)))
     return dw, dv, r
+
+
+def fwd_geometry(D: int, vl: int):
+    """The forward kernel's tiles: (DW, DV, R, DC, QBF).  The scores (R x NV vectors)
+    and the P V accumulators (R x DC vectors, D in chunks of DC) are live in different
+    phases, so each phase gets the whole register file: R x NV + NV + 1 and
+    R x DC + DC + 1 vectors fit (32 zmm: R = 6, DC = 4; 16 ymm: R = 2, DC = 5); QBF
+    query rows per work item, a multiple of R near QB."""
+    dw, dv, _ = geometry(D, vl)
+    regs = 32 if vl == 16 else 16
+    r = max(1, min(FWD_R_MAX, (regs - NV - 1) // NV))
+    dc = max(1, min(dv, (regs - 1) // (r + 1)))
+    return dw, dv, r, dc, r * -(-QB // r)
 
 
 @dataclass(eq=False)
@@ -91,6 +116,7 @@ class AttentionKernel:
     parallel: bool = True
     extra: list = field(default_factory=list)
     lse: Buffer | None = None   # also write L = rowmax + log(rowsum) (rlx.attention_lse)
+    ctr: Buffer | None = None   # the team's work counter (8 bytes, zeroed before the kernel)
 
     @property
     def outputs(self):
@@ -98,21 +124,23 @@ class AttentionKernel:
 
     def buffers(self) -> list:
         return [self.q, self.kt, self.v, self.out] + ([self.mask] if self.mask else []) + \
-            ([self.lse] if self.lse else [])
+            ([self.lse] if self.lse else []) + ([self.ctr] if self.ctr else [])
 
     @property
     def items(self) -> int:
-        return self.B * self.H * (-(-self.Sq // QB))
+        return self.B * self.H * (-(-self.Sq // fwd_geometry(self.D, self.vl)[4]))
 
     def format(self) -> str:
-        dw, dv, r = geometry(self.D, self.vl)
+        dw, dv, r, dc, qbf = fwd_geometry(self.D, self.vl)
         kt = NV * self.vl
         m = {"": "none", "causal": "causal", "sliding": f"sliding({self.window})",
              "tensor": f"tensor {self.mask!r} strides {self.mstrides}"}[self.kind]
         return "\n".join([
             f"kernel {self.name}  // {self.what}  (work {self.work})",
-            f"  parallel for item in [0, {self.items}):  // (bh, block of {QB} query rows)",
-            f"    flash attention tile {r} rows x {kt} keys, D={self.D} as {dv}x{dw} lanes,",
+            f"  parallel for item in [0, {self.items}){' claimed one by one' if self.ctr else ''}"
+            f":  // (bh, block of {qbf} query rows)",
+            f"    flash attention tile {r} rows x {kt} keys, D={self.D} as {dv}x{dw} lanes"
+            f" (P v in chunks of {dc}),",
             f"      q={self.q!r} kt={self.kt!r} (Skp={self.Skp}) v={self.v!r} -> {self.out!r},",
             f"      mask {m}, softcap {self.softcap}, Sq={self.Sq} Sk={self.Sk}"
             + (f", row logsumexp -> {self.lse!r}" if self.lse else "")])
@@ -163,6 +191,26 @@ def pack_transposed(bl, x, what, n_pad, scale=None, label="x^T"):
     return out
 
 
+def pack_key_tiles(bl, x, what, kt_n, scale):
+    """(B, H, S, D) keys -> a new (B*H, Skp/kt_n, D, kt_n) temp: each tile of kt_n keys
+    transposed and contiguous (D x kt_n floats, read from L1 by every register tile of a
+    query block; a plain (D, Skp) K^T puts a tile's rows Skp floats apart, which maps
+    them onto a few L1 sets), times `scale`, keys past S zero."""
+    B, H, S, D = shape_of(x.type)
+    nt = -(-S // kt_n)
+    out = bl._buf(f"t{len(bl.buffers)}", "temp", "f32", B * H * nt * D * kt_n)
+
+    def pack(g, idx):
+        b_, h_, t_, d_, c_ = idx
+        j_ = ix.add(ix.scale(t_, kt_n), c_)
+        src = Op("mul", (g.value(x, (b_, h_, ix.clamp(j_, 0, S - 1), d_)), Const(scale)),
+                 "f32")
+        return Op("select", (InRange(j_, 0, S), src, Const(0.0)), "f32")
+    bl.map_kernel(f"{what}: k^T * scale in tiles of {kt_n} keys", (B, H, nt, D, kt_n), out,
+                  pack, tag="pack_kt")
+    return out
+
+
 def attention_kernels(bl, v, op, what, lse=None):
     """Append the K^T pack and the fused kernel of `v = rlx.attention(...)` to the
     schedule.Builder `bl` (operands that have no buffer are copied into one); with `lse`
@@ -183,16 +231,22 @@ def attention_kernels(bl, v, op, what, lse=None):
         mo = op.operands[3]
         mb = operand_buffer(bl, mo, what, "mask")
         mstr = mask_strides(shape_of(mo.type))
-    kt = pack_transposed(bl, k, what, Skp, float(p["scale"]), "k^T * scale")
+    kt = pack_key_tiles(bl, k, what, kt_n, float(p["scale"]))
     eff = Sk if p["kind"] in ("", "tensor") else (
         min(Sk, p["window"]) if p["kind"] == "sliding" else max(1, min(Sk, Sq) // 2))
     work = 4 * B * H * Sq * eff * D
     out = bl.bufs[v] if v is not None else \
         bl._buf(f"t{len(bl.buffers)}", "temp", "f32", B * H * Sq * D)   # L alone: O is scratch
+    ctr = None
+    if work >= PAR_MIN_WORK:   # the team claims items from a shared counter (dynamic)
+        ctr = bl._buf(f"t{len(bl.buffers)}", "temp", "f32", 2)
+        bl.map_kernel(f"{what}: work counter = 0", (2,), ctr, lambda g, idx: Const(0.0),
+                      parallel_ok=False, tag="copy")
     bl._add(AttentionKernel(bl._kname("attention"), what, qb, kt, vb, out, mb, mstr, B, H, Sq,
                             Sk, D, Skp, float(p["softcap"] or 0.0), p["kind"], int(p["window"]),
-                            vl, work, work >= PAR_MIN_WORK, lse=lse))
+                            vl, work, work >= PAR_MIN_WORK, lse=lse, ctr=ctr))
 
 
-__all__ = ["AttentionKernel", "attention_kernels", "covers", "geometry", "operand_buffer",
-           "mask_strides", "pack_transposed"]
+__all__ = ["AttentionKernel", "attention_kernels", "covers", "geometry", "fwd_geometry",
+           "operand_buffer",
+           "mask_strides", "pack_transposed", "pack_key_tiles"]
