@@ -33,8 +33,10 @@ register tile).  The last register tile of a block clamps its rows to the block'
 last row (it recomputes and rewrites that row with the same value: every row's
 state is loaded before any is stored), the last key tile
 masks keys >= Sk (kt is zero-padded, v rows past Sk are never read).  NaN
-scores propagate through P to the row's output; a NaN in v under a masked-out
-or skipped key does not reach the output (torch's flash kernel does the same).
+scores propagate through P to the row's output.  A NaN in v under a key that a
+row may not see reaches that row only through a visited key tile: a skipped tile's
+v rows are never read, while in a visited (diagonal or edge) tile the masked key's
+P = 0 still meets its v row in P v (0 * NaN = NaN), as in the expansion's P @ V.
 Work items are ordered so that early and late query blocks alternate (causal
 rows differ in cost); above PAR_MIN_WORK the team claims them one at a time from
 a counter in the workspace (zeroed by a loop kernel before each call), so a
