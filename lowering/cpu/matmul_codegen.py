@@ -219,10 +219,10 @@ def _prefetch_next_tile(b, p, rc: int, cpu: str) -> None:
     later.  Without it each call waits on its own cache miss: the SGD update fused into
     dW's GEMM (W - lr * dW, W 1.6 MB) cost 13% of W4's train step at ~35 ns a vector.
     A prefetch never faults, so the rows past the last tile need no guard."""
-    from rlxc.lowering.cpu.sgemm_kernels import _prefetch, sgemm_config
+    from rlxc.lowering.cpu.sgemm_kernels import prefetch, sgemm_config
 
     mr = sgemm_config(cpu).mr
-    _prefetch(b, b.gep(p, [c64(mr * rc)]), 0, 3)
+    prefetch(b, b.gep(p, [c64(mr * rc)]), 0, 3)
 
 
 def builtin_epilogue(k: MatmulKernel) -> int | None:

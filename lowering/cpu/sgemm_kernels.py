@@ -104,6 +104,7 @@ __all__ = [
     "emit_sgemm",
     "sgemm_signature",
     "masked_load",
+    "prefetch",
 ]
 
 F32 = ir.FloatType()
@@ -1585,3 +1586,7 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
 c64, gep, gep_any, smin, splat, lane_mask, masked_store, prefetch, internal_fn, fma_fn, \
     skinny_width = (_c64, _gep, _gep_any, _smin, _splat, _lane_mask, _masked_store, _prefetch,
                     _internal_fn, _fma, _skinny_width)
+
+
+# for other kernels' hand-placed prefetches (matmul_codegen.py), under a public name
+prefetch = _prefetch
