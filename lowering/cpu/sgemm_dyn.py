@@ -30,7 +30,7 @@ from __future__ import annotations
 import llvmlite.ir as ir
 
 from rlxc.lowering.cpu.sgemm_kernels import (
-    F32P, I1, I64, SgemmConfig, c64, counted_loop, gep, internal_fn, smin)
+    F32P, I1, I64, SgemmConfig, c64, counted_loop, dispatch_width, gep, internal_fn, smin)
 
 I64P = I64.as_pointer()
 
@@ -63,25 +63,6 @@ def emit_dyn(module, name, cfg: SgemmConfig, micros, micro_da, pack_a, pack_b,
     kcb = smin(b, _rup(b, kcb, UN), c64(KC))
     n_ic = b.sdiv(b.add(M, b.sub(R, c64(1))), R)
     n_items = b.mul(n_ic, b.sdiv(b.add(N, c64(NC - 1)), c64(NC)))
-
-    def dispatch(b, n_rem, margs, variants):
-        if len(variants) == 1:
-            b.call(variants[0], margs)
-            return
-        nvu = b.sdiv(b.add(n_rem, c64(VL - 1)), c64(VL))
-        done = fn.append_basic_block("micro.done")
-        dflt = fn.append_basic_block("micro.full")
-        sw = b.switch(nvu, dflt)
-        for i, mk in enumerate(variants[:-1]):
-            blk = fn.append_basic_block(f"micro.nv{i + 1}")
-            sw.add_case(ir.Constant(I64, i + 1), blk)
-            b.position_at_end(blk)
-            b.call(mk, margs)
-            b.branch(done)
-        b.position_at_end(dflt)
-        b.call(variants[-1], margs)
-        b.branch(done)
-        b.position_at_end(done)
 
     head = fn.append_basic_block("item.head")
     body = fn.append_basic_block("item.body")
@@ -132,9 +113,9 @@ def emit_dyn(module, name, cfg: SgemmConfig, micros, micro_da, pack_a, pack_b,
                     margs = [kc, ap, bp, cp, ldc, m_rem, n_rem, beta, last, b.add(ic, i_r),
                              b.add(jc, jr)]
                     if da:
-                        dispatch(b, n_rem, [*margs, rsa, *epi_args], micro_da)
+                        dispatch_width(b, n_rem, [*margs, rsa, *epi_args], micro_da, VL)
                     else:
-                        dispatch(b, n_rem, [*margs, *epi_args], micros)
+                        dispatch_width(b, n_rem, [*margs, *epi_args], micros, VL)
                 counted_loop(b, c64(0), mi, MR, ir_body, "dir")
             counted_loop(b, c64(0), nc, NR, jr_body, "djr")
 

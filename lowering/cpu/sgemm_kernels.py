@@ -104,7 +104,6 @@ __all__ = [
     "emit_sgemm",
     "sgemm_signature",
     "masked_load",
-    "prefetch",
 ]
 
 F32 = ir.FloatType()
@@ -1155,6 +1154,30 @@ def _emit_narrow_driver(module, name, cfg: SgemmConfig, epilogue, epi_types) -> 
 # --------------------------------------------------------------------------
 # macro kernel + sequential driver
 
+def _dispatch_width(b, n_rem, margs, variants, vl: int) -> None:
+    """Call the microkernel variant for a column panel of n_rem columns: variants[i] is
+    (i + 1) vectors of vl wide, the last one the full tile; the last panel of a block
+    takes the narrowest tile covering it."""
+    if len(variants) == 1:
+        b.call(variants[0], margs)
+        return
+    fn = b.function
+    nvu = b.sdiv(b.add(n_rem, _c64(vl - 1)), _c64(vl))
+    done = fn.append_basic_block("micro.done")
+    dflt = fn.append_basic_block("micro.full")
+    sw = b.switch(nvu, dflt)
+    for i, mk in enumerate(variants[:-1]):
+        blk = fn.append_basic_block(f"micro.nv{i + 1}")
+        sw.add_case(ir.Constant(I64, i + 1), blk)
+        b.position_at_end(blk)
+        b.call(mk, margs)
+        b.branch(done)
+    b.position_at_end(dflt)
+    b.call(variants[-1], margs)
+    b.branch(done)
+    b.position_at_end(done)
+
+
 def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
               skinnies=(), narrow=None, micro_da=None, talls=()) -> ir.Function:
     """seq(M, N, K, A, rsa, csa, B, rsb, csb, C, ldc, beta i1, Ap, Bp0, Bp1, row0, col0,
@@ -1226,24 +1249,7 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
     share_den = b.select(coop, nt64, _c64(1))
 
     def _dispatch(b, n_rem, margs, micros=micros):
-        if len(micros) == 1:
-            b.call(micros[0], margs)
-            return
-        # last column panel: the narrowest tile covering n_rem
-        nvu = b.sdiv(b.add(n_rem, _c64(VL - 1)), _c64(VL))
-        done = fn.append_basic_block("micro.done")
-        dflt = fn.append_basic_block("micro.full")
-        sw = b.switch(nvu, dflt)
-        for i, mk in enumerate(micros[:-1]):
-            blk = fn.append_basic_block(f"micro.nv{i + 1}")
-            sw.add_case(ir.Constant(I64, i + 1), blk)
-            b.position_at_end(blk)
-            b.call(mk, margs)
-            b.branch(done)
-        b.position_at_end(dflt)
-        b.call(micros[-1], margs)
-        b.branch(done)
-        b.position_at_end(done)
+        _dispatch_width(b, n_rem, margs, micros, VL)
 
     def jc_body(b, jc):
         nc = _smin(b, _c64(NC), b.sub(N, jc))
@@ -1584,9 +1590,7 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
 
 # the helpers the tall tiles (sgemm_tall.py) share, under public names
 c64, gep, gep_any, smin, splat, lane_mask, masked_store, prefetch, internal_fn, fma_fn, \
-    skinny_width = (_c64, _gep, _gep_any, _smin, _splat, _lane_mask, _masked_store, _prefetch,
-                    _internal_fn, _fma, _skinny_width)
+    skinny_width, dispatch_width = (_c64, _gep, _gep_any, _smin, _splat, _lane_mask,
+                                    _masked_store, _prefetch, _internal_fn, _fma,
+                                    _skinny_width, _dispatch_width)
 
-
-# for other kernels' hand-placed prefetches (matmul_codegen.py), under a public name
-prefetch = _prefetch
