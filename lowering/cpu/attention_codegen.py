@@ -25,6 +25,7 @@ import math
 
 import llvmlite.ir as ir
 
+from rlxc.lowering.cpu import openmp as parallel
 from rlxc.lowering.cpu.attention_kernel import NV, QB, fwd_geometry
 from rlxc.lowering.cpu.sgemm_kernels import counted_loop
 
@@ -411,27 +412,10 @@ def emit_attention(g, k):
     if ctr is None:
         counted_loop(b, lo, hi, 1, item, "item")
     else:
-        _claim_loop(b, b.bitcast(ctr, I64.as_pointer()), k.items, item)
+        parallel.emit_claim_loop(b, b.bitcast(ctr, I64.as_pointer()), k.items,
+                                 lambda b, c, _hi: item(b, c))
     b.ret_void()
     return fn
-
-
-def _claim_loop(b, ctr, n, body):
-    """while ((c = atomic ctr++) < n) body(c): every thread of the team claims items from
-    one counter (its static [lo, hi) is ignored), so a thread the OS preempts, or one that
-    drew the costly causal blocks, leaves the rest to the others."""
-    fn = b.function
-    head = fn.append_basic_block("claim.head")
-    loop = fn.append_basic_block("claim.body")
-    done = fn.append_basic_block("claim.done")
-    b.branch(head)
-    b.position_at_end(head)
-    c = b.atomic_rmw("add", ctr, c64(1), "monotonic")
-    b.cbranch(b.icmp_signed("<", c, c64(n)), loop, done)
-    b.position_at_end(loop)
-    body(b, c)
-    b.branch(head)
-    b.position_at_end(done)
 
 
 # the vector helpers attention_bwd_codegen.py shares, under public names

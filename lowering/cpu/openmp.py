@@ -54,6 +54,7 @@ __all__ = [
     "emit_parallel_for",
     "emit_parallel_ranges",
     "emit_barrier",
+    "emit_claim_loop",
 ]
 
 I1 = ir.IntType(1)
@@ -165,10 +166,10 @@ def _emit_region(module, builder, n_chunks, captured, name, work, min_work,
     tid = wb.sext(worker.args[1], I64)
     nt = wb.sext(worker.args[2], I64)
     if dynamic:
-        _dynamic_ranges(wb, n, wb.gep(ctx, [zero32, ir.Constant(I32, len(captured) + 1)],
-                                      inbounds=True), dynamic,
-                        lambda lo, hi: make_body(wb, lo, hi, worker.args[1], worker.args[2],
-                                                 args))
+        emit_claim_loop(wb, wb.gep(ctx, [zero32, ir.Constant(I32, len(captured) + 1)],
+                                   inbounds=True), n,
+                        lambda wb, lo, hi: make_body(wb, lo, hi, worker.args[1], worker.args[2],
+                                                     args), grab=dynamic, name="dyn")
     else:
         lo = wb.sdiv(wb.mul(n, tid), nt)
         hi = wb.sdiv(wb.mul(n, wb.add(tid, ir.Constant(I64, 1))), nt)
@@ -212,19 +213,26 @@ def _emit_region(module, builder, n_chunks, captured, name, work, min_work,
     return worker
 
 
-def _dynamic_ranges(wb, n, counter, grab: int, body) -> None:
-    """while (lo = atomic fetch-add(*counter, grab)) < n: body(lo, min(lo + grab, n)): each
-    thread claims the next `grab` chunks until none are left (a thread that starts late, or
-    is descheduled, leaves its share to the others)."""
+def emit_claim_loop(wb: ir.IRBuilder, counter: ir.Value, n, body, grab: int = 1,
+                    name: str = "claim") -> None:
+    """while (lo = atomic fetch-add(*counter, grab)) < n: body(wb, lo, min(lo + grab, n)).
+
+    The one work-claiming loop of every team that takes items from a shared counter
+    (dynamic ranges here, the sgemm's row chunks, matmul chains' units, attention's
+    (head, block) items): each thread of the team claims the next ``grab`` items until
+    none are left, so a thread that starts late, is descheduled or drew the costly items
+    leaves the rest to the others.  ``counter`` is an i64* the caller zeroed before the
+    fork; ``n`` an i64 value or int.  ``body`` must leave ``wb`` in an open block."""
     fn = wb.function
-    head, run, done = (fn.append_basic_block(f"dyn.{s}") for s in ("head", "run", "done"))
+    n = n if isinstance(n, ir.Value) else ir.Constant(I64, int(n))
+    head, run, done = (fn.append_basic_block(f"{name}.{s}") for s in ("head", "run", "done"))
     wb.branch(head)
     wb.position_at_end(head)
     lo = wb.atomic_rmw("add", counter, ir.Constant(I64, grab), "monotonic")
     wb.cbranch(wb.icmp_signed("<", lo, n), run, done)
     wb.position_at_end(run)
     hi = wb.add(lo, ir.Constant(I64, grab))
-    body(lo, _smin(wb, hi, n))
+    body(wb, lo, hi if grab == 1 else _smin(wb, hi, n))
     wb.branch(head)
     wb.position_at_end(done)
 
