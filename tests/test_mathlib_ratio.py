@@ -59,6 +59,32 @@ def _product_module(f: str, g: str, width: int | None, combine=None) -> ir.Modul
     return m
 
 
+def fused_combine(lut, width: int, swap: bool = False):
+    """combine for _product_module: tanh(u) * sigmoid(v) (or the factors in the other order)
+    through mathlib_ratio.fused_parts with the lookup `lut` (None: table-free), scaled back
+    per element: the product the AVX2 and AVX-512 W1 loops emit."""
+    def combine(b, f, g):
+        q, scale = mathlib_ratio.fused_parts(b, *((g, f) if swap else (f, g)), lut)
+        return b.fmul(q, ir.Constant(q.type, [scale] * width))
+    return combine
+
+
+def run_product(p, u, v, width: int):
+    """y = p(u, v) for a compiled _product_module `p` of `width` lanes: pads to a multiple
+    of the width and trims the result."""
+    n = -(-len(u) // width) * width
+    uu, vv = np.zeros(n, np.float32), np.zeros(n, np.float32)
+    uu[:len(u)], vv[:len(v)] = u, v
+    y = np.empty(n, np.float32)
+    p(uu.ctypes.data, vv.ctypes.data, y.ctypes.data, n)
+    return y[:len(u)]
+
+
+def ref_product(u, v):
+    """tanh(u) * sigmoid(v) in float64."""
+    return np.tanh(u.astype(np.float64)) * _sigmoid64(v.astype(np.float64))
+
+
 _ENGINES: dict = {}
 
 

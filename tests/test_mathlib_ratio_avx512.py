@@ -16,12 +16,11 @@ import struct
 
 import numpy as np
 import pytest
-from llvmlite import ir
 
 from rlxc.lowering.cpu import vsum
 from rlxc.lowering.shared import mathlib_ratio
-from test_mathlib import TARGETS, _sigmoid64, ulp_error
-from test_mathlib_ratio import _jit, _product_module
+from test_mathlib import TARGETS, ulp_error
+from test_mathlib_ratio import _jit, _product_module, fused_combine, ref_product, run_product
 
 BOUND = mathlib_ratio.FUSED_ULP
 WIDTH = 32          # two <16 x float> registers per iteration
@@ -29,15 +28,6 @@ WIDTH = 32          # two <16 x float> registers per iteration
 _HOST = TARGETS["host"]
 needs_avx512 = pytest.mark.skipif("+avx512f" not in _HOST[1].split(","),
                                   reason="host CPU has no AVX-512F")
-
-
-def _combine(lut, swap):
-    """combine for _product_module: tanh(u) * sigmoid(v) (or the factors in the other order)
-    through fused_parts with `lut`, scaled back per element."""
-    def combine(b, f, g):
-        q, scale = mathlib_ratio.fused_parts(b, *((g, f) if swap else (f, g)), lut)
-        return b.fmul(q, ir.Constant(q.type, [scale] * WIDTH))
-    return combine
 
 
 _ENGINES: dict = {}
@@ -49,23 +39,17 @@ def _compiled(swap: bool = False, lut="avx512"):
     key = (swap, lut)
     if key not in _ENGINES:
         ops = vsum.Avx512Ops() if lut == "avx512" else None
-        eng, cf, tm, mod = _jit(_product_module("tanh", "sigmoid", WIDTH, _combine(ops, swap)),
-                                *_HOST)
+        product = _product_module("tanh", "sigmoid", WIDTH, fused_combine(ops, WIDTH, swap))
+        eng, cf, tm, mod = _jit(product, *_HOST)
         _ENGINES[key] = (eng, cf, tm.emit_assembly(mod))
     return _ENGINES[key]
 
 
 def _run(u, v, swap=False):
-    n = -(-len(u) // WIDTH) * WIDTH
-    uu, vv = np.zeros(n, np.float32), np.zeros(n, np.float32)
-    uu[:len(u)], vv[:len(v)] = u, v
-    y = np.empty(n, np.float32)
-    _compiled(swap)[1](uu.ctypes.data, vv.ctypes.data, y.ctypes.data, n)
-    return y[:len(u)]
+    return run_product(_compiled(swap)[1], u, v, WIDTH)
 
 
-def _ref(u, v):
-    return np.tanh(u.astype(np.float64)) * _sigmoid64(v.astype(np.float64))
+_ref = ref_product
 
 
 @needs_avx512

@@ -15,13 +15,12 @@ import re
 import llvmlite.binding as llvm
 import numpy as np
 import pytest
-from llvmlite import ir
 
 import rlxc
 from rlxc.lowering.cpu import vsum
 from rlxc.lowering.shared import mathlib_ratio
 from test_mathlib import _IS_X86, _sigmoid64, ulp_error
-from test_mathlib_ratio import _jit, _product_module
+from test_mathlib_ratio import _jit, _product_module, fused_combine, ref_product, run_product
 
 BOUND = mathlib_ratio.FUSED_ULP
 CPU = "znver3"
@@ -31,38 +30,24 @@ _HOST_AVX2 = "+avx2" in llvm.get_host_cpu_features().flatten().split(",")
 needs_avx2 = pytest.mark.skipif(not _HOST_AVX2, reason="host CPU has no AVX2 (znver3 code)")
 
 
-def _lut_product(swap: bool):
-    """combine for _product_module: tanh(u) * sigmoid(v) (or the factors in the other order)
-    through fused_parts with the AVX2 lookup, scaled back per element."""
-    def combine(b, f, g):
-        q, scale = mathlib_ratio.fused_parts(b, *((g, f) if swap else (f, g)), vsum.Avx2Lut())
-        return b.fmul(q, ir.Constant(q.type, [scale] * WIDTH))
-    return combine
-
-
 _ENGINES: dict = {}
 
 
 def _compiled(swap: bool):
     """(engine, p, assembly) of y = tanh(u) * sigmoid(v), WIDTH lanes at a time, for CPU."""
     if swap not in _ENGINES:
-        eng, cf, tm, mod = _jit(_product_module("tanh", "sigmoid", WIDTH, _lut_product(swap)),
-                                CPU)
+        product = _product_module("tanh", "sigmoid", WIDTH,
+                                  fused_combine(vsum.Avx2Lut(), WIDTH, swap))
+        eng, cf, tm, mod = _jit(product, CPU)
         _ENGINES[swap] = (eng, cf, tm.emit_assembly(mod))
     return _ENGINES[swap]
 
 
 def _run(u, v, swap=False):
-    n = -(-len(u) // WIDTH) * WIDTH
-    uu, vv = np.zeros(n, np.float32), np.zeros(n, np.float32)
-    uu[:len(u)], vv[:len(v)] = u, v
-    y = np.empty(n, np.float32)
-    _compiled(swap)[1](uu.ctypes.data, vv.ctypes.data, y.ctypes.data, n)
-    return y[:len(u)]
+    return run_product(_compiled(swap)[1], u, v, WIDTH)
 
 
-def _ref(u, v):
-    return np.tanh(u.astype(np.float64)) * _sigmoid64(v.astype(np.float64))
+_ref = ref_product
 
 
 def _inputs(seed: int, n: int):
