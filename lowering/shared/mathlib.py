@@ -129,6 +129,7 @@ __all__ = ["emit", "get_function", "names", "FUNCTIONS", "Fn", "BOUNDS", "SUPPOR
            "GELU_TANH_EXACT_FROM"]
 
 from .mathlib_core import F32, F64, I32, I64, KERNELS, Ops as _Ops, two_sum as _two_sum, type_suffix
+from .mathlib_core import log1p_via, log_specials
 
 class Fn(NamedTuple):
     """One math function: its arity and its max error in ulps of the exact result over all
@@ -274,17 +275,11 @@ def _log(o, x, specials=True):
     r = o.fma(ef, o.f(_LN2_HI), o.add(f, y))
     if not specials:
         return r
-    r = o.sel(o.eq(x, o.f(float("inf"))), x, r)
-    r = o.sel(o.eq(x, o.f(0.0)), o.f(float("-inf")), r)
-    return o.sel(o.ult(x, o.f(0.0)), o.f(float("nan")), r)   # x < 0 or NaN
+    return log_specials(o, x, r)
 
 
 def _log1p(o, x):
-    u = o.add(o.f(1.0), x)
-    corr = o.div(o.sub(x, o.sub(u, o.f(1.0))), u)     # rounding error of u, relative
-    finite = o.b.and_(o.gt(u, o.f(0.0)), o.lt(u, o.f(float("inf"))))
-    r = o.add(_log(o, u), o.sel(finite, corr, o.f(0.0)))
-    return o.sel(o.eq(x, o.f(0.0)), x, r)            # log1p(-0) = -0
+    return log1p_via(o, x, _log)
 
 
 def _softplus(o, x):

@@ -151,3 +151,21 @@ def two_sum(o, a, c):
     s = o.add(a, c)
     cc = o.sub(s, a)
     return s, o.add(o.sub(a, o.sub(s, cc)), o.sub(c, cc))
+
+
+def log_specials(o, x, r):
+    """log's IEEE cases over the polynomial result r: log(+inf) = +inf, log(+-0) = -inf,
+    log(x < 0) = log(NaN) = NaN."""
+    r = o.sel(o.eq(x, o.f(float("inf"))), x, r)
+    r = o.sel(o.eq(x, o.f(0.0)), o.f(float("-inf")), r)
+    return o.sel(o.ult(x, o.f(0.0)), o.f(float("nan")), r)   # x < 0 or NaN
+
+
+def log1p_via(o, x, log):
+    """log1p(x) = log(u) + (x - (u - 1)) / u with u = 1 + x rounded: the second term
+    corrects u's rounding error (relative), dropped where u is 0 or inf; log1p(-0) = -0."""
+    u = o.add(o.f(1.0), x)
+    corr = o.div(o.sub(x, o.sub(u, o.f(1.0))), u)
+    finite = o.b.and_(o.gt(u, o.f(0.0)), o.lt(u, o.f(float("inf"))))
+    r = o.add(log(o, u), o.sel(finite, corr, o.f(0.0)))
+    return o.sel(o.eq(x, o.f(0.0)), x, r)

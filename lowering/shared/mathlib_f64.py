@@ -38,7 +38,7 @@ import math
 
 from llvmlite import ir
 
-from .mathlib_core import F64, I32, I64, KERNELS, two_sum
+from .mathlib_core import F64, I32, I64, KERNELS, log1p_via, log_specials, two_sum
 
 _LOG2E = 1.4426950408889634
 _MAGIC = 6755399441055744.0               # 1.5*2^52: (v + MAGIC) - MAGIC = round(v), |v| < 2^51
@@ -124,17 +124,11 @@ def _log(o, x, specials=True):
     r = o.fma(k, o.f(_LN2_HI), o.sub(f, o.sub(hfsq, inner)))
     if not specials:
         return r
-    r = o.sel(o.eq(x, o.f(float("inf"))), x, r)
-    r = o.sel(o.eq(x, o.f(0.0)), o.f(float("-inf")), r)
-    return o.sel(o.ult(x, o.f(0.0)), o.f(float("nan")), r)   # x < 0 or NaN
+    return log_specials(o, x, r)
 
 
 def _log1p(o, x):
-    u = o.add(o.f(1.0), x)
-    corr = o.div(o.sub(x, o.sub(u, o.f(1.0))), u)     # rounding error of u, relative
-    finite = o.b.and_(o.gt(u, o.f(0.0)), o.lt(u, o.f(float("inf"))))
-    r = o.add(_log(o, u), o.sel(finite, corr, o.f(0.0)))
-    return o.sel(o.eq(x, o.f(0.0)), x, r)            # log1p(-0) = -0
+    return log1p_via(o, x, _log)
 
 
 # ---------------------------------------------------------------------------- logistic family
