@@ -21,9 +21,9 @@ from __future__ import annotations
 import llvmlite.ir as ir
 
 from rlxc.lowering.cpu.attention_bwd import bwd_rows
-from rlxc.lowering.cpu.attention_codegen import (F32, I8, I32, I64, NEG_INF, allowed, c64,
+from rlxc.lowering.cpu.attention_codegen import (F32, I8, I32, NEG_INF, allowed, c64,
                                                  exp_nonpos, fconst, fma, fma_rows, hreduce,
-                                                 mask_lanes, smax, smin, splat, unary,
+                                                 kernel_function, mask_lanes, smax, smin, splat, unary,
                                                  row_block, vload, vstore, vt)
 from rlxc.lowering.cpu.attention_kernel import NV, QB, geometry
 from rlxc.lowering.cpu.sgemm_kernels import counted_loop
@@ -31,15 +31,8 @@ from rlxc.lowering.cpu.sgemm_kernels import counted_loop
 
 def _function(g, k, nf32):
     """The kernel function: nf32 f32 pointers, [i8 mask], f32 out, i64 lo, i64 hi."""
-    args = [F32.as_pointer()] * nf32 + ([I8.as_pointer()] if k.mask else []) + \
-        [F32.as_pointer(), I64, I64]
-    fn = ir.Function(g.m, ir.FunctionType(ir.VoidType(), args), f"{g.sym}.{k.name}")
-    fn.linkage = "internal"
-    fn.attributes.add("nounwind")
-    for a in fn.args:
-        if isinstance(a.type, ir.PointerType):
-            a.add_attribute("noalias")
-    return fn, ir.IRBuilder(fn.append_basic_block("entry"))
+    return kernel_function(g, k, [F32.as_pointer()] * nf32 + ([I8.as_pointer()] if k.mask else [])
+                           + [F32.as_pointer()])
 
 
 def _items(b, k, lo, hi, n, body):

@@ -212,25 +212,32 @@ def _pv_rows(b, out, obase, alphas, P, v, vrow, cn, KT, DW, DV, ACC):
                 _vstore(b, out, b.add(obase[r], c64(d * DW)), b.load(a), DW)
 
 
-def emit_attention(g, k):
-    vl, D, Sq, Sk = k.vl, k.D, k.Sq, k.Sk
-    KT = NV * vl
-    DW, DV, R, DC, QBF = fwd_geometry(D, vl)
-    nqb = -(-Sq // QBF)
-    args = [F32.as_pointer()] * 4 + ([I8.as_pointer()] if k.mask else []) + \
-        ([F32.as_pointer()] if k.lse else []) + ([F32.as_pointer()] if k.ctr else []) + [I64, I64]
-    fn = ir.Function(g.m, ir.FunctionType(ir.VoidType(), args), f"{g.sym}.{k.name}")
+def kernel_function(g, k, pointers):
+    """(fn, builder at its entry) of an attention kernel: internal nounwind
+    `{g.sym}.{k.name}(pointers..., i64 lo, i64 hi)` with every pointer noalias."""
+    fn = ir.Function(g.m, ir.FunctionType(ir.VoidType(), list(pointers) + [I64, I64]),
+                     f"{g.sym}.{k.name}")
     fn.linkage = "internal"
     fn.attributes.add("nounwind")
     for a in fn.args:
         if isinstance(a.type, ir.PointerType):
             a.add_attribute("noalias")
+    return fn, ir.IRBuilder(fn.append_basic_block("entry"))
+
+
+def emit_attention(g, k):
+    vl, D, Sq, Sk = k.vl, k.D, k.Sq, k.Sk
+    KT = NV * vl
+    DW, DV, R, DC, QBF = fwd_geometry(D, vl)
+    nqb = -(-Sq // QBF)
+    fn, b = kernel_function(g, k, [F32.as_pointer()] * 4 + ([I8.as_pointer()] if k.mask else [])
+                            + ([F32.as_pointer()] if k.lse else [])
+                            + ([F32.as_pointer()] if k.ctr else []))
     q, kt, v, out = fn.args[:4]
     mask = fn.args[4] if k.mask else None
     lse = fn.args[4 + bool(k.mask)] if k.lse else None
     ctr = fn.args[-3] if k.ctr else None
     lo, hi = fn.args[-2], fn.args[-1]
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
     # register-tile state: one alloca per vector (SROA turns them into phis); the
     # block's m (QBF rows) and l (QBF rows of VL partial sums) on the stack, its O
     # accumulators in `out` itself
@@ -425,4 +432,5 @@ vt, splat, fconst, hreduce, fma, unary, exp_nonpos, vload, vstore, smin, smax, r
 fma_rows, allowed, mask_lanes = _fma_rows, _allowed, _mask_lanes
 
 __all__ = ["emit_attention", "vt", "splat", "fconst", "hreduce", "fma", "unary", "exp_nonpos",
-           "vload", "vstore", "smin", "smax", "row_block", "fma_rows", "allowed", "mask_lanes"]
+           "vload", "vstore", "smin", "smax", "row_block", "fma_rows", "allowed", "mask_lanes",
+           "kernel_function"]
