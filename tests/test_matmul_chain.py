@@ -155,16 +155,21 @@ def test_what_is_not_a_chain_keeps_its_kernels(parts3):
                                rtol=2e-4, atol=2e-4)
 
 
-def test_avx2_tiles_chain(parts3, monkeypatch):
-    """The portable (x86-64-v3: AVX2, 4x24 tiles, no tall tile for 10 columns) build."""
+@pytest.mark.parametrize("classes", [10, 16])
+def test_avx2_tiles_chain(parts3, monkeypatch, classes):
+    """The portable (x86-64-v3: AVX2, 4x24 tiles) build; its narrow last layer (8 + 2 or
+    8 + 8 columns: two vectors) runs in blocks of the 12-row tall tile."""
+    from rlxc.lowering.cpu.matmul_chain import _row_block
+    from rlxc.lowering.cpu.sgemm_kernels import sgemm_config
     from rlxc.registry import backend
 
     monkeypatch.setattr(backend("cpu"), "default_cpu", "x86-64-v3")
-    n, sizes = 41, (300, 520, 400, 10)
+    n, sizes = 41, (300, 520, 400, classes)
     p = _params(sizes, 9)
-    f = rlxc.Func("chainv3", _mlp(n, sizes)).with_params(p)
+    f = rlxc.Func(f"chainv3_{classes}", _mlp(n, sizes)).with_params(p)
     (ch,) = _chains(f, "x86-64-v3")
     assert ch.splits == ["cols", "cols", "rows"]
+    assert _row_block(sgemm_config("x86-64-v3"), ch.steps[-1], "rows") == 12
     x = np.random.default_rng(5).standard_normal((n, sizes[0])).astype(np.float32)
     want = _ref(p, x, 3, lambda h: np.maximum(h, 0))
     for t, got in _runs(f.jit(), x):
