@@ -269,26 +269,17 @@ def emit_chain(g, ch: MatmulChain):
                        args_ + [epi if epi.type == I8P else b.bitcast(epi, I8P),
                                 b.bitcast(ctx, I8P)])
 
-            ctr = wb.gep(ctrs, [c64(n * COUNTER_FLOATS // 2)], inbounds=True)
-            f = wb.function
-            head, work, done = (f.append_basic_block(f"chain{n}.claim"),
-                                f.append_basic_block(f"chain{n}.unit"),
-                                f.append_basic_block(f"chain{n}.done"))
-            wb.branch(head)
-            wb.position_at_end(head)
-            u = wb.atomic_rmw("add", ctr, c64(1), "monotonic")
-            wb.cbranch(wb.icmp_signed("<", u, c64(units)), work, done)
-            wb.position_at_end(work)
-            first = wb.mul(u, c64(size))
-            total = k.n if how == "cols" else k.m
-            last = wb.add(first, c64(size))
-            last = wb.select(wb.icmp_signed("<", last, c64(total)), last, c64(total))
-            if how == "cols":
-                call(wb, c64(0), c64(k.m), first, last)
-            else:
-                call(wb, first, last, c64(0), c64(k.n))
-            wb.branch(head)
-            wb.position_at_end(done)
+            def unit(wb, u, _hi, k=k, how=how, size=size, call=call):
+                first = wb.mul(u, c64(size))
+                total = k.n if how == "cols" else k.m
+                last = wb.add(first, c64(size))
+                last = wb.select(wb.icmp_signed("<", last, c64(total)), last, c64(total))
+                if how == "cols":
+                    call(wb, c64(0), c64(k.m), first, last)
+                else:
+                    call(wb, first, last, c64(0), c64(k.n))
+            parallel.emit_claim_loop(wb, wb.gep(ctrs, [c64(n * COUNTER_FLOATS // 2)],
+                                                inbounds=True), units, unit, name=f"chain{n}")
             if n + 1 < len(ch.steps):   # the next step reads all of this one's C
                 parallel.emit_barrier(wb, nt)
 
