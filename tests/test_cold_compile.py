@@ -157,3 +157,54 @@ def test_pin_worker_is_not_optimized():
     heads = [ln for ln in emit_llvm(f.module).splitlines()
              if ln.startswith("define") and 'pin_worker"(' in ln]
     assert heads and all("optnone" in h and "noinline" in h for h in heads), heads
+
+
+def test_sgemm_register_tile_is_computed_once_per_isa():
+    """sgemm_config is asked ~60 times per compile (every matmul, reduction and map asks
+    for the vector width); its register-tile search (~0.2 ms) runs once per ISA."""
+    from rlxc.lowering.cpu import sgemm_kernels as sg
+
+    for isa in sg.ISAS.values():   # the memoized answer is the search's answer
+        assert sg.register_tile(isa) == sg.register_tile.__wrapped__(isa), isa.name
+    sg.register_tile.cache_clear()
+    for _ in range(10):
+        assert sg.sgemm_config("znver3") == sg.sgemm_config("znver3")
+    info = sg.register_tile.cache_info()
+    assert info.misses == 1 and info.hits == 19, info
+
+
+def test_installed_bytecode_leaves_no_rlxc_source_to_compile(tmp_path):
+    """`make` (and the W7 harness) write rlxc's .pyc files (rlxc/bytecode.py): a fresh
+    process, even under PYTHONDONTWRITEBYTECODE, then compiles none of rlxc's sources to
+    bytecode on a cold compile (it did, ~0.3 s of W4's 1.0 s cold compile)."""
+    from rlxc.bytecode import compile_package, package_dirs
+
+    assert compile_package()
+    env = {**os.environ, "RLXC_CACHE_DIR": str(tmp_path / "cache"),
+           "PYTHONDONTWRITEBYTECODE": "1"}
+    code = textwrap.dedent("""
+        import json, sys
+        import importlib._bootstrap_external as be
+        compiled = []
+        orig = be.SourceLoader.source_to_code
+        def source_to_code(self, data, path, *a, **k):
+            compiled.append(str(path))
+            return orig(self, data, path, *a, **k)
+        be.SourceLoader.source_to_code = source_to_code
+        import numpy as np
+        from rlxc import Func
+        from rlxc.optim import SGD
+        f = Func("pyc", lambda s: (s.input("x", (8, 4)) @ s.param("w", (4, 3))).relu()
+                 .sum()).init_randn(seed=0, stddev=0.1)
+        loss = f.trainer(SGD(0.1)).step({"x": np.ones((8, 4), np.float32)})
+        print(json.dumps({"compiled": compiled, "loss": float(loss),
+                          "xdsl": "xdsl" in sys.modules}))
+    """)
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got["xdsl"] and np.isfinite(got["loss"])   # it did compile
+    ours = [c for c in got["compiled"]
+            if any(c.startswith(d + os.sep) for d in package_dirs())]
+    assert ours == [], f"compiled from source in a fresh process: {ours[:5]}"
