@@ -208,3 +208,18 @@ def test_installed_bytecode_leaves_no_rlxc_source_to_compile(tmp_path):
     ours = [c for c in got["compiled"]
             if any(c.startswith(d + os.sep) for d in package_dirs())]
     assert ours == [], f"compiled from source in a fresh process: {ours[:5]}"
+
+
+def test_repinning_is_not_optimized_but_the_per_call_check_is():
+    """pin_team's cold part (the environment, sched_getaffinity, GOMP_parallel of the pin
+    worker) is its own optnone function, `repin` (~8% of W4's LLVM time); the check each
+    call makes (team size, caller's CPU) stays in pin_team, optimized and inlined."""
+    from rlxc.lowering.cpu.driver import emit_llvm
+
+    f = Func("par2", lambda s: (s.input("x", (128, 784)) @ s.param("w", (784, 512))).relu())
+    heads = {ln.split('@"', 1)[1].split('"', 1)[0]: ln
+             for ln in emit_llvm(f.module).splitlines() if ln.startswith("define")}
+    repin = [h for n, h in heads.items() if n.endswith(".repin")]
+    team = [h for n, h in heads.items() if n.endswith(".pin_team")]
+    assert repin and all("optnone" in h and "noinline" in h for h in repin), repin
+    assert team and not any("optnone" in h or "noinline" in h for h in team), team
