@@ -1270,7 +1270,8 @@ def run_w7(args):
     # rlxc starts as installed: its .pyc written (pip does that for a wheel, and jax's and
     # torch's are), else an editable checkout under PYTHONDONTWRITEBYTECODE recompiles its
     # sources in every fresh process (rlxc/bytecode.py)
-    subprocess.run([sys.executable, "-m", "rlxc.bytecode"], cwd=ROOT, check=False)
+    subprocess.run([sys.executable, "-m", "rlxc.bytecode"], cwd=ROOT, check=False,
+                   capture_output=True)   # an older rlxc without it: as before
     losses = {}
 
     def rows(name, script_fn, cold_env, warm_env=None, prime=None):
