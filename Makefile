@@ -10,11 +10,14 @@ $(STAMP): pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q -e '.[test]'
 	$(VPY) -m rlxc.lowering.cpu.sgemm_object
+	$(VPY) -m rlxc.bytecode
 	touch $(STAMP)
 
-# the shared sgemm objects for this host and x86-64-v3, built ahead of time (~4-8 s)
+# the shared sgemm objects for this host and x86-64-v3, built ahead of time (~4-8 s), and
+# rlxc's .pyc files (an editable install has none: rlxc/bytecode.py)
 prebuild: $(STAMP)
 	$(VPY) -m rlxc.lowering.cpu.sgemm_object
+	$(VPY) -m rlxc.bytecode
 
 test: $(STAMP)
 	$(VPY) -m pytest -q tests

@@ -1267,6 +1267,11 @@ def run_w7(args):
     res = {"title": "time to first W4 step, fresh process", "rows": {}, "notes": {}}
     base_env = dict(os.environ)
     tmp = tempfile.mkdtemp(prefix="rlxc-w7-")
+    # rlxc starts as installed: its .pyc written (pip does that for a wheel, and jax's and
+    # torch's are), else an editable checkout under PYTHONDONTWRITEBYTECODE recompiles its
+    # sources in every fresh process (rlxc/bytecode.py)
+    subprocess.run([sys.executable, "-m", "rlxc.bytecode"], cwd=ROOT, check=False,
+                   capture_output=True)   # an older rlxc without it: as before
     losses = {}
 
     def rows(name, script_fn, cold_env, warm_env=None, prime=None):

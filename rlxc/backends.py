@@ -168,19 +168,22 @@ def library(func, device: str = "cpu", **options) -> CpuLibrary:
     """The loaded library for `func` (memory cache, then disk cache, then compile)."""
     _check_device(device)
     cpu, opt, threads = _options(options)
+    return _memoized((func.ir_hash(), device, cpu, opt, threads),
+                     lambda: _load_or_compile(func, func.ir_hash(), device, cpu, opt, threads))
 
-    def load_or_compile():
-        key = _entry_key(func.ir_hash(), device, cpu, opt, threads)
-        lib = cache.load(key, "cpu", _open_cpu, _signature_check(func))
-        if lib is not None:
-            STATS["disk_hits"] += 1
-        else:
-            with gc_paused():
-                lib = _compile_entry(key, func, cpu, opt, threads)
-        lib.cache_key = key
-        return lib
 
-    return _memoized((func.ir_hash(), device, cpu, opt, threads), load_or_compile)
+def _load_or_compile(func, ident: str, device, cpu, opt, threads) -> CpuLibrary:
+    """The disk cache's entry named by `ident` (what determines `func`'s IR: its IR hash,
+    or a step alias), else `func` compiled and stored under that name."""
+    key = _entry_key(ident, device, cpu, opt, threads)
+    lib = cache.load(key, "cpu", _open_cpu, _signature_check(func))
+    if lib is not None:
+        STATS["disk_hits"] += 1
+    else:
+        with gc_paused():
+            lib = _compile_entry(key, func, cpu, opt, threads)
+    lib.cache_key = key
+    return lib
 
 
 def _memoized(mkey, build) -> CpuLibrary:
@@ -208,7 +211,9 @@ def library_for(alias: str, make_func, device: str = "cpu", check=None,
     process loads the library without tracing or transforming anything.  `check(meta)`
     (optional) raises ValueError when the entry's metadata does not fit the caller.
     On a miss, or a stale, altered or mismatched alias (dropped with a CacheWarning),
-    the Func is built and looked up as `library` does, and the alias is (re)written."""
+    the Func is built and looked up (compiled on a miss) as `library` does, but in the
+    entry named by the alias rather than by its IR hash (no MLIR print), and the alias
+    is (re)written."""
     _check_device(device)
     cpu, opt, threads = _options(options)
     akey = _entry_key("alias:" + alias, device, cpu, opt, threads)
@@ -232,7 +237,9 @@ def library_for(alias: str, make_func, device: str = "cpu", check=None,
                 lib.cache_key = target
                 return lib
         with gc_paused():   # trace and transforms (make_func), then the compile
-            lib = library(make_func(), device, **options)
+            # the alias determines the IR, so it names the entry too: the step's MLIR is
+            # never printed for an IR hash (~20 ms of a cold compile, with the op formats)
+            lib = _load_or_compile(make_func(), "step:" + alias, device, cpu, opt, threads)
         if check is not None:
             check(lib.meta)
         if os.path.isfile(os.path.join(cache_dir(), lib.cache_key + ".json")):

@@ -4,6 +4,7 @@
         NAME.pin_team()                      before the first region of a call
           │ t = rlxc_num_threads or omp_get_max_threads(); nothing if t < 2, or when
           │ done for t and the caller's CPU (sched_getcpu) is none of its workers' CPUs
+          │ NAME.repin (cold: not optimized) when it must (re)pin:
           │ GOMP_parallel(NAME.pin_worker, {caller's mask, caller's CPU, bound}, t, 0)
           ▼
         NAME.pin_worker:  thread k > 0 of the team binds itself to the (k-1 mod n)-th CPU
@@ -180,19 +181,14 @@ def emit_pin_team(m: ir.Module, sym: str) -> ir.Function:
     busy.linkage = "internal"
     busy.storage_class = "thread_local"
     busy.initializer = ir.Constant(CPUSET, None)
-    worker = _pin_worker(m, sym)
-    getenv = _declare(m, "getenv", ir.FunctionType(I8P, [I8P]))
     getcpu = _declare(m, "sched_getcpu", ir.FunctionType(I32, []))
-    getaff = _declare(m, "sched_getaffinity", ir.FunctionType(I32, [I32, I64, I8P]))
     maxf = _declare(m, "omp_get_max_threads", ir.FunctionType(I32, []))
-    par = _declare(m, "GOMP_parallel", ir.FunctionType(
-        VOID, [ir.FunctionType(VOID, [I8P]).as_pointer(), I8P, I32, I32]))
-    names = [_cstring(m, f"{sym}.env{i}", s)
-             for i, s in enumerate(("RLXC_PIN_THREADS", "OMP_PROC_BIND", "GOMP_CPU_AFFINITY"))]
-
+    slow = _repin(m, sym, done, busy)
     fn = ir.Function(m, ir.FunctionType(VOID, []), f"{sym}.pin_team")
     fn.linkage = "internal"
     b = ir.IRBuilder(fn.append_basic_block("entry"))
+    # in the caller's frame (pin_team inlines into the entry), as before the split: a
+    # frame of its own would reuse stack the kernels' teams read (a helgrind report)
     data = b.alloca(PINDATA, name="data")
     st = b.load(done)
     t = b.load(gv)
@@ -209,6 +205,31 @@ def emit_pin_team(m: ir.Module, sym: str) -> ir.Function:
                                          ir.Constant(I64, 0)))
     with b.if_then(b.and_(b.icmp_signed("==", st, t), b.not_(collide)), likely=True):
         b.ret_void()
+    b.call(slow, [t, st, cpu, data])
+    b.ret_void()
+    return fn
+
+
+def _repin(m: ir.Module, sym: str, done, busy) -> ir.Function:
+    """`void SYM.repin(i32 t, i32 st, i64 cpu, PINDATA *data)`: what pin_team does when
+    the team must be (re)pinned -- the first call (the environment), a new team size, or
+    a caller on a worker's CPU.  Cold, so not optimized (noinline optnone): ~8% of the
+    LLVM time of W4's train step; pin_team's per-call check stays optimized (inlined
+    into the entry), and so does `data`, in the entry's frame as before."""
+    worker = _pin_worker(m, sym)
+    getenv = _declare(m, "getenv", ir.FunctionType(I8P, [I8P]))
+    getaff = _declare(m, "sched_getaffinity", ir.FunctionType(I32, [I32, I64, I8P]))
+    par = _declare(m, "GOMP_parallel", ir.FunctionType(
+        VOID, [ir.FunctionType(VOID, [I8P]).as_pointer(), I8P, I32, I32]))
+    names = [_cstring(m, f"{sym}.env{i}", s)
+             for i, s in enumerate(("RLXC_PIN_THREADS", "OMP_PROC_BIND", "GOMP_CPU_AFFINITY"))]
+    fn = ir.Function(m, ir.FunctionType(VOID, [I32, I32, I64, PINDATA.as_pointer()]),
+                     f"{sym}.repin")
+    fn.linkage = "internal"
+    fn.attributes.add("noinline")
+    fn.attributes.add("optnone")
+    t, st, cpu, data = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
     with b.if_then(b.icmp_signed("==", st, ir.Constant(I32, 0))):  # first time: ask the env
         null = ir.Constant(I8P, None)
         vals = [b.call(getenv, [b.bitcast(g, I8P)]) for g in names]

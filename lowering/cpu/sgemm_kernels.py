@@ -87,6 +87,7 @@ reach outside data through these).  The hook may be emitted several times.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable, Sequence
 
 import llvmlite.ir as ir
@@ -206,6 +207,7 @@ DYN_MIN_ROWS = 64           # rows per item of the dynamic row split, at least
 DYN_MIN_M = 256             # ... which runs for M >= this (smaller M: the static split)
 
 
+@functools.lru_cache(maxsize=None)   # pure in the (frozen) isa; asked ~60x per compile
 def register_tile(isa: VectorIsa) -> tuple[int, int]:
     """(mr, nv): the MR x (nv*VL) register tile for ``isa``.
 
