@@ -30,13 +30,10 @@ from __future__ import annotations
 import llvmlite.ir as ir
 
 from rlxc.lowering.cpu.sgemm_kernels import (
-    F32P, I1, I64, SgemmConfig, c64, counted_loop, dispatch_width, gep, internal_fn, smin)
+    F32P, I1, I64, SgemmConfig, balanced_k_blocks, c64, counted_loop, dispatch_width, gep,
+    internal_fn, smax, smin)
 
 I64P = I64.as_pointer()
-
-
-def _smax(b, x, y):
-    return b.select(b.icmp_signed(">", x, y), x, y)
 
 
 def _rup(b, x, m: int):
@@ -47,7 +44,7 @@ def emit_dyn(module, name, cfg: SgemmConfig, micros, micro_da, pack_a, pack_b,
              epi_types) -> ir.Function:
     """dyn(M, N, K, A, rsa, csa, B, rsb, csb, C, ldc, acc i1, Ap, Bp, counter i64*, R,
     epi...): this thread's share of C (=|+=) A @ B, claimed R rows at a time (header)."""
-    MR, NR, KC, NC, VL, UN = cfg.mr, cfg.nr, cfg.kc, cfg.nc, cfg.vl, cfg.unroll
+    MR, NR, NC, VL = cfg.mr, cfg.nr, cfg.nc, cfg.vl
     fn = internal_fn(module, name, [I64, I64, I64, F32P, I64, I64, F32P, I64, I64, F32P, I64,
                                     I1, F32P, F32P, I64P, I64, *epi_types],
                      [3, 6, 9, 12, 13], inline="noinline")
@@ -56,11 +53,7 @@ def emit_dyn(module, name, cfg: SgemmConfig, micros, micro_da, pack_a, pack_b,
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     cur = b.alloca(I64, name="cur.jc")
     b.store(c64(-1), cur)
-    # the balanced K blocks of seq (784 = 4 x 196), a multiple of the k unroll
-    k_end = _smax(b, K, c64(1))
-    n_kb = b.sdiv(b.add(k_end, c64(KC - 1)), c64(KC))
-    kcb = b.sdiv(b.add(k_end, b.sub(n_kb, c64(1))), n_kb)
-    kcb = smin(b, _rup(b, kcb, UN), c64(KC))
+    k_end, _, kcb = balanced_k_blocks(b, K, cfg)   # the K blocks of seq
     n_ic = b.sdiv(b.add(M, b.sub(R, c64(1))), R)
     n_items = b.mul(n_ic, b.sdiv(b.add(N, c64(NC - 1)), c64(NC)))
 
@@ -81,7 +74,7 @@ def emit_dyn(module, name, cfg: SgemmConfig, micros, micro_da, pack_a, pack_b,
 
     with b.if_then(b.icmp_signed("!=", b.load(cur), jcb)):
         def pack(b, pc):
-            kc = _smax(b, smin(b, kcb, b.sub(K, pc)), c64(0))
+            kc = smax(b, smin(b, kcb, b.sub(K, pc)), c64(0))
             b.call(pack_b, [gep(b, B, b.add(b.mul(pc, rsb), b.mul(jc, csb))), rsb, csb, kc, nc,
                             gep(b, Bp, b.mul(pc, ncp))])
         counted_loop(b, c64(0), k_end, kcb, pack, "dpb")
@@ -95,7 +88,7 @@ def emit_dyn(module, name, cfg: SgemmConfig, micros, micro_da, pack_a, pack_b,
         direct = b.and_(b.icmp_signed("==", csa, c64(1)), full)
 
     def pc_body(b, pc):
-        kc = _smax(b, smin(b, kcb, b.sub(K, pc)), c64(0))
+        kc = smax(b, smin(b, kcb, b.sub(K, pc)), c64(0))
         beta = b.or_(acc, b.icmp_signed(">", pc, c64(0)))
         last = b.icmp_signed(">=", b.add(pc, kcb), K)
         ablk = gep(b, A, b.add(b.mul(ic, rsa), b.mul(pc, csa)))

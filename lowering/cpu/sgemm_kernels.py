@@ -1178,6 +1178,20 @@ def _dispatch_width(b, n_rem, margs, variants, vl: int) -> None:
     b.position_at_end(done)
 
 
+def balanced_k_blocks(b: ir.IRBuilder, K, cfg: SgemmConfig):
+    """(k_end, n_kblocks, kcb): the K blocks of seq and sgemm_dyn.  K = 0 still runs one
+    (empty) block (k_end = max(K, 1)); n_kblocks = ceil(k_end / KC) blocks of kcb =
+    ceil(k_end / n_kblocks) rounded up to the k unroll, at most KC: balanced (784 = 4 x
+    196, not 3 x 256 + 16), since a thin last block would pay a full pass of C loads and
+    stores for a few rank-1 updates."""
+    KC, UN = cfg.kc, cfg.unroll
+    k_end = _smax(b, K, _c64(1))
+    n_kblocks = b.sdiv(b.add(k_end, _c64(KC - 1)), _c64(KC))
+    kcb = b.sdiv(b.add(k_end, b.sub(n_kblocks, _c64(1))), n_kblocks)
+    kcb = b.mul(b.sdiv(b.add(kcb, _c64(UN - 1)), _c64(UN)), _c64(UN))
+    return k_end, n_kblocks, _smin(b, kcb, _c64(KC))
+
+
 def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
               skinnies=(), narrow=None, micro_da=None, talls=()) -> ir.Function:
     """seq(M, N, K, A, rsa, csa, B, rsb, csb, C, ldc, beta i1, Ap, Bp0, Bp1, row0, col0,
@@ -1229,14 +1243,7 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
             b.call(narrow, [M, N, K, A, rsa, B, rsb, csb, C, ldc, acc, Bp0, row0, col0,
                             *epi_args])
             b.ret_void()
-    k_end = _smax(b, K, _c64(1))  # K = 0 still runs one (empty) K block
-    n_kblocks = b.sdiv(b.add(k_end, _c64(KC - 1)), _c64(KC))
-    # balanced K blocks (784 = 4 x 196, not 3 x 256 + 16): a thin last block would pay a
-    # full pass of C loads and stores for a few rank-1 updates
-    UN = cfg.unroll
-    kcb = b.sdiv(b.add(k_end, b.sub(n_kblocks, _c64(1))), n_kblocks)
-    kcb = b.mul(b.sdiv(b.add(kcb, _c64(UN - 1)), _c64(UN)), _c64(UN))
-    kcb = _smin(b, kcb, _c64(KC))
+    k_end, n_kblocks, kcb = balanced_k_blocks(b, K, cfg)
     tid64, nt64 = b.sext(tid, I64), b.sext(nt, I64)
     # panelwise (one M block, not coop): B is packed one micro-panel at a time just
     # before its tiles, into one slot that stays in L1, while the next panel's source
@@ -1589,8 +1596,8 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
 
 
 # the helpers the tall tiles (sgemm_tall.py) share, under public names
-c64, gep, gep_any, smin, splat, lane_mask, masked_store, prefetch, internal_fn, fma_fn, \
-    skinny_width, dispatch_width = (_c64, _gep, _gep_any, _smin, _splat, _lane_mask,
+c64, gep, gep_any, smin, smax, splat, lane_mask, masked_store, prefetch, internal_fn, fma_fn, \
+    skinny_width, dispatch_width = (_c64, _gep, _gep_any, _smin, _smax, _splat, _lane_mask,
                                     _masked_store, _prefetch, _internal_fn, _fma,
                                     _skinny_width, _dispatch_width)
 
