@@ -40,20 +40,90 @@ def _rup(b, x, m: int):
     return b.mul(b.sdiv(b.add(x, c64(m - 1)), c64(m)), c64(m))
 
 
+SYNC_KB = 64                  # K blocks at most for the shared B (one counter each)
+SYNC_CELLS = 2 + SYNC_KB      # i64 cells of the team's sync array
+
+
+def shared_ok(b, N, n_kb, cfg: SgemmConfig):
+    """Whether the team shares one packed B (i1): one column block (N <= NC) of at most
+    SYNC_KB K blocks; else every thread packs its own B per column block."""
+    return b.and_(b.icmp_signed("<=", N, c64(cfg.nc)), b.icmp_signed("<=", n_kb, c64(SYNC_KB)))
+
+
+def _pause(b, cfg: SgemmConfig) -> None:
+    """A spin-wait hint: x86 `pause` (nothing elsewhere)."""
+    if cfg.isa in ("avx512", "avx2", "avx", "sse"):
+        m = b.module
+        f = m.globals.get("llvm.x86.sse2.pause") or ir.Function(
+            m, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse2.pause")
+        b.call(f, [])
+
+
+def _emit_shared_pack(b, cfg: SgemmConfig, pack_b, B, rsb, csb, K, N, k_end, kcb, n_kb,
+                      Bs, sync, nt):
+    """Pack phase of the shared B (header): claim pack tasks (K block kb, group g of nt
+    groups of its NR panels) from sync[1]; pack each into Bs; count it done in sync[2 + kb]
+    (release, so a thread that sees the count also sees the packed floats)."""
+    NR = cfg.nr
+    fn = b.function
+    head, body, done = (fn.append_basic_block(f"spack.{s}") for s in ("head", "body", "done"))
+    ncp = _rup(b, N, NR)
+    n_pan = b.sdiv(ncp, c64(NR))
+    b.branch(head)
+    b.position_at_end(head)
+    t = b.atomic_rmw("add", gep(b, sync, c64(1)), c64(1), "monotonic")
+    b.cbranch(b.icmp_signed("<", t, b.mul(n_kb, nt)), body, done)
+    b.position_at_end(body)
+    kb = b.sdiv(t, nt)
+    g = b.sub(t, b.mul(kb, nt))
+    pc = b.mul(kb, kcb)
+    kc = smax(b, smin(b, kcb, b.sub(K, pc)), c64(0))
+    j0 = b.mul(b.sdiv(b.mul(n_pan, g), nt), c64(NR))
+    j1 = smin(b, b.mul(b.sdiv(b.mul(n_pan, b.add(g, c64(1))), nt), c64(NR)), N)
+    with b.if_then(b.icmp_signed("<", j0, j1)):
+        b.call(pack_b, [gep(b, B, b.add(b.mul(pc, rsb), b.mul(j0, csb))), rsb, csb, kc,
+                        b.sub(j1, j0), gep(b, Bs, b.add(b.mul(pc, ncp), b.mul(j0, kc)))])
+    b.atomic_rmw("add", gep(b, sync, b.add(kb, c64(2))), c64(1), "release")
+    b.branch(head)
+    b.position_at_end(done)
+
+
+def _emit_wait(b, cfg: SgemmConfig, cell, want):
+    """Spin until the atomic *cell >= want (acquire)."""
+    fn = b.function
+    head, body, done = (fn.append_basic_block(f"wait.{s}") for s in ("head", "body", "done"))
+    b.branch(head)
+    b.position_at_end(head)
+    v = b.load_atomic(cell, "acquire", 8)
+    b.cbranch(b.icmp_signed("<", v, want), body, done)
+    b.position_at_end(body)
+    _pause(b, cfg)
+    b.branch(head)
+    b.position_at_end(done)
+
+
 def emit_dyn(module, name, cfg: SgemmConfig, micros, micro_da, pack_a, pack_b,
              epi_types) -> ir.Function:
-    """dyn(M, N, K, A, rsa, csa, B, rsb, csb, C, ldc, acc i1, Ap, Bp, counter i64*, R,
-    epi...): this thread's share of C (=|+=) A @ B, claimed R rows at a time (header)."""
+    """dyn(M, N, K, A, rsa, csa, B, rsb, csb, C, ldc, acc i1, Ap, Bp, sync i64*, R, Bs, nt,
+    epi...): this thread's share of C (=|+=) A @ B, claimed R rows at a time (header).
+    sync: SYNC_CELLS zeroed i64 shared by the team (item counter, pack-task counter, packed
+    count per K block); Bs: the team's shared B part; nt: the team size."""
     MR, NR, NC, VL = cfg.mr, cfg.nr, cfg.nc, cfg.vl
     fn = internal_fn(module, name, [I64, I64, I64, F32P, I64, I64, F32P, I64, I64, F32P, I64,
-                                    I1, F32P, F32P, I64P, I64, *epi_types],
+                                    I1, F32P, F32P, I64P, I64, F32P, I64, *epi_types],
                      [3, 6, 9, 12, 13], inline="noinline")
-    M, N, K, A, rsa, csa, B, rsb, csb, C, ldc, acc, Ap, Bp, counter, R = fn.args[:16]
-    epi_args = list(fn.args[16:])
+    M, N, K, A, rsa, csa, B, rsb, csb, C, ldc, acc, Ap, Bp, counter, R, Bs, nt = fn.args[:18]
+    epi_args = list(fn.args[18:])
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     cur = b.alloca(I64, name="cur.jc")
     b.store(c64(-1), cur)
-    k_end, _, kcb = balanced_k_blocks(b, K, cfg)   # the K blocks of seq
+    k_end, n_kb, kcb = balanced_k_blocks(b, K, cfg)   # the K blocks of seq
+    shared = shared_ok(b, N, n_kb, cfg)
+    with b.if_then(shared):
+        _emit_shared_pack(b, cfg, pack_b, B, rsb, csb, K, N, k_end, kcb, n_kb, Bs, counter,
+                          nt)
+        b.store(c64(0), cur)              # the one column block is (being) packed in Bs
+    Bp = b.select(shared, Bs, Bp)
     n_ic = b.sdiv(b.add(M, b.sub(R, c64(1))), R)
     n_items = b.mul(n_ic, b.sdiv(b.add(N, c64(NC - 1)), c64(NC)))
 
@@ -88,6 +158,8 @@ def emit_dyn(module, name, cfg: SgemmConfig, micros, micro_da, pack_a, pack_b,
         direct = b.and_(b.icmp_signed("==", csa, c64(1)), full)
 
     def pc_body(b, pc):
+        with b.if_then(shared):
+            _emit_wait(b, cfg, gep(b, counter, b.add(b.sdiv(pc, kcb), c64(2))), nt)
         kc = smax(b, smin(b, kcb, b.sub(K, pc)), c64(0))
         beta = b.or_(acc, b.icmp_signed(">", pc, c64(0)))
         last = b.icmp_signed(">=", b.add(pc, kcb), K)

@@ -1440,7 +1440,7 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
                     narrow, micro_da, talls)
     dyn = None
     if threads and cfg.dyn_chunks and not cfg.share_b:
-        from rlxc.lowering.cpu.sgemm_dyn import emit_dyn
+        from rlxc.lowering.cpu.sgemm_dyn import SYNC_CELLS, emit_dyn
         dyn = emit_dyn(module, name + ".dyn", cfg, micros, micro_da, pack_a, pack_b, epi_types)
 
     fn = ir.Function(module, sgemm_signature(epi_types), name)
@@ -1547,9 +1547,10 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
                     (M_, N_, K_, A_, rsa_, csa_, B_, rsb_, csb_, C_, ldc_, beta_, ws_, a_part_,
                      per_) = args[:15]
                     ap, bp = slot(b, ws_, per_, a_part_, tid)
+                    _, bs = slot(b, ws_, per_, a_part_, ir.Constant(I32, 0))
                     rows_c = _dyn_chunk_rows(b, M_, b.sext(nt, I64), cfg)
                     b.call(dyn, [M_, N_, K_, A_, rsa_, csa_, B_, rsb_, csb_, C_, ldc_, beta_,
-                                 ap, bp, counter, rows_c, *args[15:]])
+                                 ap, bp, counter, rows_c, bs, b.sext(nt, I64), *args[15:]])
                 with o2:
                     body_m(b, lo, hi, tid, nt, args)
 
@@ -1567,8 +1568,10 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
                         with t3:
                             eb = ir.IRBuilder(fn.entry_basic_block)
                             eb.position_at_start(fn.entry_basic_block)
-                            counter = eb.alloca(I64, name="dyn.next")
-                            b.store(_c64(0), counter)
+                            # the team's sync cells (sgemm_dyn.SYNC_CELLS), zeroed
+                            counter = eb.alloca(I64, size=_c64(SYNC_CELLS), name="dyn.sync")
+                            for i in range(SYNC_CELLS):
+                                b.store(_c64(0), _gep(b, counter, _c64(i)))
                             parallel.emit_parallel_ranges(
                                 module, b, mb, body_dyn, [*captured, counter],
                                 name=name + ".par_dyn", work=work, min_work=cfg.min_work,
