@@ -124,7 +124,14 @@ def emit_dyn(module, name, cfg: SgemmConfig, micros, micro_da, pack_a, pack_b,
                           nt)
         b.store(c64(0), cur)              # the one column block is (being) packed in Bs
     Bp = b.select(shared, Bs, Bp)
-    n_ic = b.sdiv(b.add(M, b.sub(R, c64(1))), R)
+    # items of a column block: R-row chunks, then the last rows (about nt x R) in chunks of
+    # r = R / dyn_tail, so that the threads end within a small chunk of each other
+    r = R
+    if cfg.dyn_tail > 1:
+        r = smax(b, _rup(b, b.sdiv(R, c64(cfg.dyn_tail)), MR), c64(MR))
+    n_big = b.sdiv(smax(b, b.sub(M, b.mul(nt, R)), c64(0)), R)
+    m_big = b.mul(n_big, R)
+    n_ic = b.add(n_big, b.sdiv(b.add(b.sub(M, m_big), b.sub(r, c64(1))), r))
     n_items = b.mul(n_ic, b.sdiv(b.add(N, c64(NC - 1)), c64(NC)))
 
     head = fn.append_basic_block("item.head")
@@ -136,11 +143,13 @@ def emit_dyn(module, name, cfg: SgemmConfig, micros, micro_da, pack_a, pack_b,
     b.cbranch(b.icmp_signed("<", it, n_items), body, done)
     b.position_at_end(body)
     jcb = b.sdiv(it, n_ic)
-    ic = b.mul(b.sub(it, b.mul(jcb, n_ic)), R)
+    li = b.sub(it, b.mul(jcb, n_ic))
+    big = b.icmp_signed("<", li, n_big)
+    ic = b.select(big, b.mul(li, R), b.add(m_big, b.mul(b.sub(li, n_big), r)))
     jc = b.mul(jcb, c64(NC))
     nc = smin(b, c64(NC), b.sub(N, jc))
     ncp = _rup(b, nc, NR)
-    mi = smin(b, R, b.sub(M, ic))
+    mi = smin(b, b.select(big, R, r), b.sub(M, ic))
 
     with b.if_then(b.icmp_signed("!=", b.load(cur), jcb)):
         def pack(b, pc):
