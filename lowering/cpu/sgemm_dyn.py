@@ -1,15 +1,21 @@
 """Dynamic row split of the sgemm: threads claim (column block, row chunk) items from a counter.
 
     NAME (sgemm_kernels.emit_sgemm), row split over a team of nt >= 2 threads
-      │ counter = 0; every thread runs dyn(..., &counter, R)
+      │ sync[] = 0; every thread runs dyn(..., sync, R, Bs = thread 0's B part, nt)
       ▼
-    dyn   loop: it = atomic counter++          (items in jc-major order)
+    dyn   shared B (N <= NC: one column block, at most SYNC_KB K blocks):
+                loop: t = atomic sync[1]++ ; if t >= n_kb * nt: break
+                    pack K block t / nt, panel group t % nt (of nt) into Bs
+                    atomic sync[2 + t / nt] += 1 (release)
+          loop: it = atomic sync[0]++          (items in jc-major order)
                 if it >= n_items: return
-                jc block = it / n_ic, rows [ic, ic + R) with ic = (it % n_ic) * R
-                first item of this jc block for this thread:
+                jc block = it / n_ic; rows: R-row chunks, then the last ~nt * R rows
+                    in chunks of r = R / dyn_tail
+                not shared, first item of this jc block for this thread:
                     pack all of B[:, jc block] (every K block, kc x ceil(nc/NR)*NR
                     each, one after the other) into this thread's B part
                 for pc in K by kcb:                  (the same balanced K blocks as seq)
+                  shared: spin until sync[2 + pc / kcb] == nt (acquire)
                   pack_a A[ic:ic+R, pc:pc+kc]  (or read A in place: direct_a)
                   for jr in nc by NR: for ir in R by MR: micro tile (beta: acc or pc > 0,
                                                           epilogue on the last K block)
@@ -17,13 +23,16 @@
 Why: with a static split (one range of rows per thread) the call ends when the slower
 thread ends; on a shared machine the OS deschedules one of two threads for whole
 slices, and the other then idles at the join.  Here a thread that runs takes the next
-chunk, so the call ends about when the team's total work is done.  One thread owns
-all K blocks of an item, so no two threads ever write the same C rows (no barrier,
-no race, the first K block may overwrite C).  Each thread packs B once per column
-block as in the static row split (a chunk that packed B itself would pay one B pack
-per chunk: 128-row chunks of 1024^3 ran 28% slower).  The cost: the B part of the
-workspace holds all of K (sgemm_kernels.dyn_ok bounds it by cfg.dyn_b_floats), and B
-streams from L2/L3 once per chunk instead of once per MC rows.
+chunk, so the call ends about when the team's total work is done; the small tail chunks
+bound the idle time at the end by one small chunk.  One thread owns all K blocks of an
+item, so no two threads ever write the same C rows (no barrier, no race, the first K
+block may overwrite C).  B: a chunk that packed B itself would pay one B pack per chunk
+(128-row chunks of 1024^3 ran 28% slower), so B is packed once per call and shared when
+N fits one column block (the team splits the packing; a thread waits only for the K
+block it is about to use, whose packing started before any item: no team barrier, and
+a late thread finds B packed), else once per column block per thread.  The cost: the B
+part of the workspace holds all of K (sgemm_kernels.dyn_ok bounds it by
+cfg.dyn_b_floats), and B streams from L2/L3 once per chunk instead of once per MC rows.
 """
 from __future__ import annotations
 

@@ -8,9 +8,10 @@
                   (its share of the FMAs plus the packing: a row split packs
                   all of B in every thread, a column split all of A); the row
                   split (M >= 256) hands out chunks of rows from a shared
-                  counter (sgemm_dyn.py, dyn_chunks per thread), so a
-                  descheduled thread does not hold up the join on a shared
-                  machine
+                  counter (sgemm_dyn.py, dyn_chunks per thread, smaller ones
+                  at the end; the team packs one shared B when N fits one
+                  column block), so a descheduled thread does not hold up the
+                  join on a shared machine
      └ NAME.seq   one thread's C rows/columns:
          M <= MR, unit-stride B → NAME.skinnyM (M × W tiles over all of K, B read
                                   in place) or, for M == 1, NAME.gemv (streams
