@@ -40,7 +40,7 @@ import llvmlite.ir as ir
 
 from rlxc.lowering.cpu.sgemm_kernels import (
     F32P, I1, I64, SgemmConfig, balanced_k_blocks, c64, counted_loop, dispatch_width, gep,
-    internal_fn, smax, smin)
+    gep_any, internal_fn, prefetch, smax, smin)
 
 I64P = I64.as_pointer()
 
@@ -183,6 +183,11 @@ def emit_dyn(module, name, cfg: SgemmConfig, micros, micro_da, pack_a, pack_b,
         last = b.icmp_signed(">=", b.add(pc, kcb), K)
         ablk = gep(b, A, b.add(b.mul(ic, rsa), b.mul(pc, csa)))
         bblk = gep(b, Bp, b.mul(pc, ncp))
+        pf_lines = pf_per = None
+        if cfg.dyn_prefetch_b:
+            pf_lines = b.sdiv(b.add(b.mul(c64(NR), kc), c64(15)), c64(16))
+            tiles_n = b.sdiv(b.add(mi, c64(MR - 1)), c64(MR))
+            pf_per = b.sdiv(b.add(pf_lines, b.sub(tiles_n, c64(1))), tiles_n)
 
         def tiles(b, da):
             def jr_body(b, jr):
@@ -190,6 +195,16 @@ def emit_dyn(module, name, cfg: SgemmConfig, micros, micro_da, pack_a, pack_b,
                 bp = gep(b, bblk, b.mul(jr, kc))
 
                 def ir_body(b, i_r):
+                    if pf_lines is not None:
+                        # the next packed panel (this block's next, or the next K block's
+                        # first: Bp is one stream) into L2, a slice of its lines per tile
+                        lo = b.mul(b.sdiv(i_r, c64(MR)), pf_per)
+                        nxt = gep_any(b, bp, b.mul(c64(NR), kc))
+
+                        def pf(b, ln):
+                            prefetch(b, gep_any(b, nxt, b.mul(ln, c64(16))), 0,
+                                     cfg.dyn_prefetch_b)
+                        counted_loop(b, lo, smin(b, b.add(lo, pf_per), pf_lines), 1, pf, "dpf")
                     m_rem = smin(b, c64(MR), b.sub(mi, i_r))
                     ap = gep(b, ablk, b.mul(i_r, rsa)) if da else gep(b, Ap, b.mul(i_r, kc))
                     cp = gep(b, C, b.add(b.mul(b.add(ic, i_r), ldc), b.add(jc, jr)))

@@ -141,6 +141,7 @@ class SgemmConfig:
     dyn_chunks: int = 4
     dyn_b_floats: int = 1 << 21   # ... when K x nc fits this many floats (its packed B part)
     dyn_tail: int = 4             # ... the last ~threads chunks split dyn_tail ways (<= 1: not)
+    dyn_prefetch_b: int = 2       # ... prefetch the next packed B panel (0 off, else locality)
     skinny: bool = True       # M <= mr with unit-stride B: unpacked skinny kernels
     skinny_prefetch: int = 8  # B rows ahead prefetched by the skinny kernels (0 = off)
     gemv_rows: int = 8        # M == 1: B rows streamed together (0 = use the skinny tile)
