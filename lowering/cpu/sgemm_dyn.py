@@ -120,7 +120,9 @@ def emit_dyn(module, name, cfg: SgemmConfig, micros, micro_da, pack_a, pack_b,
     MR, NR, NC, VL = cfg.mr, cfg.nr, cfg.nc, cfg.vl
     fn = internal_fn(module, name, [I64, I64, I64, F32P, I64, I64, F32P, I64, I64, F32P, I64,
                                     I1, F32P, F32P, I64P, I64, F32P, I64, *epi_types],
-                     [3, 6, 9, 12, 13], inline="noinline")
+                     # not Bp (13): with the shared B, thread 0's Bp is Bs, which the
+                     # other threads write while this runs
+                     [3, 6, 9, 12], inline="noinline")
     M, N, K, A, rsa, csa, B, rsb, csb, C, ldc, acc, Ap, Bp, counter, R, Bs, nt = fn.args[:18]
     epi_args = list(fn.args[18:])
     b = ir.IRBuilder(fn.append_basic_block("entry"))
