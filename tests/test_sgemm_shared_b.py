@@ -81,7 +81,7 @@ def test_shared_b_fallbacks_and_tail(tmp_path_factory, cpu):
     transposed operands, accumulate or not, at 2 and 1 threads."""
     base = sgemm.sgemm_config(cpu)
     g, _ = _lib(tmp_path_factory, cpu, f"shbt_{cpu}", kc=16, nc=2 * base.nr,
-                mc=24 * base.mr, min_work=0, dyn_chunks=3)
+                mc=24 * base.mr, min_work=0, dyn_chunks=3, dyn_tail=4)
     cfg, nr, vl = g.cfg, base.nr, base.vl
     k_many = sgemm_dyn.SYNC_KB * cfg.kc + 5       # more K blocks than the shared B counts
     rng = np.random.default_rng(7)
