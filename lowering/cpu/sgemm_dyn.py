@@ -1,15 +1,21 @@
 """Dynamic row split of the sgemm: threads claim (column block, row chunk) items from a counter.
 
     NAME (sgemm_kernels.emit_sgemm), row split over a team of nt >= 2 threads
-      │ counter = 0; every thread runs dyn(..., &counter, R)
+      │ sync[] = 0; every thread runs dyn(..., sync, R, Bs = thread 0's B part, nt)
       ▼
-    dyn   loop: it = atomic counter++          (items in jc-major order)
+    dyn   shared B (N <= NC: one column block, at most SYNC_KB K blocks):
+                loop: t = atomic sync[1]++ ; if t >= n_kb * nt: break
+                    pack K block t / nt, panel group t % nt (of nt) into Bs
+                    atomic sync[2 + t / nt] += 1 (release)
+          loop: it = atomic sync[0]++          (items in jc-major order)
                 if it >= n_items: return
-                jc block = it / n_ic, rows [ic, ic + R) with ic = (it % n_ic) * R
-                first item of this jc block for this thread:
+                jc block = it / n_ic; rows: R-row chunks, then the last ~nt * R rows
+                    in chunks of r = R / dyn_tail
+                not shared, first item of this jc block for this thread:
                     pack all of B[:, jc block] (every K block, kc x ceil(nc/NR)*NR
                     each, one after the other) into this thread's B part
                 for pc in K by kcb:                  (the same balanced K blocks as seq)
+                  shared: spin until sync[2 + pc / kcb] == nt (acquire)
                   pack_a A[ic:ic+R, pc:pc+kc]  (or read A in place: direct_a)
                   for jr in nc by NR: for ir in R by MR: micro tile (beta: acc or pc > 0,
                                                           epilogue on the last K block)
@@ -17,51 +23,126 @@
 Why: with a static split (one range of rows per thread) the call ends when the slower
 thread ends; on a shared machine the OS deschedules one of two threads for whole
 slices, and the other then idles at the join.  Here a thread that runs takes the next
-chunk, so the call ends about when the team's total work is done.  One thread owns
-all K blocks of an item, so no two threads ever write the same C rows (no barrier,
-no race, the first K block may overwrite C).  Each thread packs B once per column
-block as in the static row split (a chunk that packed B itself would pay one B pack
-per chunk: 128-row chunks of 1024^3 ran 28% slower).  The cost: the B part of the
-workspace holds all of K (sgemm_kernels.dyn_ok bounds it by cfg.dyn_b_floats), and B
-streams from L2/L3 once per chunk instead of once per MC rows.
+chunk, so the call ends about when the team's total work is done; the small tail chunks
+bound the idle time at the end by one small chunk.  One thread owns all K blocks of an
+item, so no two threads ever write the same C rows (no barrier, no race, the first K
+block may overwrite C).  B: a chunk that packed B itself would pay one B pack per chunk
+(128-row chunks of 1024^3 ran 28% slower), so B is packed once per call and shared when
+N fits one column block (the team splits the packing; a thread waits only for the K
+block it is about to use, whose packing started before any item: no team barrier, and
+a late thread finds B packed), else once per column block per thread.  The cost: the B
+part of the workspace holds all of K (sgemm_kernels.dyn_ok bounds it by
+cfg.dyn_b_floats), and B streams from L2/L3 once per chunk instead of once per MC rows.
 """
 from __future__ import annotations
 
 import llvmlite.ir as ir
 
 from rlxc.lowering.cpu.sgemm_kernels import (
-    F32P, I1, I64, SgemmConfig, c64, counted_loop, dispatch_width, gep, internal_fn, smin)
+    F32P, I1, I64, SgemmConfig, balanced_k_blocks, c64, counted_loop, dispatch_width, gep,
+    gep_any, internal_fn, prefetch, smax, smin)
 
 I64P = I64.as_pointer()
-
-
-def _smax(b, x, y):
-    return b.select(b.icmp_signed(">", x, y), x, y)
 
 
 def _rup(b, x, m: int):
     return b.mul(b.sdiv(b.add(x, c64(m - 1)), c64(m)), c64(m))
 
 
+SYNC_KB = 64                  # K blocks at most for the shared B (one counter each)
+SYNC_CELLS = 2 + SYNC_KB      # i64 cells of the team's sync array
+
+
+def shared_ok(b, N, n_kb, cfg: SgemmConfig):
+    """Whether the team shares one packed B (i1): one column block (N <= NC) of at most
+    SYNC_KB K blocks; else every thread packs its own B per column block."""
+    return b.and_(b.icmp_signed("<=", N, c64(cfg.nc)), b.icmp_signed("<=", n_kb, c64(SYNC_KB)))
+
+
+def _pause(b, cfg: SgemmConfig) -> None:
+    """A spin-wait hint: x86 `pause` (nothing elsewhere)."""
+    if cfg.isa in ("avx512", "avx2", "avx", "sse"):
+        m = b.module
+        f = m.globals.get("llvm.x86.sse2.pause") or ir.Function(
+            m, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse2.pause")
+        b.call(f, [])
+
+
+def _emit_shared_pack(b, cfg: SgemmConfig, pack_b, B, rsb, csb, K, N, k_end, kcb, n_kb,
+                      Bs, sync, nt):
+    """Pack phase of the shared B (header): claim pack tasks (K block kb, group g of nt
+    groups of its NR panels) from sync[1]; pack each into Bs; count it done in sync[2 + kb]
+    (release, so a thread that sees the count also sees the packed floats)."""
+    NR = cfg.nr
+    fn = b.function
+    head, body, done = (fn.append_basic_block(f"spack.{s}") for s in ("head", "body", "done"))
+    ncp = _rup(b, N, NR)
+    n_pan = b.sdiv(ncp, c64(NR))
+    b.branch(head)
+    b.position_at_end(head)
+    t = b.atomic_rmw("add", gep(b, sync, c64(1)), c64(1), "monotonic")
+    b.cbranch(b.icmp_signed("<", t, b.mul(n_kb, nt)), body, done)
+    b.position_at_end(body)
+    kb = b.sdiv(t, nt)
+    g = b.sub(t, b.mul(kb, nt))
+    pc = b.mul(kb, kcb)
+    kc = smax(b, smin(b, kcb, b.sub(K, pc)), c64(0))
+    j0 = b.mul(b.sdiv(b.mul(n_pan, g), nt), c64(NR))
+    j1 = smin(b, b.mul(b.sdiv(b.mul(n_pan, b.add(g, c64(1))), nt), c64(NR)), N)
+    with b.if_then(b.icmp_signed("<", j0, j1)):
+        b.call(pack_b, [gep(b, B, b.add(b.mul(pc, rsb), b.mul(j0, csb))), rsb, csb, kc,
+                        b.sub(j1, j0), gep(b, Bs, b.add(b.mul(pc, ncp), b.mul(j0, kc)))])
+    b.atomic_rmw("add", gep(b, sync, b.add(kb, c64(2))), c64(1), "release")
+    b.branch(head)
+    b.position_at_end(done)
+
+
+def _emit_wait(b, cfg: SgemmConfig, cell, want):
+    """Spin until the atomic *cell >= want (acquire)."""
+    fn = b.function
+    head, body, done = (fn.append_basic_block(f"wait.{s}") for s in ("head", "body", "done"))
+    b.branch(head)
+    b.position_at_end(head)
+    v = b.load_atomic(cell, "acquire", 8)
+    b.cbranch(b.icmp_signed("<", v, want), body, done)
+    b.position_at_end(body)
+    _pause(b, cfg)
+    b.branch(head)
+    b.position_at_end(done)
+
+
 def emit_dyn(module, name, cfg: SgemmConfig, micros, micro_da, pack_a, pack_b,
              epi_types) -> ir.Function:
-    """dyn(M, N, K, A, rsa, csa, B, rsb, csb, C, ldc, acc i1, Ap, Bp, counter i64*, R,
-    epi...): this thread's share of C (=|+=) A @ B, claimed R rows at a time (header)."""
-    MR, NR, KC, NC, VL, UN = cfg.mr, cfg.nr, cfg.kc, cfg.nc, cfg.vl, cfg.unroll
+    """dyn(M, N, K, A, rsa, csa, B, rsb, csb, C, ldc, acc i1, Ap, Bp, sync i64*, R, Bs, nt,
+    epi...): this thread's share of C (=|+=) A @ B, claimed R rows at a time (header).
+    sync: SYNC_CELLS zeroed i64 shared by the team (item counter, pack-task counter, packed
+    count per K block); Bs: the team's shared B part; nt: the team size."""
+    MR, NR, NC, VL = cfg.mr, cfg.nr, cfg.nc, cfg.vl
     fn = internal_fn(module, name, [I64, I64, I64, F32P, I64, I64, F32P, I64, I64, F32P, I64,
-                                    I1, F32P, F32P, I64P, I64, *epi_types],
-                     [3, 6, 9, 12, 13], inline="noinline")
-    M, N, K, A, rsa, csa, B, rsb, csb, C, ldc, acc, Ap, Bp, counter, R = fn.args[:16]
-    epi_args = list(fn.args[16:])
+                                    I1, F32P, F32P, I64P, I64, F32P, I64, *epi_types],
+                     # not Bp (13): with the shared B, thread 0's Bp is Bs, which the
+                     # other threads write while this runs
+                     [3, 6, 9, 12], inline="noinline")
+    M, N, K, A, rsa, csa, B, rsb, csb, C, ldc, acc, Ap, Bp, counter, R, Bs, nt = fn.args[:18]
+    epi_args = list(fn.args[18:])
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     cur = b.alloca(I64, name="cur.jc")
     b.store(c64(-1), cur)
-    # the balanced K blocks of seq (784 = 4 x 196), a multiple of the k unroll
-    k_end = _smax(b, K, c64(1))
-    n_kb = b.sdiv(b.add(k_end, c64(KC - 1)), c64(KC))
-    kcb = b.sdiv(b.add(k_end, b.sub(n_kb, c64(1))), n_kb)
-    kcb = smin(b, _rup(b, kcb, UN), c64(KC))
-    n_ic = b.sdiv(b.add(M, b.sub(R, c64(1))), R)
+    k_end, n_kb, kcb = balanced_k_blocks(b, K, cfg)   # the K blocks of seq
+    shared = shared_ok(b, N, n_kb, cfg)
+    with b.if_then(shared):
+        _emit_shared_pack(b, cfg, pack_b, B, rsb, csb, K, N, k_end, kcb, n_kb, Bs, counter,
+                          nt)
+        b.store(c64(0), cur)              # the one column block is (being) packed in Bs
+    Bp = b.select(shared, Bs, Bp)
+    # items of a column block: R-row chunks, then the last rows (about nt x R) in chunks of
+    # r = R / dyn_tail, so that the threads end within a small chunk of each other
+    r = R
+    if cfg.dyn_tail > 1:
+        r = smax(b, _rup(b, b.sdiv(R, c64(cfg.dyn_tail)), MR), c64(MR))
+    n_big = b.sdiv(smax(b, b.sub(M, b.mul(nt, R)), c64(0)), R)
+    m_big = b.mul(n_big, R)
+    n_ic = b.add(n_big, b.sdiv(b.add(b.sub(M, m_big), b.sub(r, c64(1))), r))
     n_items = b.mul(n_ic, b.sdiv(b.add(N, c64(NC - 1)), c64(NC)))
 
     head = fn.append_basic_block("item.head")
@@ -73,15 +154,17 @@ def emit_dyn(module, name, cfg: SgemmConfig, micros, micro_da, pack_a, pack_b,
     b.cbranch(b.icmp_signed("<", it, n_items), body, done)
     b.position_at_end(body)
     jcb = b.sdiv(it, n_ic)
-    ic = b.mul(b.sub(it, b.mul(jcb, n_ic)), R)
+    li = b.sub(it, b.mul(jcb, n_ic))
+    big = b.icmp_signed("<", li, n_big)
+    ic = b.select(big, b.mul(li, R), b.add(m_big, b.mul(b.sub(li, n_big), r)))
     jc = b.mul(jcb, c64(NC))
     nc = smin(b, c64(NC), b.sub(N, jc))
     ncp = _rup(b, nc, NR)
-    mi = smin(b, R, b.sub(M, ic))
+    mi = smin(b, b.select(big, R, r), b.sub(M, ic))
 
     with b.if_then(b.icmp_signed("!=", b.load(cur), jcb)):
         def pack(b, pc):
-            kc = _smax(b, smin(b, kcb, b.sub(K, pc)), c64(0))
+            kc = smax(b, smin(b, kcb, b.sub(K, pc)), c64(0))
             b.call(pack_b, [gep(b, B, b.add(b.mul(pc, rsb), b.mul(jc, csb))), rsb, csb, kc, nc,
                             gep(b, Bp, b.mul(pc, ncp))])
         counted_loop(b, c64(0), k_end, kcb, pack, "dpb")
@@ -95,11 +178,18 @@ def emit_dyn(module, name, cfg: SgemmConfig, micros, micro_da, pack_a, pack_b,
         direct = b.and_(b.icmp_signed("==", csa, c64(1)), full)
 
     def pc_body(b, pc):
-        kc = _smax(b, smin(b, kcb, b.sub(K, pc)), c64(0))
+        with b.if_then(shared):
+            _emit_wait(b, cfg, gep(b, counter, b.add(b.sdiv(pc, kcb), c64(2))), nt)
+        kc = smax(b, smin(b, kcb, b.sub(K, pc)), c64(0))
         beta = b.or_(acc, b.icmp_signed(">", pc, c64(0)))
         last = b.icmp_signed(">=", b.add(pc, kcb), K)
         ablk = gep(b, A, b.add(b.mul(ic, rsa), b.mul(pc, csa)))
         bblk = gep(b, Bp, b.mul(pc, ncp))
+        pf_lines = pf_per = None
+        if cfg.dyn_prefetch_b:
+            pf_lines = b.sdiv(b.add(b.mul(c64(NR), kc), c64(15)), c64(16))
+            tiles_n = b.sdiv(b.add(mi, c64(MR - 1)), c64(MR))
+            pf_per = b.sdiv(b.add(pf_lines, b.sub(tiles_n, c64(1))), tiles_n)
 
         def tiles(b, da):
             def jr_body(b, jr):
@@ -107,6 +197,16 @@ def emit_dyn(module, name, cfg: SgemmConfig, micros, micro_da, pack_a, pack_b,
                 bp = gep(b, bblk, b.mul(jr, kc))
 
                 def ir_body(b, i_r):
+                    if pf_lines is not None:
+                        # the next packed panel (this block's next, or the next K block's
+                        # first: Bp is one stream) into L2, a slice of its lines per tile
+                        lo = b.mul(b.sdiv(i_r, c64(MR)), pf_per)
+                        nxt = gep_any(b, bp, b.mul(c64(NR), kc))
+
+                        def pf(b, ln):
+                            prefetch(b, gep_any(b, nxt, b.mul(ln, c64(16))), 0,
+                                     cfg.dyn_prefetch_b)
+                        counted_loop(b, lo, smin(b, b.add(lo, pf_per), pf_lines), 1, pf, "dpf")
                     m_rem = smin(b, c64(MR), b.sub(mi, i_r))
                     ap = gep(b, ablk, b.mul(i_r, rsa)) if da else gep(b, Ap, b.mul(i_r, kc))
                     cp = gep(b, C, b.add(b.mul(b.add(ic, i_r), ldc), b.add(jc, jr)))

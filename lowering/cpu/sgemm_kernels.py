@@ -8,9 +8,10 @@
                   (its share of the FMAs plus the packing: a row split packs
                   all of B in every thread, a column split all of A); the row
                   split (M >= 256) hands out chunks of rows from a shared
-                  counter (sgemm_dyn.py, dyn_chunks per thread), so a
-                  descheduled thread does not hold up the join on a shared
-                  machine
+                  counter (sgemm_dyn.py, dyn_chunks per thread, smaller ones
+                  at the end; the team packs one shared B when N fits one
+                  column block), so a descheduled thread does not hold up the
+                  join on a shared machine
      └ NAME.seq   one thread's C rows/columns:
          M <= MR, unit-stride B → NAME.skinnyM (M × W tiles over all of K, B read
                                   in place) or, for M == 1, NAME.gemv (streams
@@ -140,6 +141,8 @@ class SgemmConfig:
     # M / (n * threads) rows (MR..MC) that the threads claim from a shared counter
     dyn_chunks: int = 4
     dyn_b_floats: int = 1 << 21   # ... when K x nc fits this many floats (its packed B part)
+    dyn_tail: int = 4             # ... the last ~threads chunks split dyn_tail ways (<= 1: not)
+    dyn_prefetch_b: int = 2       # ... prefetch the next packed B panel (0 off, else locality)
     skinny: bool = True       # M <= mr with unit-stride B: unpacked skinny kernels
     skinny_prefetch: int = 8  # B rows ahead prefetched by the skinny kernels (0 = off)
     gemv_rows: int = 8        # M == 1: B rows streamed together (0 = use the skinny tile)
@@ -255,8 +258,12 @@ def derive_config(isa: VectorIsa, caches, **overrides) -> SgemmConfig:
     kc = min(KC_MAX, max(KC_MIN, ways_b * way // (nr * 4) // 16 * 16))
     mc = min(MC_MAX, max(mr, caches.l2 // 2 // (kc * 4) // mr * mr))
     nc = min(NC_MAX // nr * nr, max(nr, caches.l3 // (kc * 4) // nr * nr))
+    # tail chunks of the dynamic split: with 16 registers (AVX2 4x24) +2-4% on a 2-thread
+    # 1024^3; the AVX-512 6x64 tile's 40 KB B panel served only 6 tiles per tail chunk
+    # (36 rows) ran 2-4% slower than without (one-process A/B on Sapphire Rapids)
     cfg = SgemmConfig(isa.name, isa.vl, mr, nr, kc=kc, mc=mc, nc=nc,
-                      direct_a_edge=bool(nr & (nr - 1)))
+                      direct_a_edge=bool(nr & (nr - 1)),
+                      dyn_tail=4 if isa.regs <= 16 else 1)
     return dataclasses.replace(cfg, **overrides) if overrides else cfg
 
 
@@ -1180,6 +1187,20 @@ def _dispatch_width(b, n_rem, margs, variants, vl: int) -> None:
     b.position_at_end(done)
 
 
+def balanced_k_blocks(b: ir.IRBuilder, K, cfg: SgemmConfig):
+    """(k_end, n_kblocks, kcb): the K blocks of seq and sgemm_dyn.  K = 0 still runs one
+    (empty) block (k_end = max(K, 1)); n_kblocks = ceil(k_end / KC) blocks of kcb =
+    ceil(k_end / n_kblocks) rounded up to the k unroll, at most KC: balanced (784 = 4 x
+    196, not 3 x 256 + 16), since a thin last block would pay a full pass of C loads and
+    stores for a few rank-1 updates."""
+    KC, UN = cfg.kc, cfg.unroll
+    k_end = _smax(b, K, _c64(1))
+    n_kblocks = b.sdiv(b.add(k_end, _c64(KC - 1)), _c64(KC))
+    kcb = b.sdiv(b.add(k_end, b.sub(n_kblocks, _c64(1))), n_kblocks)
+    kcb = b.mul(b.sdiv(b.add(kcb, _c64(UN - 1)), _c64(UN)), _c64(UN))
+    return k_end, n_kblocks, _smin(b, kcb, _c64(KC))
+
+
 def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
               skinnies=(), narrow=None, micro_da=None, talls=()) -> ir.Function:
     """seq(M, N, K, A, rsa, csa, B, rsb, csb, C, ldc, beta i1, Ap, Bp0, Bp1, row0, col0,
@@ -1231,14 +1252,7 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
             b.call(narrow, [M, N, K, A, rsa, B, rsb, csb, C, ldc, acc, Bp0, row0, col0,
                             *epi_args])
             b.ret_void()
-    k_end = _smax(b, K, _c64(1))  # K = 0 still runs one (empty) K block
-    n_kblocks = b.sdiv(b.add(k_end, _c64(KC - 1)), _c64(KC))
-    # balanced K blocks (784 = 4 x 196, not 3 x 256 + 16): a thin last block would pay a
-    # full pass of C loads and stores for a few rank-1 updates
-    UN = cfg.unroll
-    kcb = b.sdiv(b.add(k_end, b.sub(n_kblocks, _c64(1))), n_kblocks)
-    kcb = b.mul(b.sdiv(b.add(kcb, _c64(UN - 1)), _c64(UN)), _c64(UN))
-    kcb = _smin(b, kcb, _c64(KC))
+    k_end, n_kblocks, kcb = balanced_k_blocks(b, K, cfg)
     tid64, nt64 = b.sext(tid, I64), b.sext(nt, I64)
     # panelwise (one M block, not coop): B is packed one micro-panel at a time just
     # before its tiles, into one slot that stays in L1, while the next panel's source
@@ -1435,7 +1449,7 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
                     narrow, micro_da, talls)
     dyn = None
     if threads and cfg.dyn_chunks and not cfg.share_b:
-        from rlxc.lowering.cpu.sgemm_dyn import emit_dyn
+        from rlxc.lowering.cpu.sgemm_dyn import SYNC_CELLS, emit_dyn
         dyn = emit_dyn(module, name + ".dyn", cfg, micros, micro_da, pack_a, pack_b, epi_types)
 
     fn = ir.Function(module, sgemm_signature(epi_types), name)
@@ -1542,9 +1556,10 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
                     (M_, N_, K_, A_, rsa_, csa_, B_, rsb_, csb_, C_, ldc_, beta_, ws_, a_part_,
                      per_) = args[:15]
                     ap, bp = slot(b, ws_, per_, a_part_, tid)
+                    _, bs = slot(b, ws_, per_, a_part_, ir.Constant(I32, 0))
                     rows_c = _dyn_chunk_rows(b, M_, b.sext(nt, I64), cfg)
                     b.call(dyn, [M_, N_, K_, A_, rsa_, csa_, B_, rsb_, csb_, C_, ldc_, beta_,
-                                 ap, bp, counter, rows_c, *args[15:]])
+                                 ap, bp, counter, rows_c, bs, b.sext(nt, I64), *args[15:]])
                 with o2:
                     body_m(b, lo, hi, tid, nt, args)
 
@@ -1562,8 +1577,10 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
                         with t3:
                             eb = ir.IRBuilder(fn.entry_basic_block)
                             eb.position_at_start(fn.entry_basic_block)
-                            counter = eb.alloca(I64, name="dyn.next")
-                            b.store(_c64(0), counter)
+                            # the team's sync cells (sgemm_dyn.SYNC_CELLS), zeroed
+                            counter = eb.alloca(I64, size=_c64(SYNC_CELLS), name="dyn.sync")
+                            for i in range(SYNC_CELLS):
+                                b.store(_c64(0), _gep(b, counter, _c64(i)))
                             parallel.emit_parallel_ranges(
                                 module, b, mb, body_dyn, [*captured, counter],
                                 name=name + ".par_dyn", work=work, min_work=cfg.min_work,
@@ -1591,8 +1608,8 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
 
 
 # the helpers the tall tiles (sgemm_tall.py) share, under public names
-c64, gep, gep_any, smin, splat, lane_mask, masked_store, prefetch, internal_fn, fma_fn, \
-    skinny_width, dispatch_width = (_c64, _gep, _gep_any, _smin, _splat, _lane_mask,
+c64, gep, gep_any, smin, smax, splat, lane_mask, masked_store, prefetch, internal_fn, fma_fn, \
+    skinny_width, dispatch_width = (_c64, _gep, _gep_any, _smin, _smax, _splat, _lane_mask,
                                     _masked_store, _prefetch, _internal_fn, _fma,
                                     _skinny_width, _dispatch_width)
 
