@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import llvmlite.ir as ir
 
+from rlxc.lowering.cpu import openmp as parallel
 from rlxc.lowering.cpu.sgemm_kernels import (
     F32P, I1, I64, SgemmConfig, balanced_k_blocks, c64, counted_loop, dispatch_width, gep,
     gep_any, internal_fn, prefetch, smax, smin)
@@ -74,27 +75,22 @@ def _emit_shared_pack(b, cfg: SgemmConfig, pack_b, B, rsb, csb, K, N, k_end, kcb
     groups of its NR panels) from sync[1]; pack each into Bs; count it done in sync[2 + kb]
     (release, so a thread that sees the count also sees the packed floats)."""
     NR = cfg.nr
-    fn = b.function
-    head, body, done = (fn.append_basic_block(f"spack.{s}") for s in ("head", "body", "done"))
     ncp = _rup(b, N, NR)
     n_pan = b.sdiv(ncp, c64(NR))
-    b.branch(head)
-    b.position_at_end(head)
-    t = b.atomic_rmw("add", gep(b, sync, c64(1)), c64(1), "monotonic")
-    b.cbranch(b.icmp_signed("<", t, b.mul(n_kb, nt)), body, done)
-    b.position_at_end(body)
-    kb = b.sdiv(t, nt)
-    g = b.sub(t, b.mul(kb, nt))
-    pc = b.mul(kb, kcb)
-    kc = smax(b, smin(b, kcb, b.sub(K, pc)), c64(0))
-    j0 = b.mul(b.sdiv(b.mul(n_pan, g), nt), c64(NR))
-    j1 = smin(b, b.mul(b.sdiv(b.mul(n_pan, b.add(g, c64(1))), nt), c64(NR)), N)
-    with b.if_then(b.icmp_signed("<", j0, j1)):
-        b.call(pack_b, [gep(b, B, b.add(b.mul(pc, rsb), b.mul(j0, csb))), rsb, csb, kc,
-                        b.sub(j1, j0), gep(b, Bs, b.add(b.mul(pc, ncp), b.mul(j0, kc)))])
-    b.atomic_rmw("add", gep(b, sync, b.add(kb, c64(2))), c64(1), "release")
-    b.branch(head)
-    b.position_at_end(done)
+
+    def task(b, t, _hi):
+        kb = b.sdiv(t, nt)
+        g = b.sub(t, b.mul(kb, nt))
+        pc = b.mul(kb, kcb)
+        kc = smax(b, smin(b, kcb, b.sub(K, pc)), c64(0))
+        j0 = b.mul(b.sdiv(b.mul(n_pan, g), nt), c64(NR))
+        j1 = smin(b, b.mul(b.sdiv(b.mul(n_pan, b.add(g, c64(1))), nt), c64(NR)), N)
+        with b.if_then(b.icmp_signed("<", j0, j1)):
+            b.call(pack_b, [gep(b, B, b.add(b.mul(pc, rsb), b.mul(j0, csb))), rsb, csb, kc,
+                            b.sub(j1, j0), gep(b, Bs, b.add(b.mul(pc, ncp), b.mul(j0, kc)))])
+        b.atomic_rmw("add", gep(b, sync, b.add(kb, c64(2))), c64(1), "release")
+
+    parallel.emit_claim_loop(b, gep(b, sync, c64(1)), b.mul(n_kb, nt), task, name="spack")
 
 
 def _emit_wait(b, cfg: SgemmConfig, cell, want):
@@ -145,92 +141,84 @@ def emit_dyn(module, name, cfg: SgemmConfig, micros, micro_da, pack_a, pack_b,
     n_ic = b.add(n_big, b.sdiv(b.add(b.sub(M, m_big), b.sub(r, c64(1))), r))
     n_items = b.mul(n_ic, b.sdiv(b.add(N, c64(NC - 1)), c64(NC)))
 
-    head = fn.append_basic_block("item.head")
-    body = fn.append_basic_block("item.body")
-    done = fn.append_basic_block("item.done")
-    b.branch(head)
-    b.position_at_end(head)
-    it = b.atomic_rmw("add", counter, c64(1), "monotonic")
-    b.cbranch(b.icmp_signed("<", it, n_items), body, done)
-    b.position_at_end(body)
-    jcb = b.sdiv(it, n_ic)
-    li = b.sub(it, b.mul(jcb, n_ic))
-    big = b.icmp_signed("<", li, n_big)
-    ic = b.select(big, b.mul(li, R), b.add(m_big, b.mul(b.sub(li, n_big), r)))
-    jc = b.mul(jcb, c64(NC))
-    nc = smin(b, c64(NC), b.sub(N, jc))
-    ncp = _rup(b, nc, NR)
-    mi = smin(b, b.select(big, R, r), b.sub(M, ic))
+    def item(b, it, _hi):
+        jcb = b.sdiv(it, n_ic)
+        li = b.sub(it, b.mul(jcb, n_ic))
+        big = b.icmp_signed("<", li, n_big)
+        ic = b.select(big, b.mul(li, R), b.add(m_big, b.mul(b.sub(li, n_big), r)))
+        jc = b.mul(jcb, c64(NC))
+        nc = smin(b, c64(NC), b.sub(N, jc))
+        ncp = _rup(b, nc, NR)
+        mi = smin(b, b.select(big, R, r), b.sub(M, ic))
 
-    with b.if_then(b.icmp_signed("!=", b.load(cur), jcb)):
-        def pack(b, pc):
+        with b.if_then(b.icmp_signed("!=", b.load(cur), jcb)):
+            def pack(b, pc):
+                kc = smax(b, smin(b, kcb, b.sub(K, pc)), c64(0))
+                b.call(pack_b, [gep(b, B, b.add(b.mul(pc, rsb), b.mul(jc, csb))), rsb, csb, kc,
+                                nc, gep(b, Bp, b.mul(pc, ncp))])
+            counted_loop(b, c64(0), k_end, kcb, pack, "dpb")
+            b.store(jcb, cur)
+
+        direct = None
+        if micro_da is not None:
+            full = b.icmp_signed("==", b.srem(nc, c64(NR)), c64(0))
+            if cfg.direct_a_edge:
+                full = ir.Constant(I1, 1)
+            direct = b.and_(b.icmp_signed("==", csa, c64(1)), full)
+
+        def pc_body(b, pc):
+            with b.if_then(shared):
+                _emit_wait(b, cfg, gep(b, counter, b.add(b.sdiv(pc, kcb), c64(2))), nt)
             kc = smax(b, smin(b, kcb, b.sub(K, pc)), c64(0))
-            b.call(pack_b, [gep(b, B, b.add(b.mul(pc, rsb), b.mul(jc, csb))), rsb, csb, kc, nc,
-                            gep(b, Bp, b.mul(pc, ncp))])
-        counted_loop(b, c64(0), k_end, kcb, pack, "dpb")
-        b.store(jcb, cur)
+            beta = b.or_(acc, b.icmp_signed(">", pc, c64(0)))
+            last = b.icmp_signed(">=", b.add(pc, kcb), K)
+            ablk = gep(b, A, b.add(b.mul(ic, rsa), b.mul(pc, csa)))
+            bblk = gep(b, Bp, b.mul(pc, ncp))
+            pf_lines = pf_per = None
+            if cfg.dyn_prefetch_b:
+                pf_lines = b.sdiv(b.add(b.mul(c64(NR), kc), c64(15)), c64(16))
+                tiles_n = b.sdiv(b.add(mi, c64(MR - 1)), c64(MR))
+                pf_per = b.sdiv(b.add(pf_lines, b.sub(tiles_n, c64(1))), tiles_n)
 
-    direct = None
-    if micro_da is not None:
-        full = b.icmp_signed("==", b.srem(nc, c64(NR)), c64(0))
-        if cfg.direct_a_edge:
-            full = ir.Constant(I1, 1)
-        direct = b.and_(b.icmp_signed("==", csa, c64(1)), full)
+            def tiles(b, da):
+                def jr_body(b, jr):
+                    n_rem = smin(b, c64(NR), b.sub(nc, jr))
+                    bp = gep(b, bblk, b.mul(jr, kc))
 
-    def pc_body(b, pc):
-        with b.if_then(shared):
-            _emit_wait(b, cfg, gep(b, counter, b.add(b.sdiv(pc, kcb), c64(2))), nt)
-        kc = smax(b, smin(b, kcb, b.sub(K, pc)), c64(0))
-        beta = b.or_(acc, b.icmp_signed(">", pc, c64(0)))
-        last = b.icmp_signed(">=", b.add(pc, kcb), K)
-        ablk = gep(b, A, b.add(b.mul(ic, rsa), b.mul(pc, csa)))
-        bblk = gep(b, Bp, b.mul(pc, ncp))
-        pf_lines = pf_per = None
-        if cfg.dyn_prefetch_b:
-            pf_lines = b.sdiv(b.add(b.mul(c64(NR), kc), c64(15)), c64(16))
-            tiles_n = b.sdiv(b.add(mi, c64(MR - 1)), c64(MR))
-            pf_per = b.sdiv(b.add(pf_lines, b.sub(tiles_n, c64(1))), tiles_n)
+                    def ir_body(b, i_r):
+                        if pf_lines is not None:
+                            # the next packed panel (this block's next, or the next K block's
+                            # first: Bp is one stream) into L2, a slice of its lines per tile
+                            lo = b.mul(b.sdiv(i_r, c64(MR)), pf_per)
+                            nxt = gep_any(b, bp, b.mul(c64(NR), kc))
 
-        def tiles(b, da):
-            def jr_body(b, jr):
-                n_rem = smin(b, c64(NR), b.sub(nc, jr))
-                bp = gep(b, bblk, b.mul(jr, kc))
+                            def pf(b, ln):
+                                prefetch(b, gep_any(b, nxt, b.mul(ln, c64(16))), 0,
+                                         cfg.dyn_prefetch_b)
+                            counted_loop(b, lo, smin(b, b.add(lo, pf_per), pf_lines), 1, pf, "dpf")
+                        m_rem = smin(b, c64(MR), b.sub(mi, i_r))
+                        ap = gep(b, ablk, b.mul(i_r, rsa)) if da else gep(b, Ap, b.mul(i_r, kc))
+                        cp = gep(b, C, b.add(b.mul(b.add(ic, i_r), ldc), b.add(jc, jr)))
+                        margs = [kc, ap, bp, cp, ldc, m_rem, n_rem, beta, last, b.add(ic, i_r),
+                                 b.add(jc, jr)]
+                        if da:
+                            dispatch_width(b, n_rem, [*margs, rsa, *epi_args], micro_da, VL)
+                        else:
+                            dispatch_width(b, n_rem, [*margs, *epi_args], micros, VL)
+                    counted_loop(b, c64(0), mi, MR, ir_body, "dir")
+                counted_loop(b, c64(0), nc, NR, jr_body, "djr")
 
-                def ir_body(b, i_r):
-                    if pf_lines is not None:
-                        # the next packed panel (this block's next, or the next K block's
-                        # first: Bp is one stream) into L2, a slice of its lines per tile
-                        lo = b.mul(b.sdiv(i_r, c64(MR)), pf_per)
-                        nxt = gep_any(b, bp, b.mul(c64(NR), kc))
-
-                        def pf(b, ln):
-                            prefetch(b, gep_any(b, nxt, b.mul(ln, c64(16))), 0,
-                                     cfg.dyn_prefetch_b)
-                        counted_loop(b, lo, smin(b, b.add(lo, pf_per), pf_lines), 1, pf, "dpf")
-                    m_rem = smin(b, c64(MR), b.sub(mi, i_r))
-                    ap = gep(b, ablk, b.mul(i_r, rsa)) if da else gep(b, Ap, b.mul(i_r, kc))
-                    cp = gep(b, C, b.add(b.mul(b.add(ic, i_r), ldc), b.add(jc, jr)))
-                    margs = [kc, ap, bp, cp, ldc, m_rem, n_rem, beta, last, b.add(ic, i_r),
-                             b.add(jc, jr)]
-                    if da:
-                        dispatch_width(b, n_rem, [*margs, rsa, *epi_args], micro_da, VL)
-                    else:
-                        dispatch_width(b, n_rem, [*margs, *epi_args], micros, VL)
-                counted_loop(b, c64(0), mi, MR, ir_body, "dir")
-            counted_loop(b, c64(0), nc, NR, jr_body, "djr")
-
-        if direct is None:
-            b.call(pack_a, [ablk, rsa, csa, mi, kc, Ap])
-            tiles(b, False)
-            return
-        with b.if_else(direct) as (t, o):
-            with t:
-                tiles(b, True)
-            with o:
+            if direct is None:
                 b.call(pack_a, [ablk, rsa, csa, mi, kc, Ap])
                 tiles(b, False)
-    counted_loop(b, c64(0), k_end, kcb, pc_body, "dpc")
-    b.branch(head)
-    b.position_at_end(done)
+                return
+            with b.if_else(direct) as (t, o):
+                with t:
+                    tiles(b, True)
+                with o:
+                    b.call(pack_a, [ablk, rsa, csa, mi, kc, Ap])
+                    tiles(b, False)
+        counted_loop(b, c64(0), k_end, kcb, pc_body, "dpc")
+    parallel.emit_claim_loop(b, counter, n_items, item, name="item")
     b.ret_void()
     return fn
