@@ -16,27 +16,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlxc.lowering.cpu import openmp as parallel
 from rlxc.lowering.cpu import sgemm_dyn
 from rlxc.lowering.cpu import sgemm_kernels as sgemm
-from rlxc.lowering.cpu import target
 
-from test_sgemm import Gemm, _run_case
-from test_sgemm_smallm import CPUS
+from test_sgemm import _run_case
+from test_sgemm_smallm import CPUS, build_gemm
 
 SENTINEL = np.uint32(0x7FC0DEAD)   # a NaN no kernel writes
 
 
 def _lib(tmp_path_factory, cpu, tag, **overrides):
-    cfg = sgemm.sgemm_config(cpu, **overrides)
-    m = target.ir_module(tag, cpu)
-    sgemm.emit_sgemm(m, "sg", config=cfg)
-    parallel.thread_control(m)
-    path = str(tmp_path_factory.mktemp(tag) / f"lib{tag}.so")
-    target.build_shared(m, path, cpu=cpu)
-    g = Gemm(path, cfg)
+    g, text = build_gemm(tmp_path_factory, cpu, tag, **overrides)
     g.lib.rlxc_set_num_threads(2)
-    return g, str(m)
+    return g, text
 
 
 def _aligned_ws(n):

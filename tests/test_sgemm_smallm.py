@@ -32,14 +32,20 @@ CPUS = [pytest.param("znver3", marks=pytest.mark.skipif(
             not target.host_has_avx512(), reason="native is the AVX2 build without AVX-512"))]
 
 
-def _lib(tmp_path_factory, cpu, tag, **overrides):
+def build_gemm(tmp_path_factory, cpu, tag, **overrides):
+    """(Gemm, its LLVM IR text): the sgemm alone in a shared library for `cpu`, with the
+    default blocking of that CPU but for `overrides`."""
     cfg = sgemm.sgemm_config(cpu, **overrides)
     m = target.ir_module(tag, cpu)
     sgemm.emit_sgemm(m, "sg", config=cfg)
     parallel.thread_control(m)
     path = str(tmp_path_factory.mktemp(tag) / f"lib{tag}.so")
     target.build_shared(m, path, cpu=cpu)
-    return Gemm(path, cfg)
+    return Gemm(path, cfg), str(m)
+
+
+def _lib(tmp_path_factory, cpu, tag, **overrides):
+    return build_gemm(tmp_path_factory, cpu, tag, **overrides)[0]
 
 
 def _case(g, rng, M, N, K, ta=False, tb=False, acc=0, threads=1):
