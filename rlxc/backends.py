@@ -168,8 +168,9 @@ def library(func, device: str = "cpu", **options) -> CpuLibrary:
     """The loaded library for `func` (memory cache, then disk cache, then compile)."""
     _check_device(device)
     cpu, opt, threads = _options(options)
-    return _memoized((func.ir_hash(), device, cpu, opt, threads),
-                     lambda: _load_or_compile(func, func.ir_hash(), device, cpu, opt, threads))
+    ident = func.ir_hash()
+    return _memoized((ident, device, cpu, opt, threads),
+                     lambda: _load_or_compile(func, ident, device, cpu, opt, threads))
 
 
 def _load_or_compile(func, ident: str, device, cpu, opt, threads) -> CpuLibrary:

@@ -541,7 +541,7 @@ class ModuleGen:
                         lambda wb, lo, hi, *rest, fn=fn, nb=nb: wb.call(
                             fn, list(rest[-1])[:nb] + [lo, hi] + list(rest[-1])[nb:]),
                         args, name=f"{self.sym}.{k.name}.par", work=c64(k.work),
-                        min_work=PAR_MIN_WORK, dynamic=int(getattr(k, "dynamic", False)))
+                        min_work=PAR_MIN_WORK, dynamic=int(k.dynamic))
             elif isinstance(k, MatmulKernel):
                 fn, bufs = self.matmul_kernel(k)
                 symint.restore(at_entry)

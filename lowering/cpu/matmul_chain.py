@@ -143,9 +143,9 @@ def form_chains(prog, cpu: str = "native"):
     out, run = [], []
 
     def flush():
-        if len(run) >= 2 and any(s.scratch.numel > sgemm_workspace_floats(
-                s.m, s.n, s.k, 1, cpu=cpu) for s in run):
-            per = max(_aligned(sgemm_workspace_floats(s.m, s.n, s.k, 1, cpu=cpu)) for s in run)
+        one = [sgemm_workspace_floats(s.m, s.n, s.k, 1, cpu=cpu) for s in run]
+        if len(run) >= 2 and any(s.scratch.numel > w for s, w in zip(run, one)):
+            per = max(_aligned(w) for w in one)
             scratch = Buffer(f"chainws{len(prog.buffers)}", "temp", "f32",
                              parts * per + COUNTER_FLOATS * len(run))
             prog.buffers.append(scratch)

@@ -41,13 +41,9 @@ import llvmlite.ir as ir
 from rlxc.lowering.cpu import openmp as parallel
 from rlxc.lowering.cpu.sgemm_kernels import (
     F32P, I1, I64, SgemmConfig, balanced_k_blocks, c64, counted_loop, dispatch_width, gep,
-    gep_any, internal_fn, prefetch, smax, smin)
+    gep_any, internal_fn, prefetch, rup_ir, smax, smin)
 
 I64P = I64.as_pointer()
-
-
-def _rup(b, x, m: int):
-    return b.mul(b.sdiv(b.add(x, c64(m - 1)), c64(m)), c64(m))
 
 
 SYNC_KB = 64                  # K blocks at most for the shared B (one counter each)
@@ -69,13 +65,13 @@ def _pause(b, cfg: SgemmConfig) -> None:
         b.call(f, [])
 
 
-def _emit_shared_pack(b, cfg: SgemmConfig, pack_b, B, rsb, csb, K, N, k_end, kcb, n_kb,
-                      Bs, sync, nt):
+def _emit_shared_pack(b, cfg: SgemmConfig, pack_b, B, rsb, csb, K, N, kcb, n_kb, Bs, sync,
+                      nt):
     """Pack phase of the shared B (header): claim pack tasks (K block kb, group g of nt
     groups of its NR panels) from sync[1]; pack each into Bs; count it done in sync[2 + kb]
     (release, so a thread that sees the count also sees the packed floats)."""
     NR = cfg.nr
-    ncp = _rup(b, N, NR)
+    ncp = rup_ir(b, N, NR)
     n_pan = b.sdiv(ncp, c64(NR))
 
     def task(b, t, _hi):
@@ -127,15 +123,14 @@ def emit_dyn(module, name, cfg: SgemmConfig, micros, micro_da, pack_a, pack_b,
     k_end, n_kb, kcb = balanced_k_blocks(b, K, cfg)   # the K blocks of seq
     shared = shared_ok(b, N, n_kb, cfg)
     with b.if_then(shared):
-        _emit_shared_pack(b, cfg, pack_b, B, rsb, csb, K, N, k_end, kcb, n_kb, Bs, counter,
-                          nt)
+        _emit_shared_pack(b, cfg, pack_b, B, rsb, csb, K, N, kcb, n_kb, Bs, counter, nt)
         b.store(c64(0), cur)              # the one column block is (being) packed in Bs
     Bp = b.select(shared, Bs, Bp)
     # items of a column block: R-row chunks, then the last rows (about nt x R) in chunks of
     # r = R / dyn_tail, so that the threads end within a small chunk of each other
     r = R
     if cfg.dyn_tail > 1:
-        r = smax(b, _rup(b, b.sdiv(R, c64(cfg.dyn_tail)), MR), c64(MR))
+        r = smax(b, rup_ir(b, b.sdiv(R, c64(cfg.dyn_tail)), MR), c64(MR))
     n_big = b.sdiv(smax(b, b.sub(M, b.mul(nt, R)), c64(0)), R)
     m_big = b.mul(n_big, R)
     n_ic = b.add(n_big, b.sdiv(b.add(b.sub(M, m_big), b.sub(r, c64(1))), r))
@@ -148,7 +143,7 @@ def emit_dyn(module, name, cfg: SgemmConfig, micros, micro_da, pack_a, pack_b,
         ic = b.select(big, b.mul(li, R), b.add(m_big, b.mul(b.sub(li, n_big), r)))
         jc = b.mul(jcb, c64(NC))
         nc = smin(b, c64(NC), b.sub(N, jc))
-        ncp = _rup(b, nc, NR)
+        ncp = rup_ir(b, nc, NR)
         mi = smin(b, b.select(big, R, r), b.sub(M, ic))
 
         with b.if_then(b.icmp_signed("!=", b.load(cur), jcb)):

@@ -323,6 +323,11 @@ def describe_params(p: dict) -> str:
             f" L3 {c['l3_per_core'] >> 10} KiB/core from {c['source']})")
 
 
+def _rup_ir(b, x, m: int):
+    """x rounded up to a multiple of m, in IR (i64): the twin of _rup."""
+    return b.mul(b.sdiv(b.add(x, _c64(m - 1)), _c64(m)), _c64(m))
+
+
 def _rup(x: int, m: int) -> int:
     return (x + m - 1) // m * m
 
@@ -1213,7 +1218,7 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
     the block visible.  The buffer alternates between Bp0 and Bp1 so one
     barrier per block suffices: a thread that packs block p+1 has passed
     barrier p, so nobody still reads the buffer of block p-1 it overwrites."""
-    MR, NR, KC, MC, NC, VL = cfg.mr, cfg.nr, cfg.kc, cfg.mc, cfg.nc, cfg.vl
+    MR, NR, MC, NC, VL = cfg.mr, cfg.nr, cfg.mc, cfg.nc, cfg.vl
     fn = _internal_fn(module, name, [I64, I64, I64, F32P, I64, I64, F32P, I64, I64, F32P, I64, I1,
                                      F32P, F32P, F32P, I64, I64, I32, I32, I1, *epi_types],
                       [3, 6, 9, 12])
@@ -1366,12 +1371,10 @@ def _dyn_chunk_rows(b, M, nt, cfg: SgemmConfig):
     """Rows per item of the dynamic row split: M / (dyn_chunks * nt) rounded up to MR,
     at least DYN_MIN_ROWS (an item streams all of packed B through L2 once), at most MC
     and at most a 1/nt share of M (every thread gets an item)."""
-    def rup(x):
-        return b.mul(b.sdiv(b.add(x, _c64(cfg.mr - 1)), _c64(cfg.mr)), _c64(cfg.mr))
     per = b.mul(_c64(cfg.dyn_chunks), nt)
-    rows = rup(b.sdiv(b.add(M, b.sub(per, _c64(1))), per))
+    rows = _rup_ir(b, b.sdiv(b.add(M, b.sub(per, _c64(1))), per), cfg.mr)
     rows = _smax(b, rows, _c64(min(cfg.mc, -(-DYN_MIN_ROWS // cfg.mr) * cfg.mr)))
-    share = rup(b.sdiv(b.add(M, b.sub(nt, _c64(1))), nt))
+    share = _rup_ir(b, b.sdiv(b.add(M, b.sub(nt, _c64(1))), nt), cfg.mr)
     return _smax(b, _smin(b, _smin(b, rows, _c64(cfg.mc)), share), _c64(cfg.mr))
 
 
@@ -1387,8 +1390,7 @@ def dyn_ok(M: int, N: int, K: int, cfg: SgemmConfig) -> bool:
 def _emit_dyn_ok(b, M, N, K, cfg: SgemmConfig):
     if not cfg.dyn_chunks or cfg.share_b:
         return ir.Constant(I1, 0)
-    nc = _smin(b, _c64(cfg.nc), b.mul(b.sdiv(b.add(_smax(b, N, _c64(1)), _c64(cfg.nr - 1)),
-                                             _c64(cfg.nr)), _c64(cfg.nr)))
+    nc = _smin(b, _c64(cfg.nc), _rup_ir(b, _smax(b, N, _c64(1)), cfg.nr))
     ok = b.and_(b.icmp_signed(">=", M, _c64(DYN_MIN_M)), b.icmp_signed(">", N, _c64(cfg.vl)))
     return b.and_(ok, b.icmp_signed("<=", b.mul(_smax(b, K, _c64(1)), nc),
                                     _c64(cfg.dyn_b_floats)))
@@ -1396,8 +1398,7 @@ def _emit_dyn_ok(b, M, N, K, cfg: SgemmConfig):
 
 def _emit_ws_per_thread(b, M, N, K, cfg: SgemmConfig):
     """IR twin of _per_thread_floats (keep in sync)."""
-    def rup(x, m):
-        return b.mul(b.sdiv(b.add(x, _c64(m - 1)), _c64(m)), _c64(m))
+    rup = functools.partial(_rup_ir, b)
     kc = _smax(b, _c64(1), _smin(b, _c64(cfg.kc), K))
     mc = _smin(b, _c64(cfg.mc), rup(_smax(b, M, _c64(1)), cfg.mr))
     nc = _smin(b, _c64(cfg.nc), rup(_smax(b, N, _c64(1)), cfg.nr))
@@ -1609,7 +1610,6 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
 
 # the helpers the tall tiles (sgemm_tall.py) share, under public names
 c64, gep, gep_any, smin, smax, splat, lane_mask, masked_store, prefetch, internal_fn, fma_fn, \
-    skinny_width, dispatch_width = (_c64, _gep, _gep_any, _smin, _smax, _splat, _lane_mask,
-                                    _masked_store, _prefetch, _internal_fn, _fma,
-                                    _skinny_width, _dispatch_width)
-
+    skinny_width, dispatch_width, rup_ir = (_c64, _gep, _gep_any, _smin, _smax, _splat,
+                                            _lane_mask, _masked_store, _prefetch, _internal_fn,
+                                            _fma, _skinny_width, _dispatch_width, _rup_ir)
