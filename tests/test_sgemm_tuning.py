@@ -34,12 +34,17 @@ def test_register_tile_per_isa():
     (CacheInfo(48 * K, 12, 2 * M, 150 * M, "t"), "avx512", (160, 288, 4096)),   # Sapphire Rapids
     (CacheInfo(32 * K, 8, 512 * K, 4 * M, "t"), "avx2", (256, 256, 4080)),      # Zen 3
     (CacheInfo(32 * K, 8, 256 * K, 2560 * K, "t"), "avx2", (256, 128, 2544)),   # Haswell
+    (CacheInfo(32 * K, 8, 1 * M, 16 * M, "t"), "avx512", (512, 252, 4096)),     # Zen 4
 ])
 def test_blocking_follows_the_caches(caches, isa, want):
     cfg = sg.derive_config(sg.ISAS[isa], caches)
     assert (cfg.kc, cfg.mc, cfg.nc) == want
-    # the model's invariants: B micro-panel within L1d, A block within half of L2
-    assert cfg.kc * cfg.nr * 4 <= caches.l1d
+    # the model's invariants: B micro-panel within L1d (or, where L1d cannot hold
+    # KC_MIN rows of it, streamed from L2 at the deepest kc), A block within half of L2
+    if cfg.kc < sg.KC_MAX:
+        assert cfg.kc * cfg.nr * 4 <= caches.l1d
+    else:
+        assert cfg.kc * cfg.nr * 4 <= caches.l2 // 2
     assert cfg.mc * cfg.kc * 4 <= caches.l2 // 2
     assert cfg.mc % cfg.mr == 0 and cfg.nc % cfg.nr == 0
 
@@ -194,15 +199,17 @@ def test_cpus_without_fma(tmp_path, cpu, isa, tile):
 def test_every_named_cpu_gets_a_valid_config():
     """Every x86-64 CPU name the tables know (and --cpu portable = x86-64-v3, AVX2+FMA:
     the 4x24 ymm tile, not the SSE one) derives a config that satisfies the blocking
-    model: B micro-panel in L1d, A block in half of L2 (or one tile of rows), blocks
-    multiples of the tile, K blocks within [KC_MIN, KC_MAX], a bounded dynamic-split B
-    part."""
+    model: B micro-panel in L1d (in L2 where L1d holds under KC_MIN rows of it), A block
+    in half of L2 (or one tile of rows), blocks multiples of the tile, K blocks within
+    [KC_MIN, KC_MAX], a bounded dynamic-split B part."""
     names = {*target.CACHE_TABLE, *target._CPU_FAMILY, *sum(sg.NO_FMA_CPUS.values(), ()),
              "x86-64-v3", "x86-64-v4", "znver3", "haswell"} - {
                  "neoverse-n1", "neoverse-v1", "neoverse-n2", "apple-m1", "generic-aarch64"}
     for name in sorted(names):
         cfg, caches = sg.sgemm_config(name), target.cache_info(name)
-        assert cfg.kc * cfg.nr * 4 <= caches.l1d, name
+        # B micro-panel in L1d, or (an L1d too small for KC_MIN rows) streamed from L2
+        assert cfg.kc * cfg.nr * 4 <= (caches.l1d if cfg.kc < sg.KC_MAX
+                                       else caches.l2 // 2), name
         assert cfg.mc == cfg.mr or cfg.mc * cfg.kc * 4 <= caches.l2 // 2, name
         assert cfg.mc % cfg.mr == 0 and cfg.nc % cfg.nr == 0 and cfg.nr % cfg.vl == 0, name
         assert sg.KC_MIN <= cfg.kc <= sg.KC_MAX, name

@@ -250,12 +250,19 @@ def derive_config(isa: VectorIsa, caches, **overrides) -> SgemmConfig:
           at most NC_MAX.
     Sapphire Rapids (48 KiB/12-way L1d, 2 MiB L2), AVX-512 6x64: kc 160, mc 288, nc 4096;
     Zen 3 (32 KiB/8-way, 512 KiB), AVX2 4x24: kc 256, mc 256, nc 4080; Haswell (256 KiB
-    L2): kc 256, mc 128, nc 2544."""
+    L2): kc 256, mc 128, nc 2544; Zen 4 (32 KiB/8-way, 1 MiB, 16 MiB L3 per core),
+    AVX-512 6x64: the L1d holds under KC_MIN rows of B, so kc 512 (B from L2), mc 252,
+    nc 4096."""
     mr, nv = register_tile(isa)
     nr = nv * isa.vl
     way = caches.l1d // max(caches.l1d_ways, 1)
     ways_b = max(1, int((caches.l1d_ways - 1) / (1 + mr / nr)))
-    kc = min(KC_MAX, max(KC_MIN, ways_b * way // (nr * 4) // 16 * 16))
+    kc = ways_b * way // (nr * 4) // 16 * 16
+    # an L1d too small for KC_MIN rows of the B micro-panel (Zen 4 / Skylake-SP: 32 KiB
+    # 8-way against the 6x64 tile's 256-byte rows) cannot keep B there at any useful kc:
+    # B streams from L2 anyway, so take the deepest block, which loads and stores C the
+    # fewest times (Zen 4, 1 thread, 1024^3: kc 128 -> 512 gave 88-92 -> 96-101 GFLOP/s)
+    kc = KC_MAX if kc < KC_MIN else min(KC_MAX, kc)
     mc = min(MC_MAX, max(mr, caches.l2 // 2 // (kc * 4) // mr * mr))
     nc = min(NC_MAX // nr * nr, max(nr, caches.l3 // (kc * 4) // nr * nr))
     # tail chunks of the dynamic split: with 16 registers (AVX2 4x24) +2-4% on a 2-thread
