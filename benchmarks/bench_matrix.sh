@@ -3,14 +3,15 @@
 # twice, then W7 and the compile times.  Output: one file per run in $OUT (default
 # /tmp/rlxc-bench).  Usage: benchmarks/bench_matrix.sh [PYTHON] [ROUNDS]
 #   native    rlxc for the host; NumPy's OpenBLAS picks its kernels for the host
-#   znver3    rlxc built with --cpu znver3 (AVX2, Zen 3 tiling); OpenBLAS forced to the
-#             Haswell kernels it runs on Zen 3 (OPENBLAS_CORETYPE=Haswell)
-#   portable  rlxc built for the x86-64-v3 baseline; OpenBLAS as for native
+#   znver3    rlxc built with --cpu znver3 (AVX2, Zen 3 tiling) against peers capped at
+#             AVX2 (--peer-isa avx2: OpenBLAS Haswell kernels, oneDNN/MKL and XLA capped;
+#             XLA's YNNPACK dots only where the CPU has cpuid_fault, see compare.py)
+#   portable  rlxc built for the x86-64-v3 baseline, peers as for znver3
 set -e
 PY=${1:-.venv/bin/python}
 ROUNDS=${2:-2}
 OUT=${OUT:-/tmp/rlxc-bench}
-WL=${WL:-W1,W2,W3,W4,W6,W8}
+WL=${WL:-W1,W2,W3,W4,W6,W8,W9}
 mkdir -p "$OUT"
 uptime > "$OUT/uptime-start.txt"
 run() {  # name, extra compare.py options
@@ -21,8 +22,8 @@ run() {  # name, extra compare.py options
 r=1
 while [ "$r" -le "$ROUNDS" ]; do
     run native
-    run znver3 --cpu znver3 --blas-coretype Haswell
-    run portable --cpu portable
+    run znver3 --cpu znver3 --peer-isa avx2
+    run portable --cpu portable --peer-isa avx2
     r=$((r + 1))
 done
 env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "$PY" benchmarks/compare.py --only W7 --w7-runs 3 \
