@@ -11,9 +11,12 @@
         bias(+relu):  rlxc_sgemm_cb_TAG(..., (i8*)BUILTIN_BIAS[_RELU], ctx)   (inlined
                       in the sgemm, no call per vector: builtin_epilogue)
     NAME.kN.epi(ctx, row, col, float* v, n):   v[0:n] = epilogue(v, loads at (row, col))
+    prologue (operand_prologue.py): NAME.kN.pro(bufs..., b) before each element's sgemm
+        writes that element's slice of an operand (noalias, its own function)
     par_batch > 1 (matmul_schedule.batch_team: per-element GEMMs too small for a team):
-        openmp.emit_parallel_ranges over the flattened batch; thread t runs its range,
-        its own epilogue ctx, scratch slice ws + t*(ws_floats/par_batch), one thread each
+        openmp.emit_parallel_ranges over the flattened batch, elements claimed one at a
+        time; thread t: its own epilogue ctx, scratch slice ws + t*(ws_floats/par_batch)
+        and prologue slice, one thread per sgemm
 
 The sgemm itself is not emitted here: it is declared and comes from the shared
 object of sgemm_object.py, linked in by cpu.py.  The epilogue is emitted once, as
@@ -155,8 +158,10 @@ def _nest(bb, body, vs, vars_, fn):
 
 
 def _batch_team(g, k, b, fn, argbufs, live, sg, epi, slots, pro=None):
-    """The batch loop split over OpenMP threads (k.par_batch > 1): thread t runs its static
-    range of the flattened batch, one single-thread sgemm per element, in scratch slice t."""
+    """The batch loop split over OpenMP threads (k.par_batch > 1): the threads claim the
+    flattened batch's elements one at a time (a shared counter; on a shared VM a static
+    half per thread waits for the slower vCPU at the join), one single-thread sgemm per
+    element, in scratch slice t (and prologue slice t) of thread t."""
     from rlxc.lowering.cpu.codegen import Body
     from rlxc.lowering.cpu.matmul_schedule import BATCH_PAR_MIN
     from rlxc.lowering.cpu import openmp as parallel
@@ -177,7 +182,7 @@ def _batch_team(g, k, b, fn, argbufs, live, sg, epi, slots, pro=None):
             wptrs[id(sb)] = wb.gep(wptrs[id(sb)], [wb.mul(wb.sext(tid, I64),
                                                           c64(k.slice_floats))], inbounds=True)
         wbody = _body(g, wb.function, wptrs)
-        ctx = wb.alloca(ir.ArrayType(F32P, max(1, len(slots))), name="epi.ctx")
+        ctx = parallel.entry_alloca(wb, ir.ArrayType(F32P, max(1, len(slots))), name="epi.ctx")
         ws = wb.gep(wptrs[id(k.scratch)], [wb.mul(wb.sext(tid, I64), c64(per))], inbounds=True)
         flat = ix.Var("bflat", nb)
 
@@ -193,7 +198,8 @@ def _batch_team(g, k, b, fn, argbufs, live, sg, epi, slots, pro=None):
 
     parallel.emit_parallel_ranges(g.m, b, c64(nb), team_body, list(fn.args),
                                   name=f"{fn.name}.team", work=c64(k.work),
-                                  min_work=BATCH_PAR_MIN, max_threads=c64(k.par_batch))
+                                  min_work=BATCH_PAR_MIN, max_threads=c64(k.par_batch),
+                                  dynamic=1)
 
 
 def _epilogue_fn(g, k: MatmulKernel, slots):
