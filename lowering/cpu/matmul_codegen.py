@@ -94,9 +94,9 @@ def matmul_kernel(g, k: MatmulKernel):
 
 def _body(g, fn, ptrs):
     from rlxc.lowering.cpu import vsum
-    from rlxc.lowering.cpu.codegen import Body, _lanes
+    from rlxc.lowering.cpu.codegen import Body
 
-    body = Body(fn, ptrs, _lanes(g.cpu))
+    body = Body(fn, ptrs, sgemmlib.vector_width(g.cpu))
     body.lut = vsum.lut_for(g.cpu)
     return body
 
