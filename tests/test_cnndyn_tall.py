@@ -84,6 +84,46 @@ def test_tall_epilogue(tmp_path_factory, cpu):
                 assert (np.abs(C - ref) <= tol).all(), (M, N, K, acc)
 
 
+def _row_bias_relu(b, row, col, vec, lanes, mask, args):
+    """relu(C + bias[row]): checks the row index a tall half passes on (row0 + h)."""
+    x = b.load(b.gep(args[0], [row], inbounds=True))
+    v = b.insert_element(ir.Constant(vec.type, ir.Undefined), x, ir.Constant(ir.IntType(32), 0))
+    v = b.shuffle_vector(v, ir.Constant(vec.type, ir.Undefined),
+                         ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes))
+    y = b.fadd(vec, v)
+    return b.select(b.fcmp_ordered(">", y, ir.Constant(y.type, None)), y,
+                    ir.Constant(y.type, None))
+
+
+@pytest.mark.parametrize("cpu", CPUS)
+def test_tall_halves(tmp_path_factory, cpu):
+    """Above the tallest multi-vector variant with a B too big for a one-vector tile (LeNet
+    conv2: 16 x 100 x 150): two halves, the second at row h, its epilogue at row0 + h."""
+    g = _lib(tmp_path_factory, cpu, f"tallhalf_{cpu}", _row_bias_relu,
+             [ir.FloatType().as_pointer()])
+    g.lib.rlxc_set_num_threads(1)
+    cfg, rng = g.cfg, np.random.default_rng(21)
+    multi = [r for r in sgemm_tall.tall_rows(cfg) if sgemm_tall.skinny_width(cfg, r) > 1]
+    if not multi:
+        pytest.skip("no multi-vector tall variant on this ISA (no halves)")
+    top = multi[-1]
+    named = 0
+    for M in (top + 1, 16, top + 5, 2 * top, 2 * top + 1):
+        for N, K in ((100, 150), (37, 300), (2 * cfg.vl + 3, 1000)):
+            want = sgemm_tall.takes_tall(cfg, M, N, K, 1)
+            named += want is not None and M > top
+            A, B, bias, C0 = _rand(rng, M, K), _rand(rng, K, N), _rand(rng, M), _rand(rng, M, N)
+            for acc in (0, 1):
+                C = C0.copy()
+                g(A, B, C, accumulate=acc, threads=1, extra=(bias.ctypes.data,))
+                ref = np.maximum(A.astype(np.float64) @ B + bias[:, None] + (C0 if acc else 0), 0)
+                tol = 1e-5 * np.sqrt(K) * (np.abs(A) @ np.abs(B) + np.abs(bias)[:, None] +
+                                           np.abs(C0) + 1e-6)
+                assert (np.abs(C - ref) <= tol).all(), (M, N, K, acc)
+    assert named >= 6
+    assert sgemm_tall.takes_tall(cfg, 16, 100, 150, 1) == next(r for r in multi if 8 <= r)
+
+
 def _marker_tall(module, name, cfg, R, epilogue, epi_types):
     """A tall variant that only writes R into C[0] (which variant ran, if any)."""
     from rlxc.lowering.cpu.sgemm_kernels import F32P, I1, I64, internal_fn
@@ -110,7 +150,8 @@ def test_tall_dispatch(tmp_path_factory, monkeypatch, cpu):
     cases = [(16, 16, 72, False), (8, 64, 9, False), (cfg.mr, 64, 9, False),
              (cfg.mr + 1, 40, 50, False), (rows[-1], 16, 72, False), (rows[-1] + 1, 16, 72, False),
              (16, 16, 72, True), (16, 2048, 256, False), (12, 128, 1024, False),
-             (16, 16, 1024, False), (1, 64, 64, False)]
+             (16, 16, 1024, False), (1, 64, 64, False), (16, 100, 150, False),
+             (rows[-1], 100, 150, False), (rows[-1], 100, 400, False)]
     named = 0
     for M, N, K, tb in cases:
         want = sgemm_tall.takes_tall(cfg, M, N, K, N if tb else 1)

@@ -291,8 +291,8 @@ def test_narrow_kernel(gemm, gemm_epi):
     layout, 1 and 2 threads, accumulate, and the epilogue on the last K block only."""
     rng = np.random.default_rng(12)
     vl = gemm.cfg.vl
-    shapes = [(M, N, K) for N in sorted({1, 2, 3, 5, 8, 10, vl - 1, vl})
-              for M, K in ((7, vl), (128, 512), (33, 3 * gemm.cfg.kc + 5))]
+    shapes = [(M, N, K) for N in sorted({1, 2, 3, 5, 6, 7, 8, 10, vl - 1, vl})
+              for M, K in ((7, vl), (128, 512), (33, 3 * gemm.cfg.kc + 5))] + [(75, 6, 784)]
     for i, (M, N, K) in enumerate(shapes):
         for t in (1, 2):
             gemm.lib.rlxc_set_num_threads(t)

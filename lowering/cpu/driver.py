@@ -2,6 +2,7 @@
 
     rlx module (one func.func)
           │ schedule.build_program   fusion groups -> loop kernels      (--emit loops)
+          │ matmul_chain.form_chains, operand_prologue.operand_prologue
           │ buffers.plan             workspace offsets, liveness reuse
           │ llvmgen.generate         llvmlite module                    (--emit llvm)
           │ target.compile_ir        O3, loop + SLP vectorizer          (--emit llvm, optimized)
@@ -104,6 +105,9 @@ def lower(module, name: str | None = None, cpu: str = "native", max_threads: int
     from rlxc.lowering.cpu.matmul_chain import form_chains
 
     form_chains(prog, cpu)   # chained small-batch GEMMs: one team (matmul_chain.py)
+    from rlxc.lowering.cpu.operand_prologue import operand_prologue
+
+    operand_prologue(prog, cpu)   # big per-image operands built per image (its header)
     buffers.plan(prog)
     return prog
 

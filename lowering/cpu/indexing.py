@@ -235,6 +235,20 @@ def _split(x: Affine, c: int):
     return _build(q, x.const // c), _build(r, x.const % c)
 
 
+def _digit(r: Affine, c: int):
+    """(d, s, t) with r == d*s + t, 0 <= t < d, d > 1 a proper divisor of c (the largest
+    coefficient of r that works), or None.  Then r // c == s // (c/d) and r % c ==
+    d*(s % (c/d)) + t: a pixel row*W + col (col < W) divided by 2W is row // 2."""
+    for d in sorted({abs(k) for _, k in r.terms if 1 < abs(k) < c and c % abs(k) == 0},
+                    reverse=True):
+        s = {a: k // d for a, k in r.terms if k % d == 0}
+        t = _build({a: k for a, k in r.terms if k % d}, r.const % d)
+        lo, hi = bounds(t)
+        if 0 <= lo and hi < d:
+            return d, _build(s, r.const // d), t
+    return None
+
+
 def floordiv(x, c: int) -> Affine:
     x = of(x)
     if c == 1:
@@ -251,6 +265,10 @@ def floordiv(x, c: int) -> Affine:
                                                                                    FloorDiv):
         inner = r.terms[0][0]
         return add(q, floordiv(inner.x, inner.c * c))
+    dg = _digit(r, c)
+    if dg is not None:
+        d, s, _ = dg
+        return add(q, floordiv(s, c // d))
     return add(q, of(FloorDiv(r, c)))
 
 
@@ -264,6 +282,10 @@ def mod(x, c: int) -> Affine:
         return r
     if lo < 0:
         raise ValueError(f"internal: mod of a possibly negative index {x}")
+    dg = _digit(r, c)
+    if dg is not None:
+        d, s, t = dg
+        return add(scale(mod(s, c // d), d), t)
     return of(Mod(r, c))
 
 

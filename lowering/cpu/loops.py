@@ -205,6 +205,9 @@ class MatmulKernel:
     work: int = 0
     par_batch: int = 1  # > 1: the batch loop splits over up to this many threads, each with
     #                     its own 1/par_batch of scratch (matmul_schedule.batch_team)
+    prologue: list = field(default_factory=list)  # statements run before each element's
+    #                     sgemm, in terms of the batch vars (operand_prologue.py)
+    slice_floats: int = 0  # ... writing a slice buffer of this many floats per thread
 
     @property
     def outputs(self):
@@ -214,6 +217,8 @@ class MatmulKernel:
         bufs = [self.a.buf, self.b.buf, self.out, self.scratch]
         if self.epilogue is not None:
             bufs += [b for e in walk_expr(self.epilogue) for b in expr_buffers(e)]
+        for s in walk(self.prologue):
+            bufs += stmt_buffers(s)
         seen: dict = {}
         for b in bufs:
             seen.setdefault(id(b), b)
@@ -377,6 +382,9 @@ def format_kernel(k) -> str:
         if bvars:
             lines.append(f"  for {bvars}:")
             pad = "    "
+        if k.prologue:
+            lines.append(f"{pad}prologue:")
+            _fmt_stmts(k.prologue, len(pad) // 2 + 1, lines)
         lines.append(f"{pad}sgemm(M={k.m}, N={k.n}, K={k.k},")
         lines.append(f"{pad}      A={k.a.buf!r}+[{k.a.off}] rs={k.a.rs} cs={k.a.cs},")
         lines.append(f"{pad}      B={k.b.buf!r}+[{k.b.off}] rs={k.b.rs} cs={k.b.cs},")

@@ -11,9 +11,12 @@
         bias(+relu):  rlxc_sgemm_cb_TAG(..., (i8*)BUILTIN_BIAS[_RELU], ctx)   (inlined
                       in the sgemm, no call per vector: builtin_epilogue)
     NAME.kN.epi(ctx, row, col, float* v, n):   v[0:n] = epilogue(v, loads at (row, col))
+    prologue (operand_prologue.py): NAME.kN.pro(bufs..., b) before each element's sgemm
+        writes that element's slice of an operand (noalias, its own function)
     par_batch > 1 (matmul_schedule.batch_team: per-element GEMMs too small for a team):
-        openmp.emit_parallel_ranges over the flattened batch; thread t runs its range,
-        its own epilogue ctx, scratch slice ws + t*(ws_floats/par_batch), one thread each
+        openmp.emit_parallel_ranges over the flattened batch, elements claimed one at a
+        time; thread t: its own epilogue ctx, scratch slice ws + t*(ws_floats/par_batch)
+        and prologue slice, one thread per sgemm
 
 The sgemm itself is not emitted here: it is declared and comes from the shared
 object of sgemm_object.py, linked in by cpu.py.  The epilogue is emitted once, as
@@ -30,7 +33,8 @@ import llvmlite.ir as ir
 from rlxc.lowering.cpu import indexing as ix
 from rlxc.lowering.cpu import sgemm_object as sgemmlib
 from rlxc.lowering.shared.scalar import F32, I8, I32, I64, const, emit_op, vtype
-from rlxc.lowering.cpu.loops import Const, EpiValue, For, Load, MatmulKernel, Op
+from rlxc.lowering.cpu.loops import (Const, EpiValue, For, Load, MatmulKernel, Op, Store,
+                                     stmt_buffers, walk)
 
 F32P = F32.as_pointer()
 I8P = I8.as_pointer()
@@ -56,8 +60,9 @@ def matmul_kernel(g, k: MatmulKernel):
 
     slots = epilogue_slots(k)
     bufs = [k.a.buf, k.b.buf, k.out, k.scratch]
+    pro = [x for st in walk(k.prologue) for x in stmt_buffers(st)]
     argbufs = []
-    for x in bufs + [s[0] for s in slots]:
+    for x in bufs + [s[0] for s in slots] + pro:
         if all(x is not y for y in argbufs):
             argbufs.append(x)
     fn = g._fn(k.name, VOID, [ptr_type(x.dtype) for x in argbufs])
@@ -72,22 +77,64 @@ def matmul_kernel(g, k: MatmulKernel):
         code = builtin_epilogue(k)
         epi = _epilogue_fn(g, k, slots) if code is None else \
             ir.Constant(I64, code).inttoptr(I8P)
-    body = Body(fn, ptrs)
+    body = _body(g, fn, ptrs)
+    pro = _prologue_fn(g, k) if k.prologue else None
     b = ir.IRBuilder(fn.entry_basic_block)
     live = [v for v in k.batch if v.extent != 1]
     if k.par_batch > 1 and live:
-        _batch_team(g, k, b, fn, argbufs, live, sg, epi, slots)
+        _batch_team(g, k, b, fn, argbufs, live, sg, epi, slots, pro)
     else:
         ctx = b.alloca(ir.ArrayType(F32P, max(1, len(slots))), name="epi.ctx")
         _nest(b, body, live, {v: c64(0) for v in k.batch},
               lambda bb, vars_: _call(bb, k, sg, epi, slots, ptrs, body, ctx,
-                                      ptrs[id(k.scratch)], c64(k.scratch.numel), vars_))
+                                      ptrs[id(k.scratch)], c64(k.scratch.numel), vars_, pro))
     b.ret_void()
     return fn, argbufs
 
 
-def _call(bb, k, sg, epi, slots, ptrs, body, ctx, ws, ws_floats, vars_):
-    """One sgemm call: batch element `vars_` of k (scratch ws of ws_floats floats)."""
+def _body(g, fn, ptrs):
+    from rlxc.lowering.cpu import vsum
+    from rlxc.lowering.cpu.codegen import Body
+
+    body = Body(fn, ptrs, sgemmlib.vector_width(g.cpu))
+    body.lut = vsum.lut_for(g.cpu)
+    return body
+
+
+def _slice_bufs(k: MatmulKernel) -> list:
+    """The per-thread slice buffers k's prologue writes (operand_prologue.py)."""
+    out = []
+    for st in walk(k.prologue):
+        if isinstance(st, Store) and all(st.buf is not x for x in out):
+            out.append(st.buf)
+    return out
+
+
+def _prologue_fn(g, k: MatmulKernel):
+    """NAME.kN.pro(buffers..., batch indices...): k's prologue for one batch element, its
+    own function so that its pointers are noalias (its copy loops vectorize; inside the
+    batch team's outlined worker they would not)."""
+    from rlxc.lowering.cpu.codegen import VOID, ptr_type
+
+    bufs = []
+    for x in (x for st in walk(k.prologue) for x in stmt_buffers(st)):
+        if all(x is not y for y in bufs):
+            bufs.append(x)
+    fn = g._fn(f"{k.name}.pro", VOID, [ptr_type(x.dtype) for x in bufs] + [I64] * len(k.batch))
+    body = _body(g, fn, {id(x): a for x, a in zip(bufs, fn.args)})
+    b = ir.IRBuilder(fn.entry_basic_block)
+    body.stmts(b, k.prologue, dict(zip(k.batch, fn.args[len(bufs):])))
+    b.ret_void()
+    return fn, bufs
+
+
+def _call(bb, k, sg, epi, slots, ptrs, body, ctx, ws, ws_floats, vars_, pro=None):
+    """One sgemm call: batch element `vars_` of k (scratch ws of ws_floats floats),
+    after k's prologue `pro` (the element's slice of an operand, operand_prologue.py)."""
+    if pro is not None:
+        fn, bufs = pro
+        bb.call(fn, [ptrs[id(x)] for x in bufs] + [vars_[v] for v in k.batch])
+
     def at(buf, off):
         return bb.gep(ptrs[id(buf)], [body.index(bb, off, vars_)], inbounds=True)
     coff = ix.scale(ix.linearize(k.batch, [v.extent for v in k.batch]), k.m * k.n)
@@ -110,9 +157,11 @@ def _nest(bb, body, vs, vars_, fn):
               body_fn=lambda b2, v2: _nest(b2, body, vs[1:], v2, fn))
 
 
-def _batch_team(g, k, b, fn, argbufs, live, sg, epi, slots):
-    """The batch loop split over OpenMP threads (k.par_batch > 1): thread t runs its static
-    range of the flattened batch, one single-thread sgemm per element, in scratch slice t."""
+def _batch_team(g, k, b, fn, argbufs, live, sg, epi, slots, pro=None):
+    """The batch loop split over OpenMP threads (k.par_batch > 1): the threads claim the
+    flattened batch's elements one at a time (a shared counter; on a shared VM a static
+    half per thread waits for the slower vCPU at the join), one single-thread sgemm per
+    element, in scratch slice t (and prologue slice t) of thread t."""
     from rlxc.lowering.cpu.codegen import Body
     from rlxc.lowering.cpu.matmul_schedule import BATCH_PAR_MIN
     from rlxc.lowering.cpu import openmp as parallel
@@ -129,8 +178,11 @@ def _batch_team(g, k, b, fn, argbufs, live, sg, epi, slots):
             symint.enter(wb.function, dict(zip(g.dims, args[len(args) - len(g.dims):])),
                          len(wb.function.entry_basic_block.instructions))
         wptrs = {id(x): a for x, a in zip(argbufs, args)}
-        wbody = Body(wb.function, wptrs)
-        ctx = wb.alloca(ir.ArrayType(F32P, max(1, len(slots))), name="epi.ctx")
+        for sb in _slice_bufs(k):   # the thread's own slice of the prologue's buffer
+            wptrs[id(sb)] = wb.gep(wptrs[id(sb)], [wb.mul(wb.sext(tid, I64),
+                                                          c64(k.slice_floats))], inbounds=True)
+        wbody = _body(g, wb.function, wptrs)
+        ctx = parallel.entry_alloca(wb, ir.ArrayType(F32P, max(1, len(slots))), name="epi.ctx")
         ws = wb.gep(wptrs[id(k.scratch)], [wb.mul(wb.sext(tid, I64), c64(per))], inbounds=True)
         flat = ix.Var("bflat", nb)
 
@@ -139,14 +191,15 @@ def _batch_team(g, k, b, fn, argbufs, live, sg, epi, slots):
             for v in reversed(live):
                 at[v] = bb.urem(rest, c64(v.extent))
                 rest = bb.udiv(rest, c64(v.extent))
-            _call(bb, k, sg, epi, slots, wptrs, wbody, ctx, ws, c64(per), at)
+            _call(bb, k, sg, epi, slots, wptrs, wbody, ctx, ws, c64(per), at, pro)
         wbody.loop(wb, For(flat, ix.ZERO, ix.const(nb), []), {}, lohi=(lo, hi), body_fn=one)
         if g.dims:
             symint.restore(saved)   # flushes the worker's size computations
 
     parallel.emit_parallel_ranges(g.m, b, c64(nb), team_body, list(fn.args),
                                   name=f"{fn.name}.team", work=c64(k.work),
-                                  min_work=BATCH_PAR_MIN, max_threads=c64(k.par_batch))
+                                  min_work=BATCH_PAR_MIN, max_threads=c64(k.par_batch),
+                                  dynamic=1)
 
 
 def _epilogue_fn(g, k: MatmulKernel, slots):

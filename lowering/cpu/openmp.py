@@ -300,3 +300,6 @@ def emit_parallel_ranges(module: ir.Module, builder: ir.IRBuilder, n_chunks: ir.
     chunks, no barriers: a late or descheduled thread's share goes to the others)."""
     return _emit_region(module, builder, n_chunks, captured, _unique_name(module, name),
                         work, min_work, max_threads, body, dynamic)
+
+
+entry_alloca = _entry_alloca   # for kernels that emit their own region bodies

@@ -10,7 +10,8 @@
                split:   parallel partials over chunks of the first reduced dim, then combine
     matmul     (matmul_schedule.py) sgemm per batch element on strided views; an elementwise consumer
                that is the only reader becomes its epilogue (bias, activation fused)
-    scatter    out = 0; check indices; for upd: out[idx[j]] += upd[j]   (serial)
+    scatter    out = 0; check indices; for upd: out[idx[j]] += upd[j]   (serial; affine
+               constant indices, col2im: a strided nest instead, strided_scatter.py)
           ▼
     loops.Program (buffers.plan assigns workspace offsets afterwards)
 
@@ -349,6 +350,10 @@ class Builder:
         dt = dtype_of(v.type)
         self.map_kernel(f"{what} zero", out_shape, out,
                         lambda g, idx: Const(False if dt == "i1" else 0, dt), tag="zero")
+        from rlxc.lowering.cpu.strided_scatter import strided_scatter
+
+        if strided_scatter(self, v, op, what):   # col2im: affine constant indices
+            return
         si = shape_of(ind.type)
         n = len(si)
         ibuf = self.bufs[ind]

@@ -202,7 +202,8 @@ def _build(cpu: str, variant: str) -> bytes:
     fn.linkage = "weak_odr"
     text = str(m).replace(f'define weak_odr void @"{name}"',
                           f'define weak_odr hidden void @"{name}"')
-    return emit_object(compile_ir(text, cpu, 3), cpu, 3)
+    # untuned (target.TUNING_FEATURES): the GEMM kernels were tuned without them
+    return emit_object(compile_ir(text, cpu, 3, tuned=False), cpu, 3, tuned=False)
 
 
 def runtime_dir() -> str:

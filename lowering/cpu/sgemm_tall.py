@@ -8,6 +8,8 @@
           │ A broadcast from its rows in place (rows r >= M re-read row M-1 and are not
           │ stored), B rows read in place; the columns past the last W tile run as
           │ single-vector tiles, the last partial vector masked
+          │ R_max < M <= 2 * (the tallest multi-vector variant), B too big for a one-vector
+          │ tile: two halves of ceil(M/2) and the rest rows (HALVES_B_FLOATS)
           ▼
     C[0:M, 0:N] (=|+=) A @ B, the epilogue on each stored vector (sgemm_kernels.py)
 
@@ -35,6 +37,11 @@ TALL_ROWS = (8, 12, 16, 24)   # candidate variants; a CPU keeps those in (MR, bu
 # N*4-byte strides (one L1 set, one page per row for N >= 1024) and the packed loop nest
 # wins (16x2048x256: 0.58x): such a variant runs only while B (K*N floats) fits in L1.
 ONE_VECTOR_B_FLOATS = 8192
+# Above the tallest multi-vector variant (12 rows on AVX-512) with a B too big for a
+# one-vector one, M <= 2 * 12 rows run as two halves on a multi-vector variant, each
+# reading all of B, while B (K*N floats) stays in L2 for the second pass: LeNet's conv2
+# (16 x 100 x 150 per image) went to the packed loop nest, packing B for every image.
+HALVES_B_FLOATS = 32768
 
 
 def tall_rows(cfg: SgemmConfig) -> list[int]:
@@ -144,18 +151,40 @@ def emit_tall_dispatch(b, cfg: SgemmConfig, talls, M, args, coop, csb) -> None:
             with b.if_then(fits):
                 b.call(fn, [M, *args])
                 b.ret_void()
+        multi = [(r, fn) for r, fn in talls if skinny_width(cfg, r) > 1]
+        if multi:   # too many rows for a multi-vector tile, B too big for a one-vector one
+            top = multi[-1][0]
+            halves = b.and_(b.and_(b.icmp_signed(">", M, c64(top)),
+                                   b.icmp_signed("<=", M, c64(2 * top))),
+                            b.icmp_signed("<=", b.mul(args[0], args[1]), c64(HALVES_B_FLOATS)))
+            with b.if_then(halves):
+                h = b.sdiv(b.add(M, c64(1)), c64(2))
+                N, K, A, rsa, csa, B, rsb, C, ldc, beta, row0, col0, *epi = args
+                second = [N, K, gep(b, A, b.mul(h, rsa)), rsa, csa, B, rsb,
+                          gep(b, C, b.mul(h, ldc)), ldc, beta, b.add(row0, h), col0, *epi]
+                for rows, fn in multi:
+                    with b.if_then(b.icmp_signed("<=", h, c64(rows))):
+                        b.call(fn, [h, *args])
+                        b.call(fn, [b.sub(M, h), *second])
+                        b.ret_void()
 
 
 def takes_tall(cfg: SgemmConfig, M: int, N: int, K: int, csb: int) -> int | None:
     """The rows of the tall variant seq runs for one thread's whole (M, N, K) product with
-    B's column stride `csb`, or None: the Python twin of emit_tall_dispatch."""
-    if M <= cfg.mr or csb != 1:
+    B's column stride `csb` (for two halves: the variant of the first), or None: the
+    Python twin of emit_tall_dispatch."""
+    rows_all = tall_rows(cfg)
+    if M <= cfg.mr or csb != 1 or not rows_all or M > rows_all[-1]:
         return None
-    for rows in tall_rows(cfg):
+    for rows in rows_all:
         if M <= rows and (skinny_width(cfg, rows) > 1 or N * K <= ONE_VECTOR_B_FLOATS):
             return rows
+    multi = [r for r in rows_all if skinny_width(cfg, r) > 1]
+    if multi and multi[-1] < M <= 2 * multi[-1] and N * K <= HALVES_B_FLOATS:
+        h = (M + 1) // 2
+        return next(r for r in multi if h <= r)
     return None
 
 
-__all__ = ["ONE_VECTOR_B_FLOATS", "TALL_ROWS", "tall_rows", "emit_tall", "emit_tall_dispatch",
+__all__ = ["HALVES_B_FLOATS", "ONE_VECTOR_B_FLOATS", "TALL_ROWS", "tall_rows", "emit_tall", "emit_tall_dispatch",
            "takes_tall"]

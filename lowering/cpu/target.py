@@ -66,6 +66,7 @@ __all__ = [
     "resolve_target",
     "is_host",
     "target_machine",
+    "tuning_features",
     "optimize",
     "parse_module",
     "compile_ir",
@@ -313,22 +314,42 @@ def is_host(cpu: str = "native") -> bool:
     return resolve_target(cpu)[0].arch == host_target().arch
 
 
+# Tuning features added to the generated code's target machine, per CPU family (LLVM
+# CPU name prefix).  AMD's vgatherdps/vscatterdps are microcoded (Zen 4: ~1 element
+# per cycle or worse), and LLVM's cost model for znver3/znver4 still vectorizes a
+# strided or indexed loop (a 2x2 max-pool window, its backward select) with them;
+# with prefer-no-gather/-scatter it uses interleaved loads and shuffles, or scalar
+# code.  The shared sgemm object is built without them (sgemm_object.py: tuned=False),
+# so the packed GEMMs are the same code either way.
+TUNING_FEATURES = {"znver": "+prefer-no-gather,+prefer-no-scatter"}
+
+
+def tuning_features(cpu: str = "native") -> str:
+    """The TUNING_FEATURES of ``cpu``'s LLVM CPU name ("" when none apply)."""
+    name = resolve_target(cpu)[1]
+    return ",".join(f for pre, f in TUNING_FEATURES.items() if name.startswith(pre))
+
+
 def resolve_cpu(cpu: str) -> tuple[str, str]:
     _, name, features = resolve_target(cpu)
     return name, features
 
 
-_tm_cache: dict[tuple[str, str, str, int], llvm.TargetMachine] = {}
+_tm_cache: dict[tuple[str, str, str, int], llvm.TargetMachine] = {}   # features incl. tuning
 _tm_lock = threading.Lock()
 
 
-def target_machine(cpu: str = "native", opt: int = 3) -> llvm.TargetMachine:
+def target_machine(cpu: str = "native", opt: int = 3, tuned: bool = True) -> llvm.TargetMachine:
     """A cached TargetMachine for ``cpu`` (a cpu string, see the header).
 
     ``cpu="native"`` → host triple, CPU name and features; otherwise the named
-    target's triple with that CPU's default features."""
+    target's triple with that CPU's default features.  ``tuned`` adds the CPU's
+    TUNING_FEATURES (they change code generation choices, never the ISA)."""
     _ensure_init()
     tgt, name, features = resolve_target(cpu)
+    extra = tuning_features(cpu) if tuned else ""
+    if extra:
+        features = f"{features},{extra}" if features else extra
     key = (tgt.triple, name, features, int(opt))
     with _tm_lock:
         tm = _tm_cache.get(key)
@@ -388,32 +409,33 @@ def _hide_internal_state(mod: llvm.ModuleRef) -> None:
             gv.visibility = "hidden"
 
 
-def compile_ir(ir_text_or_module, cpu: str = "native", opt: int = 3) -> llvm.ModuleRef:
+def compile_ir(ir_text_or_module, cpu: str = "native", opt: int = 3,
+               tuned: bool = True) -> llvm.ModuleRef:
     """Parse, verify and optimize IR for ``cpu``; returns the ModuleRef."""
     mod = parse_module(ir_text_or_module, cpu)
     if opt > 0:
-        optimize(mod, target_machine(cpu, opt), opt)
+        optimize(mod, target_machine(cpu, opt, tuned), opt)
         mod.verify()
     return mod
 
 
-def _as_moduleref(m, cpu: str, opt: int) -> llvm.ModuleRef:
+def _as_moduleref(m, cpu: str, opt: int, tuned: bool = True) -> llvm.ModuleRef:
     if isinstance(m, llvm.ModuleRef):
         return m
-    return compile_ir(m, cpu, opt)
+    return compile_ir(m, cpu, opt, tuned)
 
 
-def emit_object(m, cpu: str = "native", opt: int = 3) -> bytes:
+def emit_object(m, cpu: str = "native", opt: int = 3, tuned: bool = True) -> bytes:
     """Object file bytes for ``m`` (an optimized ModuleRef is used as is;
     IR text or an llvmlite.ir.Module is compiled first)."""
-    mod = _as_moduleref(m, cpu, opt)
-    return target_machine(cpu, opt).emit_object(mod)
+    mod = _as_moduleref(m, cpu, opt, tuned)
+    return target_machine(cpu, opt, tuned).emit_object(mod)
 
 
-def emit_asm(m, cpu: str = "native", opt: int = 3) -> str:
+def emit_asm(m, cpu: str = "native", opt: int = 3, tuned: bool = True) -> str:
     """Assembly text for ``m`` (same input rules as :func:`emit_object`)."""
-    mod = _as_moduleref(m, cpu, opt)
-    return target_machine(cpu, opt).emit_assembly(mod)
+    mod = _as_moduleref(m, cpu, opt, tuned)
+    return target_machine(cpu, opt, tuned).emit_assembly(mod)
 
 
 def cc_for(cpu: str = "native") -> str:
