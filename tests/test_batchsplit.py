@@ -184,7 +184,10 @@ def _split_vs_unsplit(f, exact: bool):
             if exact:
                 np.testing.assert_array_equal(g, w, err_msg=f"N={n}")
             else:
-                np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7, err_msg=f"N={n}")
+                # a chunk's matmul has fewer rows than the whole batch's, so it may take
+                # another sgemm path (AVX2: another row remainder) with another summation
+                # order: ~1 ulp of the terms, which a cumsum over 40 of them adds up
+                np.testing.assert_allclose(g, w, rtol=1e-6, atol=2e-6, err_msg=f"N={n}")
     return j
 
 
