@@ -165,6 +165,10 @@ def test_f64_loop_vectorizes_without_libm(op):
     k = _CACHE.get("host") or Kernels("host", [(o, "f64") for o in OPS])
     _CACHE["host"] = k
     text = k.ir_of(f"{op}_f64_scalar")
-    assert re.search(r"<\d+ x double>", text), f"{op}: scalar f64 loop not vectorized"
+    # sin/cos hold a uniform branch whose Payne-Hanek block reads a table: the AVX2 cost
+    # model leaves their loop scalar (the CPU backend emits explicit vectors for them:
+    # lowering/cpu/vmap.py); every other op's loop vectorizes on every x86-64 target
+    if op not in mathlib.UNIFORM_BRANCH:
+        assert re.search(r"<\d+ x double>", text), f"{op}: scalar f64 loop not vectorized"
     assert not _LIBM.findall(text), f"{op}: calls {_LIBM.findall(text)}"
     assert not re.search(r"@llvm\.(exp|exp2|log|log2|log10|pow|sin|cos|tan|floor)\.", text)

@@ -50,7 +50,7 @@ import llvmlite.ir as ir
 
 from rlxc.lowering.cpu import indexing as ix
 from rlxc.lowering.cpu import openmp as parallel
-from rlxc.lowering.cpu import symint, vsum
+from rlxc.lowering.cpu import symint, vmap, vsum
 from rlxc.lowering.shared.scalar import F32, I8, I32, I64, MEM_TYPES, combine, const, emit_op, vtype
 from rlxc.lowering.shared.mathlib_ratio import fused_parts
 from rlxc.lowering.cpu.loops import (AccDecl, AccRef, CheckKernel, Const, For, InRange, Load,
@@ -162,6 +162,8 @@ class Body:
                 self.stream_loop(b, s, vars_, lohi if s.parallel else None)
             elif isinstance(s, For) and vsum.applies(s):   # sum of tanh(u) * sigmoid(v)
                 vsum.ratio_sum_loop(self, b, s, vars_, lohi if s.parallel else None)
+            elif isinstance(s, For) and vmap.applies(s):      # a map with sin, cos or tan
+                vmap.map_loop(self, b, s, vars_, lohi if s.parallel else None)
             elif isinstance(s, For):
                 self.loop(b, s, vars_, lohi if s.parallel else None)
             elif isinstance(s, AccDecl):
@@ -275,7 +277,8 @@ class Body:
             r = const(vtype(e.dtype, lanes), e.value)
         elif isinstance(e, Load) and ix.of(e.off).coeffs().get(v, 0) == 1:
             p = b.gep(self.ptrs[id(e.buf)], [self.index(b, e.off, vars_)], inbounds=True)
-            r = b.load(b.bitcast(p, ir.VectorType(F32, lanes).as_pointer()), align=4)
+            t = MEM_TYPES[e.buf.dtype]
+            r = b.load(b.bitcast(p, ir.VectorType(t, lanes).as_pointer()), align=_align(e.buf.dtype))
         elif isinstance(e, (Load, InRange)):  # invariant along v: one scalar, splatted
             r = _splat(b, self.expr(b, e, vars_, {}), lanes)
         elif isinstance(e, Op):

@@ -543,6 +543,12 @@ def _signed64(v: int) -> int:
     return v - (1 << 64) if v >= 1 << 63 else v
 
 
+# ops whose kernels hold an if_any block (sin, cos, tan: the Payne-Hanek reduction): the CPU
+# backend emits their elementwise loops as explicit vectors (lowering/cpu/vmap.py), since the
+# loop vectorizer would if-convert the block into every element's path
+UNIFORM_BRANCH = frozenset({"sin", "cos", "tan"})
+
+
 def if_any(o, mask, compute, fallback):
     """Values `compute()` where `mask` holds, `fallback` elsewhere, with compute() emitted in
     a block that runs only when some lane of mask is set (a uniform branch: free on a GPU
