@@ -43,6 +43,9 @@ along the loop become vector loads, invariant ones a splat, ops the same
 width-generic shared rules) whose stores carry !nontemporal and align 64
 (MOVNTPS: no read-for-ownership of lines that are only written), then the
 scalar rest; the kernel ends with an sfence.
+
+A map whose expression holds sin, cos or tan is emitted as explicit vectors too (vmap.py), so
+that their Payne-Hanek block stays a uniform branch instead of an if-converted path.
 """
 from __future__ import annotations
 

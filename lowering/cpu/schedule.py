@@ -112,11 +112,11 @@ def collapse(vars_, exprs, affs, labels=None):
     return vars_, exprs, affs
 
 
-def _coeff(a, v) -> int:
+def coeff_along(a, v) -> int:
     return ix.of(a).coeffs().get(v, 0)
 
 
-def _linear_in(a, v) -> bool:
+def linear_in(a, v) -> bool:
     """`a` depends on `v` only through a plain `k * v` term (no div/mod/clamp/indirection)."""
     return all(isinstance(atom, ix.Var) or v not in ix.variables(ix.of(atom))
                for atom, _ in ix.of(a).terms)
@@ -131,12 +131,12 @@ def streamable(out, live, expr, off) -> bool:
     if out.kind != "output" or out.dtype != "f32" or out.nbytes < STREAM_MIN_BYTES or not live:
         return False
     v = live[-1]
-    if v.extent < STREAM_MIN_ROW or _coeff(off, v) != 1 or not _linear_in(off, v):
+    if v.extent < STREAM_MIN_ROW or coeff_along(off, v) != 1 or not linear_in(off, v):
         return False
     for x in walk_expr(expr):
         if isinstance(x, Load):
-            c = _coeff(x.off, v)
-            if not _linear_in(x.off, v) or c not in (0, 1) or (c == 1 and x.buf.dtype != "f32"):
+            c = coeff_along(x.off, v)
+            if not linear_in(x.off, v) or c not in (0, 1) or (c == 1 and x.buf.dtype != "f32"):
                 return False
         elif isinstance(x, InRange):
             if v in ix.variables(ix.of(x.idx)):

@@ -28,7 +28,7 @@ import llvmlite.ir as ir
 
 from rlxc.lowering.cpu import indexing as ix
 from rlxc.lowering.cpu.loops import Const, For, Load, Op, Store, walk_expr
-from rlxc.lowering.cpu.schedule import _coeff, _linear_in
+from rlxc.lowering.cpu.schedule import coeff_along, linear_in
 from rlxc.lowering.shared.mathlib import UNIFORM_BRANCH
 from rlxc.lowering.shared.scalar import I64
 
@@ -41,13 +41,13 @@ def applies(s: For) -> str | None:
         return None
     st, v = s.body[0], s.var
     dt = st.buf.dtype
-    if dt not in ("f32", "f64") or _coeff(st.off, v) != 1 or not _linear_in(st.off, v):
+    if dt not in ("f32", "f64") or coeff_along(st.off, v) != 1 or not linear_in(st.off, v):
         return None
     branchy = False
     for x in walk_expr(st.value):
         if isinstance(x, Load):
-            c = _coeff(x.off, v)
-            if x.buf.dtype != dt or not _linear_in(x.off, v) or c not in (0, 1):
+            c = coeff_along(x.off, v)
+            if x.buf.dtype != dt or not linear_in(x.off, v) or c not in (0, 1):
                 return None
             if x.buf is st.buf and ix.of(x.off) != ix.of(st.off):
                 return None
