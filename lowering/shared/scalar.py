@@ -198,6 +198,26 @@ def _min(b, x, y, dt, flags=()):
     return b.select(b.icmp_signed("<", x, y), x, y)
 
 
+def _sqrt_pow(b, x, ty):
+    """pow(x, 0.5): sqrt(x) + 0 (pow(-0, 0.5) = +0, sqrt(-0) = -0), +inf for x = -inf."""
+    r = b.fadd(b.call(intrinsic(b, "llvm.sqrt", ty), [x]), const(ty, 0.0))
+    return b.select(b.fcmp_ordered("==", x, const(ty, -math.inf)), const(ty, math.inf), r)
+
+
+# pow(x, k) for a few constant k without the libm call (powf costs ~6 ns per element and
+# vectorizes only as one call per lane): x*x*x (k = 3, within 2 ulp), (x*x)^2 (4, within 3
+# ulp), 1/(x*x) (-2, within 2 ulp), sqrt (0.5, correctly rounded) and 1/sqrt (-0.5, within
+# 1.5 ulp); every special value of C99's pow comes out the same (signed zeros, infinities,
+# NaN; k = 0, 1, 2, -1 are above)
+_POW_CONST = {
+    3.0: lambda b, x, ty: b.fmul(b.fmul(x, x), x),
+    4.0: lambda b, x, ty: (lambda x2: b.fmul(x2, x2))(b.fmul(x, x)),
+    -2.0: lambda b, x, ty: b.fdiv(const(ty, 1.0), b.fmul(x, x)),
+    0.5: _sqrt_pow,
+    -0.5: lambda b, x, ty: b.fdiv(const(ty, 1.0), _sqrt_pow(b, x, ty)),
+}
+
+
 def _pow(b, x, y, dt, flags=()):
     ty = x.type
     if _is_float(dt):
@@ -212,6 +232,9 @@ def _pow(b, x, y, dt, flags=()):
                 return b.fdiv(const(ty, 1.0), x)
             if k == 0.0:
                 return const(ty, 1.0)
+            fast = _POW_CONST.get(k)
+            if fast is not None:
+                return fast(b, x, ty)
         return b.call(intrinsic(b, "llvm.pow", ty, 2), [x, y])
     fty = _like(ty, F64)
     r = b.call(intrinsic(b, "llvm.pow", fty, 2), [b.sitofp(x, fty), b.sitofp(y, fty)])
