@@ -241,6 +241,45 @@ def test_cumsum_numpy_random_shapes():
     np.testing.assert_allclose(outs[1][-1], np.cumsum(d), rtol=1e-12)
 
 
+# float32 axes longer than 4 * SCAN_BLOCK: blocks by matmul (indexops._blocked_cumsum), padded
+# (65, 1000) or whole (1024), first, middle and last axes, a recursion over the block totals
+LONG_CUMSUM = [((65,), 0), ((3, 1000), 1), ((2, 130, 3), 1), ((300, 2), 0), ((1024,), 0),
+               ((5000,), 0)]
+
+
+def test_blocked_cumsum_matches_numpy_everywhere():
+    from rlxc import indexops
+
+    assert all(n > 4 * indexops.SCAN_BLOCK for (shp, ax) in LONG_CUMSUM for n in [shp[ax]])
+    arrays = {f"x{k}": RNG.uniform(-1, 1, shp).astype(np.float32)
+              for k, (shp, _) in enumerate(LONG_CUMSUM)}
+    f = rlxc.Func("lcs", lambda s: [s.input(f"x{k}", shp).cumsum(ax)
+                                    for k, (shp, ax) in enumerate(LONG_CUMSUM)])
+    for outs in _all(f, **arrays):
+        for k, (shp, ax) in enumerate(LONG_CUMSUM):
+            x = arrays[f"x{k}"].astype(np.float64)
+            want = np.cumsum(x, ax)
+            bound = 4 * 2.0 ** -24 * np.cumsum(np.abs(x), ax)    # a few roundings of the terms
+            assert outs[k].shape == shp and outs[k].dtype == np.float32
+            assert np.all(np.abs(outs[k] - want) <= bound + 1e-30), (shp, ax)
+
+
+def test_blocked_cumsum_vjp_and_vmap():
+    def build(s):
+        x = s.input("x", (2, 70))
+        return (x.cumsum(1).sin() * x).sum()
+    m = rlxc.Func("lcg", build).module
+    check_vjp(m, [RNG.uniform(-1, 1, (2, 70))], rtol=1e-5, atol=1e-6)
+    w = RNG.normal(size=(3, 100)).astype(np.float32)
+    g = rlxc.Func("lcw", lambda s: (s.input("x", (3, 100)).cumsum(1) * w).sum())
+    want = np.cumsum(w[:, ::-1], 1)[:, ::-1]               # d/dx of sum(w * cumsum(x))
+    for outs in _all(g.grad("x"), x=np.zeros((3, 100), np.float32)):
+        np.testing.assert_allclose(outs[0], want, rtol=1e-5, atol=1e-5)
+    x = RNG.normal(size=(4, 90)).astype(np.float32)
+    vb = rlxc.Func("lcv", lambda s: s.input("x", (90,)).cumsum(0)).vmap(["x"], 4)
+    np.testing.assert_allclose(vb.run_on("cpu", x=x)[0], np.cumsum(x, 1), rtol=1e-5, atol=1e-5)
+
+
 def test_cumsum_topk_fd_and_grad_of_grad():
     def build(s):
         x = s.input("x", (3, 6))
