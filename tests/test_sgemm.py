@@ -92,6 +92,24 @@ def gemm_tiny(tmp_path_factory):
     return g
 
 
+@pytest.fixture(scope="module")
+def gemm_coop(tmp_path_factory):
+    """Tiny blocks with the default per-thread B packing, but coop_min_rows = 2 * MR: a row
+    split of 2 * MR rows a thread or more packs B once for the team (the share_b path,
+    chosen at run time); fewer rows take the dynamic or static split."""
+    base = sgemm.sgemm_config()
+    cfg = sgemm.sgemm_config(kc=19, mc=2 * base.mr, nc=2 * base.nr, min_work=0,
+                             share_b=False, coop_min_rows=2 * base.mr)
+    m = target.ir_module("coop")
+    sgemm.emit_sgemm(m, "sg", config=cfg)
+    parallel.thread_control(m)
+    path = str(tmp_path_factory.mktemp("coop") / "libcoop.so")
+    target.build_shared(m, path)
+    g = Gemm(path, cfg)
+    g.lib.rlxc_set_num_threads(2)
+    return g
+
+
 def _bias_relu(b, row, col, vec, lanes, mask, args):
     bias = sgemm.masked_load(b, b.gep(args[0], [col], inbounds=True), lanes, mask)
     x = b.fadd(vec, bias)
@@ -164,6 +182,19 @@ def test_tiny_blocks(gemm_tiny):
             gemm_tiny.lib.rlxc_set_num_threads(t)
             _run_case(gemm_tiny, rng, M, N, K, ta, tb, acc)
     gemm_tiny.lib.rlxc_set_num_threads(2)
+
+
+def test_coop_rows_chosen_at_run_time(gemm_coop):
+    rng = np.random.default_rng(12)
+    combos = list(itertools.product((False, True), (False, True), (0, 1)))
+    shapes = [(M, N, K) for M in (5, 16, 33, 300) for N in (65, 129) for K in (17, 65)]
+    shapes += [(1000, 40, 60), (257, 300, 100)]
+    for i, (M, N, K) in enumerate(shapes):
+        ta, tb, acc = combos[i % len(combos)]
+        for t in (1, 2, 3):
+            gemm_coop.lib.rlxc_set_num_threads(t)
+            _run_case(gemm_coop, rng, M, N, K, ta, tb, acc)
+    gemm_coop.lib.rlxc_set_num_threads(2)
 
 
 @pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])

@@ -137,6 +137,11 @@ class SgemmConfig:
     # Sharing saves a few percent on an idle machine, but on a busy one a
     # descheduled thread stalls the whole team at every barrier.
     share_b: bool = False
+    # Without share_b: a row split with at least this many rows per thread packs B once
+    # for the team, as share_b does (0: never).  AVX2 Zen 3, 2 threads, one-process A/B
+    # against the dynamic split: 1024^3 0.95-0.99, 2048x2048x1024 0.96-0.97, 1024x512x512
+    # 0.95, 768^3 0.99 of the time; 512 rows or fewer per thread were no faster
+    coop_min_rows: int = 0
     # Row split without share_b: 0 = one static range per thread; n > 0 = chunks of about
     # M / (n * threads) rows (MR..MC) that the threads claim from a shared counter
     dyn_chunks: int = 4
@@ -265,12 +270,15 @@ def derive_config(isa: VectorIsa, caches, **overrides) -> SgemmConfig:
     kc = KC_MAX if kc < KC_MIN else min(KC_MAX, kc)
     mc = min(MC_MAX, max(mr, caches.l2 // 2 // (kc * 4) // mr * mr))
     nc = min(NC_MAX // nr * nr, max(nr, caches.l3 // (kc * 4) // nr * nr))
+    # with 16 registers (AVX2) the team packs B once for >= 256 rows a thread
+    # (coop_min_rows; AVX-512 unmeasured: the dynamic split there).
     # tail chunks of the dynamic split: with 16 registers (AVX2 4x24) +2-4% on a 2-thread
     # 1024^3; the AVX-512 6x64 tile's 40 KB B panel served only 6 tiles per tail chunk
     # (36 rows) ran 2-4% slower than without (one-process A/B on Sapphire Rapids)
     cfg = SgemmConfig(isa.name, isa.vl, mr, nr, kc=kc, mc=mc, nc=nc,
                       direct_a_edge=bool(nr & (nr - 1)),
-                      dyn_tail=4 if isa.regs <= 16 else 1)
+                      dyn_tail=4 if isa.regs <= 16 else 1,
+                      coop_min_rows=256 if isa.regs <= 16 else 0)
     return dataclasses.replace(cfg, **overrides) if overrides else cfg
 
 
@@ -1550,13 +1558,16 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
                                    b.mul(w, b.add(M, cols))))
         split_m = b.icmp_signed("<=", row_cost, col_cost)
 
-        def body_m(b, lo, hi, tid, nt, args):
-            # every team member runs seq (even with no rows): it owns a share
-            # of the B packing and must meet the same barriers
-            M_ = args[0]
-            m0 = _smin(b, b.mul(lo, _c64(cfg.mr)), M_)
-            m1 = _smin(b, b.mul(hi, _c64(cfg.mr)), M_)
-            run(b, m0, m1, _c64(0), args[1], tid, nt, cfg.share_b, args)
+        def rows_body(coop):
+            def body_m(b, lo, hi, tid, nt, args):
+                # every team member runs seq (even with no rows): with coop it owns a
+                # share of the B packing and must meet the same barriers
+                M_ = args[0]
+                m0 = _smin(b, b.mul(lo, _c64(cfg.mr)), M_)
+                m1 = _smin(b, b.mul(hi, _c64(cfg.mr)), M_)
+                run(b, m0, m1, _c64(0), args[1], tid, nt, coop, args)
+            return body_m
+        body_m = rows_body(cfg.share_b)
 
         def body_dyn(b, lo, hi, tid, nt, args):
             # dynamic row split (sgemm_dyn.py): the threads claim chunks of rows from a
@@ -1581,29 +1592,44 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
                 n1 = _smin(b, b.mul(hi, _c64(cfg.nr)), N_)
                 run(b, _c64(0), args[0], n0, n1, tid, nt, False, args)
 
+        def rows_split(b):
+            if dyn is None:
+                parallel.emit_parallel_ranges(module, b, mb, body_m, captured,
+                                              name=name + ".par_m", work=work,
+                                              min_work=cfg.min_work, max_threads=cap)
+                return
+            with b.if_else(_emit_dyn_ok(b, M, N, K, cfg)) as (t3, o3):
+                with t3:
+                    eb = ir.IRBuilder(fn.entry_basic_block)
+                    eb.position_at_start(fn.entry_basic_block)
+                    # the team's sync cells (sgemm_dyn.SYNC_CELLS), zeroed
+                    counter = eb.alloca(I64, size=_c64(SYNC_CELLS), name="dyn.sync")
+                    for i in range(SYNC_CELLS):
+                        b.store(_c64(0), _gep(b, counter, _c64(i)))
+                    parallel.emit_parallel_ranges(
+                        module, b, mb, body_dyn, [*captured, counter],
+                        name=name + ".par_dyn", work=work, min_work=cfg.min_work,
+                        max_threads=cap)
+                with o3:
+                    parallel.emit_parallel_ranges(
+                        module, b, mb, body_m, captured, name=name + ".par_m",
+                        work=work, min_work=cfg.min_work, max_threads=cap)
+
         with b.if_else(split_m) as (t, o):
             with t:
-                if dyn is not None:
-                    with b.if_else(_emit_dyn_ok(b, M, N, K, cfg)) as (t3, o3):
-                        with t3:
-                            eb = ir.IRBuilder(fn.entry_basic_block)
-                            eb.position_at_start(fn.entry_basic_block)
-                            # the team's sync cells (sgemm_dyn.SYNC_CELLS), zeroed
-                            counter = eb.alloca(I64, size=_c64(SYNC_CELLS), name="dyn.sync")
-                            for i in range(SYNC_CELLS):
-                                b.store(_c64(0), _gep(b, counter, _c64(i)))
+                if cfg.coop_min_rows and not cfg.share_b:
+                    # enough rows per thread: the team packs each B block once (share_b)
+                    many = b.icmp_signed(">=", M, b.mul(team, _c64(cfg.coop_min_rows)))
+                    with b.if_else(many) as (tc, oc):
+                        with tc:
                             parallel.emit_parallel_ranges(
-                                module, b, mb, body_dyn, [*captured, counter],
-                                name=name + ".par_dyn", work=work, min_work=cfg.min_work,
+                                module, b, mb, rows_body(True), captured,
+                                name=name + ".par_coop", work=work, min_work=cfg.min_work,
                                 max_threads=cap)
-                        with o3:
-                            parallel.emit_parallel_ranges(
-                                module, b, mb, body_m, captured, name=name + ".par_m",
-                                work=work, min_work=cfg.min_work, max_threads=cap)
+                        with oc:
+                            rows_split(b)
                 else:
-                    parallel.emit_parallel_ranges(module, b, mb, body_m, captured,
-                                                  name=name + ".par_m", work=work,
-                                                  min_work=cfg.min_work, max_threads=cap)
+                    rows_split(b)
             with o:
                 parallel.emit_parallel_ranges(module, b, nb, body_n, captured,
                                               name=name + ".par_n", work=work,
