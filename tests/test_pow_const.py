@@ -55,6 +55,11 @@ def test_accuracy(k, dt):
     x = (rng.standard_normal(n) * np.exp(rng.uniform(-8, 8, n))).astype(NP[dt])
     if k in (0.5, -0.5):
         x = np.abs(x)
+    # bases whose square is subnormal while x**-2 is finite (and beyond)
+    fi = np.finfo(NP[dt])
+    edge = np.sqrt(fi.tiny) * np.array([0.55, 0.6, 0.8, 0.99, 1.0, 1.01, 1.5], NP[dt])
+    x = np.concatenate([x, edge, -edge]).astype(NP[dt])
+    n = len(x)
     got = _f(k, dt, n).jit().run(x=x)[0]
     ref = np.power(x.astype(WIDE[dt]), WIDE[dt](k))
     ok = np.isfinite(ref) & (np.abs(ref) > np.finfo(NP[dt]).tiny) & \

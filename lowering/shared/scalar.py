@@ -206,13 +206,14 @@ def _sqrt_pow(b, x, ty):
 
 # pow(x, k) for a few constant k without the libm call (powf costs ~6 ns per element and
 # vectorizes only as one call per lane): x*x*x (k = 3, within 2 ulp), (x*x)^2 (4, within 3
-# ulp), 1/(x*x) (-2, within 2 ulp), sqrt (0.5, correctly rounded) and 1/sqrt (-0.5, within
+# ulp), (1/x)^2 (-2, within 2 ulp; 1/(x*x) loses up to 2 bits where
+# x*x is subnormal), sqrt (0.5, correctly rounded) and 1/sqrt (-0.5, within
 # 1.5 ulp); every special value of C99's pow comes out the same (signed zeros, infinities,
 # NaN; k = 0, 1, 2, -1 are above)
 _POW_CONST = {
     3.0: lambda b, x, ty: b.fmul(b.fmul(x, x), x),
     4.0: lambda b, x, ty: (lambda x2: b.fmul(x2, x2))(b.fmul(x, x)),
-    -2.0: lambda b, x, ty: b.fdiv(const(ty, 1.0), b.fmul(x, x)),
+    -2.0: lambda b, x, ty: (lambda r: b.fmul(r, r))(b.fdiv(const(ty, 1.0), x)),
     0.5: _sqrt_pow,
     -0.5: lambda b, x, ty: b.fdiv(const(ty, 1.0), _sqrt_pow(b, x, ty)),
 }
