@@ -75,21 +75,25 @@ def gemm(tmp_path_factory):
     return g
 
 
-@pytest.fixture(scope="module")
-def gemm_tiny(tmp_path_factory):
-    """Tiny cache blocks (odd kc, several mc/nc blocks) and threads for any size:
-    every blocking loop, the k-unroll remainder and the shared, double-buffered
-    B packing (share_b; the default build packs per thread) run on small problems."""
+def _tiny_gemm(tmp_path_factory, tag, **overrides):
+    """Tiny cache blocks (odd kc, several mc/nc blocks), threads for any size, 2 threads."""
     base = sgemm.sgemm_config()
-    cfg = sgemm.sgemm_config(kc=19, mc=2 * base.mr, nc=2 * base.nr, min_work=0, share_b=True)
-    m = target.ir_module("tiny")
+    cfg = sgemm.sgemm_config(kc=19, mc=2 * base.mr, nc=2 * base.nr, min_work=0, **overrides)
+    m = target.ir_module(tag)
     sgemm.emit_sgemm(m, "sg", config=cfg)
     parallel.thread_control(m)
-    path = str(tmp_path_factory.mktemp("tiny") / "libtiny.so")
+    path = str(tmp_path_factory.mktemp(tag) / f"lib{tag}.so")
     target.build_shared(m, path)
     g = Gemm(path, cfg)
     g.lib.rlxc_set_num_threads(2)
     return g
+
+
+@pytest.fixture(scope="module")
+def gemm_tiny(tmp_path_factory):
+    """Every blocking loop, the k-unroll remainder and the shared, double-buffered B packing
+    (share_b; the default build packs per thread) run on small problems."""
+    return _tiny_gemm(tmp_path_factory, "tiny", share_b=True)
 
 
 @pytest.fixture(scope="module")
@@ -97,17 +101,8 @@ def gemm_coop(tmp_path_factory):
     """Tiny blocks with the default per-thread B packing, but coop_min_rows = 2 * MR: a row
     split of 2 * MR rows a thread or more packs B once for the team (the share_b path,
     chosen at run time); fewer rows take the dynamic or static split."""
-    base = sgemm.sgemm_config()
-    cfg = sgemm.sgemm_config(kc=19, mc=2 * base.mr, nc=2 * base.nr, min_work=0,
-                             share_b=False, coop_min_rows=2 * base.mr)
-    m = target.ir_module("coop")
-    sgemm.emit_sgemm(m, "sg", config=cfg)
-    parallel.thread_control(m)
-    path = str(tmp_path_factory.mktemp("coop") / "libcoop.so")
-    target.build_shared(m, path)
-    g = Gemm(path, cfg)
-    g.lib.rlxc_set_num_threads(2)
-    return g
+    return _tiny_gemm(tmp_path_factory, "coop", share_b=False,
+                      coop_min_rows=2 * sgemm.sgemm_config().mr)
 
 
 def _bias_relu(b, row, col, vec, lanes, mask, args):

@@ -234,10 +234,7 @@ class Body:
         being read into the cache first), then the scalar rest."""
         st = s.body[0]
         v, lanes = s.var, self.lanes
-        if lohi is not None:
-            start, stop = lohi
-        else:
-            start, stop = self.index(b, s.start, vars_), self.index(b, s.stop, vars_)
+        start, stop = self.bounds(b, s, vars_, lohi)
         first = dict(vars_)
         first[v] = start
         at = b.gep(self.ptrs[id(st.buf)], [self.index(b, st.off, first)], inbounds=True)
@@ -245,37 +242,25 @@ class Body:
         n = b.sub(stop, start)
         peel = b.select(b.icmp_signed("<", peel, n), peel, n)
         vstart = b.add(start, peel)
-        vend = b.add(vstart, b.mul(b.sdiv(b.sub(n, peel), c64(lanes)), c64(lanes)))
+        vend = self.vector_end(b, vstart, stop, lanes)
         self.loop(b, s, vars_, lohi=(start, vstart))
-        fn = self.fn
-        head = fn.append_basic_block(f"{v.name}.vhead")
-        body = fn.append_basic_block(f"{v.name}.vbody")
-        done = fn.append_basic_block(f"{v.name}.vdone")
-        pre = b.block
-        b.branch(head)
-        b.position_at_end(head)
-        iv = b.phi(I64, name=v.name + ".v")
-        iv.add_incoming(vstart, pre)
-        b.cbranch(b.icmp_signed("<", iv, vend), body, done)
-        b.position_at_end(body)
-        inner = dict(vars_)
-        inner[v] = iv
-        val = self.vexpr(b, st.value, inner, v, {})
-        p = b.gep(self.ptrs[id(st.buf)], [self.index(b, st.off, inner)], inbounds=True)
-        store = b.store(val, b.bitcast(p, val.type.as_pointer()), align=64)
-        store.set_metadata("nontemporal", b.module.add_metadata([ir.Constant(I32, 1)]))
-        iv.add_incoming(b.add(iv, c64(lanes), flags=["nsw"]), b.block)
-        b.branch(head)
-        b.position_at_end(done)
+
+        def store(b, inner):
+            val = self.vexpr(b, st.value, inner, v, {})
+            p = b.gep(self.ptrs[id(st.buf)], [self.index(b, st.off, inner)], inbounds=True)
+            ins = b.store(val, b.bitcast(p, val.type.as_pointer()), align=64)
+            ins.set_metadata("nontemporal", b.module.add_metadata([ir.Constant(I32, 1)]))
+        self.loop(b, s, vars_, lohi=(vstart, vend), body_fn=store, step=lanes, tag="v")
         self.loop(b, s, vars_, lohi=(vend, stop))
         self.streamed = True
 
-    def vexpr(self, b, e, vars_, v, memo):
-        """`e` on `lanes` consecutive values of loop variable `v` (starting at vars_[v])."""
+    def vexpr(self, b, e, vars_, v, memo, lanes=None):
+        """`e` on `lanes` (default self.lanes) consecutive values of loop variable `v`
+        (starting at vars_[v])."""
         r = memo.get(id(e))
         if r is not None:
             return r
-        lanes = self.lanes
+        lanes = lanes or self.lanes
         if isinstance(e, Const):
             r = const(vtype(e.dtype, lanes), e.value)
         elif isinstance(e, Load) and ix.of(e.off).coeffs().get(v, 0) == 1:
@@ -285,26 +270,36 @@ class Body:
         elif isinstance(e, (Load, InRange)):  # invariant along v: one scalar, splatted
             r = _splat(b, self.expr(b, e, vars_, {}), lanes)
         elif isinstance(e, Op):
-            r = emit_op(b, e, [self.vexpr(b, a, vars_, v, memo) for a in e.args])
+            r = emit_op(b, e, [self.vexpr(b, a, vars_, v, memo, lanes) for a in e.args])
         else:
             raise TypeError(e)
         memo[id(e)] = r
         return r
 
-    def loop(self, b, s: For, vars_, lohi=None, body_fn=None):
-        """Emit `s`; `body_fn(builder, vars)` replaces s.body when given."""
+    def bounds(self, b, s: For, vars_, lohi=None):
+        """(start, stop) of `s`: `lohi` (a parallel loop's range) or its own bounds."""
         if lohi is not None:
-            start, stop = lohi
-        else:
-            start, stop = self.index(b, s.start, vars_), self.index(b, s.stop, vars_)
+            return lohi
+        return self.index(b, s.start, vars_), self.index(b, s.stop, vars_)
+
+    @staticmethod
+    def vector_end(b, start, stop, lanes: int):
+        """start + the largest multiple of `lanes` that fits in [start, stop)."""
+        return b.add(start, b.mul(b.sdiv(b.sub(stop, start), c64(lanes)), c64(lanes)))
+
+    def loop(self, b, s: For, vars_, lohi=None, body_fn=None, step: int = 1, tag: str = ""):
+        """Emit `s` over [lohi or its bounds) by `step` (blocks and induction variable named
+        with `tag`); `body_fn(builder, vars)` replaces s.body when given."""
+        start, stop = self.bounds(b, s, vars_, lohi)
         fn = self.fn
-        head = fn.append_basic_block(f"{s.var.name}.head")
-        body = fn.append_basic_block(f"{s.var.name}.body")
-        done = fn.append_basic_block(f"{s.var.name}.done")
+        name = s.var.name
+        head = fn.append_basic_block(f"{name}.{tag}head")
+        body = fn.append_basic_block(f"{name}.{tag}body")
+        done = fn.append_basic_block(f"{name}.{tag}done")
         pre = b.block
         b.branch(head)
         b.position_at_end(head)
-        iv = b.phi(I64, name=s.var.name)
+        iv = b.phi(I64, name=f"{name}.{tag}" if tag else name)
         iv.add_incoming(start, pre)
         b.cbranch(b.icmp_signed("<", iv, stop), body, done)
         b.position_at_end(body)
@@ -314,7 +309,7 @@ class Body:
             body_fn(b, inner)
         else:
             self.stmts(b, s.body, inner)
-        iv.add_incoming(b.add(iv, c64(1), flags=["nsw"]), b.block)
+        iv.add_incoming(b.add(iv, c64(step), flags=["nsw"]), b.block)
         b.branch(head)
         b.position_at_end(done)
 

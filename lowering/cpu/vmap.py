@@ -30,7 +30,6 @@ from rlxc.lowering.cpu import indexing as ix
 from rlxc.lowering.cpu.loops import Const, For, Load, Op, Store, walk_expr
 from rlxc.lowering.cpu.schedule import coeff_along, linear_in
 from rlxc.lowering.shared.mathlib import UNIFORM_BRANCH
-from rlxc.lowering.shared.scalar import I64
 
 REGISTERS = 2       # vector registers per iteration (independent chains)
 
@@ -62,38 +61,15 @@ def applies(s: For) -> str | None:
 
 def map_loop(body, b: ir.IRBuilder, s: For, vars_, lohi=None) -> None:
     """Emit `s` (applies(s)) for `body` (a codegen.Body) as described in the header."""
-    from rlxc.lowering.cpu.codegen import c64
-
     st, v = s.body[0], s.var
     per_reg = body.lanes if st.buf.dtype == "f32" else body.lanes // 2
     lanes = per_reg * REGISTERS
-    if lohi is not None:
-        start, stop = lohi
-    else:
-        start, stop = body.index(b, s.start, vars_), body.index(b, s.stop, vars_)
-    n = b.sub(stop, start)
-    vend = b.add(start, b.mul(b.sdiv(n, c64(lanes)), c64(lanes)))
-    fn = body.fn
-    head = fn.append_basic_block(f"{v.name}.mhead")
-    loop = fn.append_basic_block(f"{v.name}.mbody")
-    done = fn.append_basic_block(f"{v.name}.mdone")
-    pre = b.block
-    b.branch(head)
-    b.position_at_end(head)
-    iv = b.phi(I64, name=v.name + ".m")
-    iv.add_incoming(start, pre)
-    b.cbranch(b.icmp_signed("<", iv, vend), loop, done)
-    b.position_at_end(loop)
-    inner = dict(vars_)
-    inner[v] = iv
-    saved, body.lanes = body.lanes, lanes
-    try:
-        val = body.vexpr(b, st.value, inner, v, {})
-    finally:
-        body.lanes = saved
-    p = b.gep(body.ptrs[id(st.buf)], [body.index(b, st.off, inner)], inbounds=True)
-    b.store(val, b.bitcast(p, val.type.as_pointer()), align=4 if st.buf.dtype == "f32" else 8)
-    iv.add_incoming(b.add(iv, c64(lanes), flags=["nsw"]), b.block)
-    b.branch(head)
-    b.position_at_end(done)
+    start, stop = body.bounds(b, s, vars_, lohi)
+    vend = body.vector_end(b, start, stop, lanes)
+
+    def store(b, inner):
+        val = body.vexpr(b, st.value, inner, v, {}, lanes)
+        p = b.gep(body.ptrs[id(st.buf)], [body.index(b, st.off, inner)], inbounds=True)
+        b.store(val, b.bitcast(p, val.type.as_pointer()), align=4 if st.buf.dtype == "f32" else 8)
+    body.loop(b, s, vars_, lohi=(start, vend), body_fn=store, step=lanes, tag="m")
     body.loop(b, s, vars_, lohi=(vend, stop))

@@ -77,12 +77,8 @@ def ratio_sum_loop(body, b: ir.IRBuilder, s: For, vars_, lohi=None) -> None:
     up = s.body[0]
     lut = getattr(body, "lut", None)          # one <U*L x float>: the backend splits each
     v, lanes = s.var, body.lanes * getattr(lut, "unroll", UNROLL)   # op into U register ops
-    if lohi is not None:
-        start, stop = lohi
-    else:
-        start, stop = body.index(b, s.start, vars_), body.index(b, s.stop, vars_)
-    n = b.sub(stop, start)
-    vend = b.add(start, b.mul(b.sdiv(n, c64(lanes)), c64(lanes)))
+    start, stop = body.bounds(b, s, vars_, lohi)
+    vend = body.vector_end(b, start, stop, lanes)
     vt = ir.VectorType(F32, lanes)
     fn = body.fn
     head = fn.append_basic_block(f"{v.name}.rhead")
@@ -100,11 +96,7 @@ def ratio_sum_loop(body, b: ir.IRBuilder, s: For, vars_, lohi=None) -> None:
     inner = dict(vars_)
     inner[v] = iv
     memo: dict = {}
-    saved, body.lanes = body.lanes, lanes
-    try:
-        x, y = (body.vexpr(b, arg, inner, v, memo) for arg in up.value.args)
-    finally:
-        body.lanes = saved
+    x, y = (body.vexpr(b, arg, inner, v, memo, lanes) for arg in up.value.args)
     q, scale = fused_parts(b, x, y, lut)
     nxt = b.fadd(acc, q)
     end = b.block

@@ -210,10 +210,14 @@ def _sqrt_pow(b, x, ty):
 # x*x is subnormal), sqrt (0.5, correctly rounded) and 1/sqrt (-0.5, within
 # 1.5 ulp); every special value of C99's pow comes out the same (signed zeros, infinities,
 # NaN; k = 0, 1, 2, -1 are above)
+def _square(b, v):
+    return b.fmul(v, v)
+
+
 _POW_CONST = {
-    3.0: lambda b, x, ty: b.fmul(b.fmul(x, x), x),
-    4.0: lambda b, x, ty: (lambda x2: b.fmul(x2, x2))(b.fmul(x, x)),
-    -2.0: lambda b, x, ty: (lambda r: b.fmul(r, r))(b.fdiv(const(ty, 1.0), x)),
+    3.0: lambda b, x, ty: b.fmul(_square(b, x), x),
+    4.0: lambda b, x, ty: _square(b, _square(b, x)),
+    -2.0: lambda b, x, ty: _square(b, b.fdiv(const(ty, 1.0), x)),
     0.5: _sqrt_pow,
     -0.5: lambda b, x, ty: b.fdiv(const(ty, 1.0), _sqrt_pow(b, x, ty)),
 }
