@@ -6,8 +6,6 @@
     fallbacks: several column blocks, or more than SYNC_KB K blocks: a B per thread
     tail: the last ~nt chunks are split dyn_tail ways
 
-Both build with coop_min_rows=0: AVX2's default sends 256+ rows a thread to the
-cooperative static split (test_sgemm.py::test_coop_rows_chosen_at_run_time).
 Checked against a float64 NumPy reference (accumulating into C0, so a chunk run twice or
 skipped shows) for odd M, N, K, at 1 and 2 threads, for the AVX2 build (znver3) and, on an
 AVX-512 host, the native one.
@@ -47,7 +45,7 @@ def test_team_shares_one_packed_b(tmp_path_factory, cpu):
     """2 threads, 2048 x 200 x 700 (one column block, several K blocks, 16+ row chunks, so
     both threads take chunks): the product is right and thread 1's B part of the workspace
     is never written (38bf39f: every thread packed all of B into its own part)."""
-    g, ir_text = _lib(tmp_path_factory, cpu, f"shb_{cpu}", coop_min_rows=0)   # the dynamic split
+    g, ir_text = _lib(tmp_path_factory, cpu, f"shb_{cpu}")
     assert "spack.head" in ir_text and "wait.head" in ir_text
     cfg = g.cfg
     M, N, K = 2048, 200, 700
@@ -75,7 +73,7 @@ def test_shared_b_fallbacks_and_tail(tmp_path_factory, cpu):
     transposed operands, accumulate or not, at 2 and 1 threads."""
     base = sgemm.sgemm_config(cpu)
     g, _ = _lib(tmp_path_factory, cpu, f"shbt_{cpu}", kc=16, nc=2 * base.nr,
-                mc=24 * base.mr, min_work=0, dyn_chunks=3, dyn_tail=4, coop_min_rows=0)
+                mc=24 * base.mr, min_work=0, dyn_chunks=3, dyn_tail=4)
     cfg, nr, vl = g.cfg, base.nr, base.vl
     k_many = sgemm_dyn.SYNC_KB * cfg.kc + 5       # more K blocks than the shared B counts
     rng = np.random.default_rng(7)

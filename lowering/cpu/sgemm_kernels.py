@@ -137,10 +137,12 @@ class SgemmConfig:
     # Sharing saves a few percent on an idle machine, but on a busy one a
     # descheduled thread stalls the whole team at every barrier.
     share_b: bool = False
-    # Without share_b: a row split with at least this many rows per thread packs B once
-    # for the team, as share_b does (0: never).  AVX2 Zen 3, 2 threads, one-process A/B
-    # against the dynamic split: 1024^3 0.95-0.99, 2048x2048x1024 0.96-0.97, 1024x512x512
-    # 0.95, 768^3 0.99 of the time; 512 rows or fewer per thread were no faster
+    # Without share_b: a row split with at least this many rows per thread runs the share_b
+    # path (0: never, the default).  AVX2 Zen 3, 2 threads, one-process A/B against the
+    # dynamic split: 1024^3 0.95-0.99, 2048x2048x1024 0.96-0.97, 1024x512x512 0.95 of the
+    # time; but in compare.py W2 with an x86-64-v3 build, 2 of 4 runs stalled at the
+    # barriers often enough that the thread governor ran 58% of the calls on one thread
+    # (median 22.7 ms against 12.3 ms), which the dynamic split never did
     coop_min_rows: int = 0
     # Row split without share_b: 0 = one static range per thread; n > 0 = chunks of about
     # M / (n * threads) rows (MR..MC) that the threads claim from a shared counter
@@ -270,15 +272,12 @@ def derive_config(isa: VectorIsa, caches, **overrides) -> SgemmConfig:
     kc = KC_MAX if kc < KC_MIN else min(KC_MAX, kc)
     mc = min(MC_MAX, max(mr, caches.l2 // 2 // (kc * 4) // mr * mr))
     nc = min(NC_MAX // nr * nr, max(nr, caches.l3 // (kc * 4) // nr * nr))
-    # with 16 registers (AVX2) the team packs B once for >= 256 rows a thread
-    # (coop_min_rows; AVX-512 unmeasured: the dynamic split there).
     # tail chunks of the dynamic split: with 16 registers (AVX2 4x24) +2-4% on a 2-thread
     # 1024^3; the AVX-512 6x64 tile's 40 KB B panel served only 6 tiles per tail chunk
     # (36 rows) ran 2-4% slower than without (one-process A/B on Sapphire Rapids)
     cfg = SgemmConfig(isa.name, isa.vl, mr, nr, kc=kc, mc=mc, nc=nc,
                       direct_a_edge=bool(nr & (nr - 1)),
-                      dyn_tail=4 if isa.regs <= 16 else 1,
-                      coop_min_rows=256 if isa.regs <= 16 else 0)
+                      dyn_tail=4 if isa.regs <= 16 else 1)
     return dataclasses.replace(cfg, **overrides) if overrides else cfg
 
 
