@@ -27,8 +27,10 @@ other busy processes, a fork/join team of 2+ threads collapses: every
 barrier waits for a descheduled thread (measured on a 2-core VM with two
 other CPU-bound processes: 80-250 ms instead of 1-3 ms per call).  So each
 library times its calls and keeps choosing between one thread and the
-maximum: it runs the faster of the two (median of its last WINDOW calls at
-that count) and re-tries the other one after EXPLORE calls (the team in short
+maximum: it takes the team up when its median (of its last WINDOW calls)
+is below PREFER_TEAM of one thread's, keeps it while it stays below
+KEEP_TEAM (a band: a team winning narrowly is not dropped and re-taken on
+every swing of a noisy machine), and re-tries the other count after EXPLORE calls (the team in short
 bursts, judged warm), then twice as long after each re-try the other count
 loses, up to 16x when it lost badly, so it follows the load as it changes; a
 verdict against a count whose fastest quarter of calls would win came from
@@ -74,7 +76,11 @@ REUSE_MIN_BYTES = 1 << 20
 EXPLORE = 16      # a governed call re-tries the other thread count every EXPLORE calls,
                   # doubling after each re-try it loses (up to EXPLORE * 16)
 WINDOW = 11       # call times remembered per thread count (their median decides)
-PREFER_TEAM = 0.85  # the team runs while its median is below this fraction of one thread's
+PREFER_TEAM = 0.85  # one thread gives way to the team when the team's median is below
+                    # this fraction of one thread's ...
+KEEP_TEAM = 1.0     # ... and the team keeps running while its median stays below this one
+                    # (a band, so that a team winning by 0-15% is not dropped and re-taken
+                    # on every swing of a noisy machine: each change back costs a cold team)
 TEAM_BURST = 3    # consecutive calls when the team is tried (the first one warms it up)
 IDLE_COLD = 2e-3  # a call this long after the previous one ended finds threads and caches cold
 
@@ -226,14 +232,18 @@ class ThreadGovernor:
         one, many = hist[1], hist[nmax]
         if len(one) < 2 or len(many) < 2:
             return
-        self.ready = True
         t1, tn = _median(one), _median(many)
-        # a team must win clearly: on a busy machine a team call can cost 10x a
-        # one-thread call, a one-thread call at most the team's speed-up
-        if tn < PREFER_TEAM * t1:
+        # a team must win clearly to be taken up (the first verdict included): on a busy
+        # machine a team call can cost 10x a one-thread call, a one-thread call at most
+        # the team's speed-up; the team in use must only keep winning to stay (the band
+        # between PREFER_TEAM and KEEP_TEAM)
+        bar = KEEP_TEAM if self.ready and self.best != 1 else PREFER_TEAM
+        self.ready = True
+        if tn < bar * t1:
             best, ratio = nmax, t1 / tn
         else:
             best, ratio = 1, tn / t1
+        bar = KEEP_TEAM if best != 1 else PREFER_TEAM   # what the other count must beat
         if best != self.best:
             self.lost = 0
         # re-try the other count regularly: after EXPLORE calls, then twice as long after
@@ -243,13 +253,13 @@ class ThreadGovernor:
         # such a verdict must be re-checked soon, a confirmed one rarely.  When the other
         # count's latest time would win, soon again (until its median flips or it loses).
         last1, lastn = one[-1][0], many[-1][0]
-        if (lastn < PREFER_TEAM * t1) if best == 1 else (tn >= PREFER_TEAM * last1):
+        if (lastn < bar * t1) if best == 1 else (tn >= bar * last1):
             every = 2 * TEAM_BURST
         else:
             # a loser whose fastest quarter of calls would win lost to stalls (other
             # processes' bursts), not to its own speed: re-tried every EXPLORE calls
-            won_quarter = ((_median(many, 0.25) < PREFER_TEAM * t1) if best == 1 else
-                           (tn >= PREFER_TEAM * _median(one, 0.25)))
+            won_quarter = ((_median(many, 0.25) < bar * t1) if best == 1 else
+                           (tn >= bar * _median(one, 0.25)))
             cap = 0 if won_quarter or ratio < 1.5 else 2 if ratio < 4 else 4
             every = EXPLORE << min(self.lost, cap)
         self.every = every
