@@ -368,16 +368,18 @@ def test_kernel_is_vectorized():
         assert "%zmm" in target.emit_asm(m)
 
 
-@pytest.mark.parametrize("cpu", ["native", "x86-64-v3"])
-def test_dynamic_row_chunks(tmp_path_factory, cpu):
+@pytest.mark.parametrize("cpu,direct_a", [("native", False), ("native", True),
+                                          ("x86-64-v3", False)])
+def test_dynamic_row_chunks(tmp_path_factory, cpu, direct_a):
     """The dynamic row split (threads claim chunks of rows from a shared counter) covers
     every row exactly once: accumulating into C0 would show a chunk run twice (C0 + 2AB)
-    or skipped (C0); M values around the chunk size, the MR tile and MC, at 2 threads."""
+    or skipped (C0); M values around the chunk size, the MR tile and MC, at 2 threads;
+    items pack A (the default) or read it in place (dyn_direct_a)."""
     base = sgemm.sgemm_config(cpu)
     # small kc (several K blocks, an odd last one) and nc (several column blocks: an item
     # repacks B for a new one), rows per item: max(M / 6, 64 rounded to MR) <= mc
     cfg = sgemm.sgemm_config(cpu, kc=16, nc=2 * base.nr, mc=24 * base.mr, min_work=0,
-                             dyn_chunks=3)
+                             dyn_chunks=3, dyn_direct_a=direct_a)
     m = target.ir_module("dyn")
     sgemm.emit_sgemm(m, "sg", config=cfg)
     parallel.thread_control(m)
@@ -394,10 +396,43 @@ def test_dynamic_row_chunks(tmp_path_factory, cpu):
                                   (nr + 1, 1, False, True, 1), (2 * nr, 0, False, False, 1)):
             assert sgemm.dyn_ok(M, N, K, cfg) == (M >= sgemm.DYN_MIN_M)
             _run_case(g, rng, M, N, K, ta, tb, acc)
-    off = sgemm.sgemm_config(cpu, dyn_chunks=0)
+    off = sgemm.sgemm_config(cpu, dyn_chunks=0, dyn_cols=0)
     m = target.ir_module("static")
     sgemm.emit_sgemm(m, "sg", config=off)
     assert "atomicrmw" not in str(m)
+
+
+@pytest.mark.parametrize("cpu", ["native", "x86-64-v3"])
+def test_dynamic_column_items(tmp_path_factory, cpu):
+    """The dynamic column split (threads claim column items: big ones, then 2 per thread of
+    a quarter of the size) covers every column exactly once: accumulating into C0 shows an
+    item run twice or skipped.  N around the item sizes (several column blocks and K blocks
+    per item), M from DYN_COLS_MIN_M (the packed path) up, at 2 and 3 threads; M below it
+    keeps the static split."""
+    base = sgemm.sgemm_config(cpu)
+    cfg = sgemm.sgemm_config(cpu, kc=16, nc=2 * base.nr, min_work=0, dyn_cols=3)
+    m = target.ir_module("dcols")
+    sgemm.emit_sgemm(m, "sg", config=cfg)
+    parallel.thread_control(m)
+    assert "sg.par_ndyn" in str(m) and "sg.par_n." in str(m)
+    path = str(tmp_path_factory.mktemp("dcols") / "libdcols.so")
+    target.build_shared(m, path, cpu=cpu)
+    g = Gemm(path, cfg)
+    rng = np.random.default_rng(21)
+    nr = cfg.nr
+    for t in (2, 3):
+        g.lib.rlxc_set_num_threads(t)
+        for M in (sgemm.DYN_COLS_MIN_M - 1, sgemm.DYN_COLS_MIN_M, 45, 100):
+            for N, K, ta, tb, acc in ((nr + 3, 37, False, False, 1),
+                                      (13 * nr + 5, 33, True, False, 1),
+                                      (40 * nr - 1, 17, False, True, 1),
+                                      (7 * nr, 0, False, False, 1),
+                                      (19 * nr + 1, 50, False, False, 0)):
+                _run_case(g, rng, M, N, K, ta, tb, acc, threads=t)
+    off = sgemm.sgemm_config(cpu, dyn_cols=0)
+    m = target.ir_module("static_cols")
+    sgemm.emit_sgemm(m, "sg", config=off)
+    assert "par_ndyn" not in str(m)
 
 
 @pytest.mark.parametrize("cpu", ["native", "znver3", "x86-64-v3"])

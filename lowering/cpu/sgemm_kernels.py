@@ -11,7 +11,8 @@
                   counter (sgemm_dyn.py, dyn_chunks per thread, smaller ones
                   at the end; the team packs one shared B when N fits one
                   column block), so a descheduled thread does not hold up the
-                  join on a shared machine
+                  join on a shared machine; the column split (M >= 32) likewise
+                  hands out items of column panels (dyn_cols)
      └ NAME.seq   one thread's C rows/columns:
          M <= MR, unit-stride B → NAME.skinnyM (M × W tiles over all of K, B read
                                   in place) or, for M == 1, NAME.gemv (streams
@@ -150,6 +151,15 @@ class SgemmConfig:
     dyn_b_floats: int = 1 << 21   # ... when K x nc fits this many floats (its packed B part)
     dyn_tail: int = 4             # ... the last ~threads chunks split dyn_tail ways (<= 1: not)
     dyn_prefetch_b: int = 2       # ... prefetch the next packed B panel (0 off, else locality)
+    # ... tiles read A in place (direct_a) instead of packing each item's A block: 2.4-8%
+    # slower on 1024^3 and 2048x1024x512 at 2 threads (Zen 3), though not in the static split
+    dyn_direct_a: bool = False
+    # Column split: 0 = one static range of NR panels per thread; c > 0 = the threads claim
+    # column items from a shared counter: about c per thread of equal size, then 2 per
+    # thread of a quarter of that (sgemm_dyn.emit_col_items), so that a thread that starts
+    # late or shares its core (another process's spinning threads) leaves its columns to
+    # the others instead of holding up the join
+    dyn_cols: int = 4
     skinny: bool = True       # M <= mr with unit-stride B: unpacked skinny kernels
     skinny_prefetch: int = 8  # B rows ahead prefetched by the skinny kernels (0 = off)
     gemv_rows: int = 8        # M == 1: B rows streamed together (0 = use the skinny tile)
@@ -215,6 +225,7 @@ MC_MAX = 288                # rows of A per L2 block: more did not help on a 2 M
 NC_MAX = 4096
 DYN_MIN_ROWS = 64           # rows per item of the dynamic row split, at least
 DYN_MIN_M = 256             # ... which runs for M >= this (smaller M: the static split)
+DYN_COLS_MIN_M = 32         # the dynamic column split (SgemmConfig.dyn_cols) for M >= this
 
 
 @functools.lru_cache(maxsize=None)   # pure in the (frozen) isa; asked ~60x per compile
@@ -1591,6 +1602,44 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
                 n1 = _smin(b, b.mul(hi, _c64(cfg.nr)), N_)
                 run(b, _c64(0), args[0], n0, n1, tid, nt, False, args)
 
+        def body_ndyn(b, lo, hi, tid, nt, args):
+            # dynamic column split: every thread claims column items (panel ranges) from
+            # a shared counter; a team of one runs its static range
+            from rlxc.lowering.cpu.sgemm_dyn import emit_col_items
+            counter, args = args[-1], args[:-1]
+            with b.if_else(b.icmp_signed(">", nt, ir.Constant(I32, 1))) as (t2, o2):
+                with t2:
+                    emit_col_items(b, counter, args[1], b.sext(nt, I64), cfg,
+                                   lambda b, n0, n1: run(b, _c64(0), args[0], n0, n1, tid, nt,
+                                                         False, args))
+                with o2:
+                    body_n(b, lo, hi, tid, nt, args)
+
+        def cols_static(b):
+            parallel.emit_parallel_ranges(module, b, nb, body_n, captured,
+                                          name=name + ".par_n", work=work,
+                                          min_work=cfg.min_work, max_threads=cap)
+
+        def cols_split(b):
+            if not cfg.dyn_cols:
+                cols_static(b)
+                return
+            # the packed path only: the skinny/gemv/tall kernels (M <= 24) stream B in
+            # place, and narrower column ranges cut its rows into shorter runs (a batch-1
+            # MLP ran 4-23% slower with column items)
+            with b.if_else(b.icmp_signed(">=", M, _c64(DYN_COLS_MIN_M))) as (t4, o4):
+                with t4:
+                    eb = ir.IRBuilder(fn.entry_basic_block)
+                    eb.position_at_start(fn.entry_basic_block)
+                    counter = eb.alloca(I64, name="dyn.cols")
+                    b.store(_c64(0), counter)
+                    parallel.emit_parallel_ranges(
+                        module, b, nb, body_ndyn, [*captured, counter],
+                        name=name + ".par_ndyn", work=work, min_work=cfg.min_work,
+                        max_threads=cap)
+                with o4:
+                    cols_static(b)
+
         def rows_split(b):
             if dyn is None:
                 parallel.emit_parallel_ranges(module, b, mb, body_m, captured,
@@ -1630,9 +1679,7 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
                 else:
                     rows_split(b)
             with o:
-                parallel.emit_parallel_ranges(module, b, nb, body_n, captured,
-                                              name=name + ".par_n", work=work,
-                                              min_work=cfg.min_work, max_threads=cap)
+                cols_split(b)
     else:
         run(b, _c64(0), M, _c64(0), N, ir.Constant(I32, 0), ir.Constant(I32, 1), False,
             captured)
