@@ -35,7 +35,7 @@ BENCH_CPU ?= native
 PEER_ISA ?= native
 bench-quick: $(STAMP)
 	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(VPY) benchmarks/compare.py \
-	    --only W2,W3,W4,W8 --runs 20 --warmup 2 --gap 0.05 --no-compile \
+	    --only W2,W3,W4,W8 --runs 20 --warmup 2 --no-compile \
 	    --cpu $(BENCH_CPU) --peer-isa $(PEER_ISA)
 
 # compile time: W4's train step and a 20-layer residual MLP value_and_grad vs jax.jit

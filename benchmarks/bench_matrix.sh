@@ -17,7 +17,7 @@ uptime > "$OUT/uptime-start.txt"
 run() {  # name, extra compare.py options
     name=$1; shift
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "$PY" benchmarks/compare.py --only "$WL" \
-        --runs 20 --warmup 2 --gap 0.05 --no-compile "$@" > "$OUT/$name-$r.txt" 2>&1
+        --runs 20 --warmup 2 --no-compile "$@" > "$OUT/$name-$r.txt" 2>&1
 }
 r=1
 while [ "$r" -le "$ROUNDS" ]; do

@@ -5,7 +5,7 @@ Run:  make bench     (env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/pyt
       or any Python that has jax / torch next to rlxc (`pip install '.[bench]'`);
       a peer that is not installed is reported as missing, the rest still runs.
 Options: --only W1,W3   --runs 30 (>= 20)   --warmup 5   --threads 2   --w7-runs 3
-         --no-compile (skip torch.compile)   --gap 0.002 (s of sleep between samples)
+         --no-compile (skip torch.compile)   --gap 0.15 (s of sleep after each sample)
          --cpu znver3 (rlxc compiles for that CPU instead of the host: any --cpu of
          `rlxc compile`; "portable" is the x86-64-v3 baseline; the code must run here)
          --blas-coretype Haswell (OPENBLAS_CORETYPE for this process: the kernels
@@ -60,13 +60,14 @@ Method.  Every implementation of a workload lives in this one process.  Each
 is built, run once, and its result checked against rlxc's (assert close:
 nobody is timed doing something else), then warmed up.  Timing is
 round-robin: every repetition times each implementation once, in an order
-rotated per repetition, so load spikes on this shared machine hit all of
-them alike.  A sample is one untimed call (its data back in the caches),
+that changes per repetition (balanced_orders: each implementation follows
+each other one equally often), so load spikes on this shared machine and the
+previous implementation's still-spinning threads hit all of them alike.  A sample is one untimed call (its data back in the caches),
 then one timed call, or the mean of k back-to-back calls when one call is
 shorter than ~2 ms (k is reported); after it the harness sleeps --gap
-seconds, so that the worker threads an implementation leaves spinning
-(OpenBLAS spins up to ~0.1 s, libgomp and Eigen a few ms) do not steal the
-next one's cores.  The table shows the median over >= 20 samples and the
+seconds (default 0.15), so that the worker threads an implementation leaves
+spinning (OpenBLAS keeps a core busy for ~0.11 s after each threaded call,
+libgomp and Eigen a few ms) do not steal the next one's cores.  The table shows the median over >= 20 samples and the
 min beside it, and peer/rlxc ratios of medians (> 1: rlxc is faster).  Thread counts are set to the same N (--threads,
 default 2) for every library: rlxc (RLXC_NUM_THREADS, OpenMP), NumPy's BLAS
 (threadpoolctl), PyTorch (torch.set_num_threads), XLA (its pool is sized by
@@ -1123,6 +1124,26 @@ def _rlxc_thread_share() -> str:
     return ", ".join(parts)
 
 
+def balanced_orders(items: list) -> list:
+    """Orders of `items` (a Williams design) in which every item directly follows every
+    other one equally often: what ran just before a sample matters (OpenBLAS's worker
+    threads spin for ~0.1 s after a call and slow whatever runs next on a 2-core
+    machine), and a plain rotation keeps each item's predecessor the same in every
+    repetition (with rlxc, numpy, jax, torch: jax always ran right after NumPy)."""
+    n = len(items)
+    if n < 3:
+        return [items[r:] + items[:r] for r in range(n)] or [items]
+    seq, lo, hi = [0], 1, n - 1
+    while lo <= hi:
+        seq.append(lo)
+        lo += 1
+        if lo <= hi:
+            seq.append(hi)
+            hi -= 1
+    rows = [[items[(s + r) % n] for s in seq] for r in range(n)]
+    return rows if n % 2 == 0 else rows + [row[::-1] for row in rows]
+
+
 def run_workload(key, args):
     fn, title = WORKLOAD_FNS[key]
     makers, tol, info = fn(args)
@@ -1153,10 +1174,9 @@ def run_workload(key, args):
             call()
         reps[impl] = calibrate(call)
     samples = {impl: [] for impl in calls}
-    order = list(calls)
+    orders = balanced_orders(list(calls))
     for r in range(args.runs):
-        rot = order[r % len(order):] + order[:r % len(order)]
-        for impl in rot:
+        for impl in orders[r % len(orders)]:
             call, k = calls[impl], reps[impl]
             call()  # untimed: brings this implementation's data back into the caches
             t0 = time.perf_counter()
@@ -1500,10 +1520,11 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--w7-runs", type=int, default=3)
-    ap.add_argument("--gap", type=float, default=0.1,
+    ap.add_argument("--gap", type=float, default=0.15,
                     help="seconds of sleep after each sample, so that the spinning worker "
-                    "threads a library leaves behind (OpenBLAS: up to ~0.1 s, libgomp, "
-                    "Eigen) are asleep before the next one is timed")
+                    "threads a library leaves behind (OpenBLAS: a whole core for ~0.11 s "
+                    "after each threaded call, measured on Zen 3; libgomp, Eigen) are "
+                    "asleep before the next one is timed")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     ap.add_argument("--cpu", default="native",
                     help="CPU rlxc compiles for (an --cpu of rlxc compile, or portable)")
