@@ -77,3 +77,18 @@ def test_make_bench_quick_passes_cpu_and_peer_isa():
                         "PEER_ISA=avx2"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "--cpu znver3" in r.stdout and "--peer-isa avx2" in r.stdout
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6])
+def test_sample_orders_are_balanced(n):
+    """compare.py times the implementations in orders where each one directly follows each
+    other one equally often (the previous one's spinning threads slow the next); a plain
+    rotation kept every predecessor fixed."""
+    from collections import Counter
+
+    items = [f"impl{i}" for i in range(n)]
+    rows = _compare().balanced_orders(items)
+    assert rows and all(sorted(r) == sorted(items) for r in rows)
+    pairs = Counter((a, b) for r in rows for a, b in zip(r, r[1:]))
+    if n >= 2:
+        assert len(pairs) == n * (n - 1) and len(set(pairs.values())) == 1, pairs
