@@ -62,16 +62,19 @@ nobody is timed doing something else), then warmed up.  Timing is
 round-robin: every repetition times each implementation once, in an order
 that changes per repetition (balanced_orders: each implementation follows
 each other one equally often), so load spikes on this shared machine and the
-previous implementation's still-spinning threads hit all of them alike.  A sample is one untimed call (its data back in the caches),
-then one timed call, or the mean of k back-to-back calls when one call is
-shorter than ~2 ms (k is reported); after it the harness sleeps --gap
-seconds (default 0.15), so that the worker threads an implementation leaves
-spinning (OpenBLAS keeps a core busy for ~0.11 s after each threaded call,
-libgomp and Eigen a few ms) do not steal the next one's cores.  The table shows the median over >= 20 samples and the
-min beside it, and peer/rlxc ratios of medians (> 1: rlxc is faster).  Thread counts are set to the same N (--threads,
-default 2) for every library: rlxc (RLXC_NUM_THREADS, OpenMP), NumPy's BLAS
-(threadpoolctl), PyTorch (torch.set_num_threads), XLA (its pool is sized by
-the CPU affinity mask; with N = 1 the Eigen pool is switched off by flag).
+previous implementation's still-spinning threads hit all of them alike.  A
+sample is one untimed call (its data back in the caches), then one timed
+call, or the mean of k back-to-back calls when one call is shorter than
+~2 ms (k is reported); after it the harness sleeps --gap seconds (default
+0.15), so that the worker threads an implementation leaves spinning
+(OpenBLAS keeps a core busy for ~0.11 s after each threaded call, libgomp
+and Eigen a few ms) do not steal the next one's cores.  The table shows the
+median over >= 20 samples and the min beside it, and peer/rlxc ratios of
+medians (> 1: rlxc is faster).  Thread counts are set to the same N
+(--threads, default 2) for every library: rlxc (RLXC_NUM_THREADS, OpenMP),
+NumPy's BLAS (threadpoolctl), PyTorch (torch.set_num_threads), XLA (its pool
+is sized by the CPU affinity mask; with N = 1 the Eigen pool is switched off
+by flag).
 """
 from __future__ import annotations
 

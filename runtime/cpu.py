@@ -30,7 +30,8 @@ library times its calls and keeps choosing between one thread and the
 maximum: it takes the team up when its median (of its last WINDOW calls)
 is below PREFER_TEAM of one thread's, keeps it while it stays below
 KEEP_TEAM (a band: a team winning narrowly is not dropped and re-taken on
-every swing of a noisy machine), and re-tries the other count after EXPLORE calls (the team in short
+every swing of a noisy machine), and re-tries the other count after
+EXPLORE calls (the team in short
 bursts, judged warm), then twice as long after each re-try the other count
 loses, up to 16x when it lost badly, so it follows the load as it changes; a
 verdict against a count whose fastest quarter of calls would win came from
