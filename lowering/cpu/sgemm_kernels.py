@@ -151,8 +151,8 @@ class SgemmConfig:
     dyn_b_floats: int = 1 << 21   # ... when K x nc fits this many floats (its packed B part)
     dyn_tail: int = 4             # ... the last ~threads chunks split dyn_tail ways (<= 1: not)
     dyn_prefetch_b: int = 2       # ... prefetch the next packed B panel (0 off, else locality)
-    # ... tiles read A in place (direct_a) instead of packing each item's A block: 2.4-8%
-    # slower on 1024^3 and 2048x1024x512 at 2 threads (Zen 3), though not in the static split
+    # ... tiles read A in place (direct_a) instead of packing each item's A block
+    # (derive_config: AVX-512 only; on AVX2 2.4-8% slower, though not in the static split)
     dyn_direct_a: bool = False
     # Column split: 0 = one static range of NR panels per thread; c > 0 = the threads claim
     # column items from a shared counter: about c per thread of equal size, then 2 per
@@ -286,9 +286,12 @@ def derive_config(isa: VectorIsa, caches, **overrides) -> SgemmConfig:
     # tail chunks of the dynamic split: with 16 registers (AVX2 4x24) +2-4% on a 2-thread
     # 1024^3; the AVX-512 6x64 tile's 40 KB B panel served only 6 tiles per tail chunk
     # (36 rows) ran 2-4% slower than without (one-process A/B on Sapphire Rapids)
+    # the dynamic row split packs each item's A block with 16 registers (AVX2: 2.4-8% faster
+    # than reading A in place on 1024^3 and 2048x1024x512, Zen 3); the AVX-512 tile keeps
+    # reading A in place, as it was measured (Sapphire Rapids)
     cfg = SgemmConfig(isa.name, isa.vl, mr, nr, kc=kc, mc=mc, nc=nc,
                       direct_a_edge=bool(nr & (nr - 1)),
-                      dyn_tail=4 if isa.regs <= 16 else 1)
+                      dyn_tail=4 if isa.regs <= 16 else 1, dyn_direct_a=isa.regs > 16)
     return dataclasses.replace(cfg, **overrides) if overrides else cfg
 
 
