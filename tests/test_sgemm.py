@@ -407,8 +407,8 @@ def test_dynamic_column_items(tmp_path_factory, cpu):
     """The dynamic column split (threads claim column items: big ones, then 2 per thread of
     a quarter of the size) covers every column exactly once: accumulating into C0 shows an
     item run twice or skipped.  N around the item sizes (several column blocks and K blocks
-    per item), M from DYN_COLS_MIN_M (the packed path) up, at 2 and 3 threads; M below it
-    keeps the static split."""
+    per item), M from DYN_COLS_MIN_M (the packed path) up, at 2 and 3 threads; M below it,
+    or A with transposed rows (ta), keeps the static split."""
     base = sgemm.sgemm_config(cpu)
     cfg = sgemm.sgemm_config(cpu, kc=16, nc=2 * base.nr, min_work=0, dyn_cols=3)
     m = target.ir_module("dcols")

@@ -22,8 +22,8 @@
                                                           epilogue on the last K block)
 
     col items (emit_col_items, SgemmConfig.dyn_cols): the column split's twin for M >=
-          DYN_COLS_MIN_M: items of NR panels, big ones then small ones, each run by seq
-          on its columns (its own B panels, A read in place or packed per item)
+          DYN_COLS_MIN_M and unit-stride A rows: items of NR panels, big ones then small
+          ones, each run by seq on its columns (its own B panels, A read in place)
 
 Why: with a static split (one range of rows per thread) the call ends when the slower
 thread ends; on a shared machine the OS deschedules one of two threads for whole

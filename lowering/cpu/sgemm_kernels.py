@@ -226,6 +226,7 @@ NC_MAX = 4096
 DYN_MIN_ROWS = 64           # rows per item of the dynamic row split, at least
 DYN_MIN_M = 256             # ... which runs for M >= this (smaller M: the static split)
 DYN_COLS_MIN_M = 32         # the dynamic column split (SgemmConfig.dyn_cols) for M >= this
+                            # (and unit-stride A rows, which its items read in place)
 
 
 @functools.lru_cache(maxsize=None)   # pure in the (frozen) isa; asked ~60x per compile
@@ -1629,8 +1630,11 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
                 return
             # the packed path only: the skinny/gemv/tall kernels (M <= 24) stream B in
             # place, and narrower column ranges cut its rows into shorter runs (a batch-1
-            # MLP ran 4-23% slower with column items)
-            with b.if_else(b.icmp_signed(">=", M, _c64(DYN_COLS_MIN_M))) as (t4, o4):
+            # MLP ran 4-23% slower with column items); and A read in place (csa == 1):
+            # items that pack A would pack it once per item instead of once per thread
+            items = b.and_(b.icmp_signed(">=", M, _c64(DYN_COLS_MIN_M)),
+                           b.icmp_signed("==", csa, _c64(1)))
+            with b.if_else(items) as (t4, o4):
                 with t4:
                     eb = ir.IRBuilder(fn.entry_basic_block)
                     eb.position_at_start(fn.entry_basic_block)
