@@ -53,6 +53,16 @@ def _static_axis(x, ax: int, what: str):
     return n
 
 
+def _axis_last(x, ax: int):
+    """(x with axis `ax` moved last, the permutation that moves it back); both are the
+    identity (transpose returns its tensor) when `ax` is already last."""
+    perm = [d for d in range(x.ndim) if d != ax] + [ax]
+    inv = [0] * x.ndim
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return x.transpose(perm), inv
+
+
 def _numbers(x, what: str) -> None:
     if x.dtype not in NUMBER_DTYPES:
         raise TypeError(f"{what}: expects a f32/f64/i32/i64 tensor, got {x.dtype}")
@@ -141,8 +151,7 @@ def _blocked_cumsum(x, ax: int, n: int):
     vmap follow from where, sum, pad, slice and reshape."""
     B = SCAN_BLOCK
     last = x.ndim - 1
-    perm = [d for d in range(x.ndim) if d != ax] + [ax]
-    xt = x if ax == last else x.transpose(perm)
+    xt, inv = _axis_last(x, ax)
     lead = tuple(xt.shape[:-1])
     m = -(-n // B)
     if m * B != n:
@@ -162,11 +171,6 @@ def _blocked_cumsum(x, ax: int, n: int):
     y = (within + before.reshape(lead + (m, 1))).reshape(lead + (m * B,))
     if m * B != n:
         y = y.slice((0,) * (last + 1), lead + (n,))
-    if ax == last:
-        return y
-    inv = [0] * x.ndim
-    for i, p in enumerate(perm):
-        inv[p] = i
     return y.transpose(inv)
 
 
@@ -195,8 +199,7 @@ def topk(x, k: int, axis: int = -1):
         raise ShapeError(f"topk: k = {k} out of range [1, {n}] for axis {ax} of {x.shape}")
     if n >= 2 ** 31:
         raise ShapeError(f"topk: axis {ax} of {x.shape} is too long for i32 indices")
-    perm = [d for d in range(x.ndim) if d != ax] + [ax]
-    xt = x.transpose(perm)                       # (..., n)
+    xt, inv = _axis_last(x, ax)                  # (..., n)
     lead = xt.shape[:-1]
     xs = xt.stop_gradient()
     idx = _topk_select(xs, k) if k * SELECT_RATIO < n else _topk_rank(xs, k)
@@ -206,9 +209,6 @@ def topk(x, k: int, axis: int = -1):
         from rlxc.tensor import where
 
         vals = where(hit, xt.expand_dims(-2).broadcast_to(lead + (k, n)), 0).sum(-1)
-        inv = [0] * x.ndim
-        for i, p in enumerate(perm):
-            inv[p] = i
         return vals.transpose(inv), idx.transpose(inv)
     rows = 1
     for d in lead:
@@ -216,9 +216,6 @@ def topk(x, k: int, axis: int = -1):
     dt = "i64" if rows * n >= 2 ** 31 else "i32"
     flat = idx.cast(dt) + x.scope.constant((np.arange(rows) * n).reshape(lead + (1,)), dt)
     vals = xt.reshape(-1).gather_raw(flat.reshape(-1), 0, "topk").reshape(lead + (k,))
-    inv = [0] * x.ndim
-    for i, p in enumerate(perm):
-        inv[p] = i
     return vals.transpose(inv), idx.transpose(inv)
 
 
