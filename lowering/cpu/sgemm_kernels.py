@@ -1636,9 +1636,7 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
                            b.icmp_signed("==", csa, _c64(1)))
             with b.if_else(items) as (t4, o4):
                 with t4:
-                    eb = ir.IRBuilder(fn.entry_basic_block)
-                    eb.position_at_start(fn.entry_basic_block)
-                    counter = eb.alloca(I64, name="dyn.cols")
+                    counter = parallel.entry_alloca(b, I64, name="dyn.cols")
                     b.store(_c64(0), counter)
                     parallel.emit_parallel_ranges(
                         module, b, nb, body_ndyn, [*captured, counter],
