@@ -75,18 +75,23 @@ def gemm(tmp_path_factory):
     return g
 
 
-def _tiny_gemm(tmp_path_factory, tag, **overrides):
-    """Tiny cache blocks (odd kc, several mc/nc blocks), threads for any size, 2 threads."""
-    base = sgemm.sgemm_config()
-    cfg = sgemm.sgemm_config(kc=19, mc=2 * base.mr, nc=2 * base.nr, min_work=0, **overrides)
+def _gemm_of(tmp_path_factory, tag, cfg, cpu="native"):
+    """(Gemm of the sgemm built with `cfg` for `cpu`, set to 2 threads; its IR text)."""
     m = target.ir_module(tag)
     sgemm.emit_sgemm(m, "sg", config=cfg)
     parallel.thread_control(m)
     path = str(tmp_path_factory.mktemp(tag) / f"lib{tag}.so")
-    target.build_shared(m, path)
+    target.build_shared(m, path, cpu=cpu)
     g = Gemm(path, cfg)
     g.lib.rlxc_set_num_threads(2)
-    return g
+    return g, str(m)
+
+
+def _tiny_gemm(tmp_path_factory, tag, **overrides):
+    """Tiny cache blocks (odd kc, several mc/nc blocks), threads for any size, 2 threads."""
+    base = sgemm.sgemm_config()
+    cfg = sgemm.sgemm_config(kc=19, mc=2 * base.mr, nc=2 * base.nr, min_work=0, **overrides)
+    return _gemm_of(tmp_path_factory, tag, cfg)[0]
 
 
 @pytest.fixture(scope="module")
@@ -380,14 +385,8 @@ def test_dynamic_row_chunks(tmp_path_factory, cpu, direct_a):
     # repacks B for a new one), rows per item: max(M / 6, 64 rounded to MR) <= mc
     cfg = sgemm.sgemm_config(cpu, kc=16, nc=2 * base.nr, mc=24 * base.mr, min_work=0,
                              dyn_chunks=3, dyn_direct_a=direct_a)
-    m = target.ir_module("dyn")
-    sgemm.emit_sgemm(m, "sg", config=cfg)
-    parallel.thread_control(m)
-    assert "atomicrmw add" in str(m) and "sg.dyn" in str(m)
-    path = str(tmp_path_factory.mktemp("dyn") / "libdyn.so")
-    target.build_shared(m, path, cpu=cpu)
-    g = Gemm(path, cfg)
-    g.lib.rlxc_set_num_threads(2)
+    g, text = _gemm_of(tmp_path_factory, "dyn", cfg, cpu)
+    assert "atomicrmw add" in text and "sg.dyn" in text
     rng = np.random.default_rng(12)
     mr, nr = cfg.mr, cfg.nr
     for M in (255, 256, 257, 300, 64 * 6 + 1, 24 * mr * 6 + mr + 1):
@@ -411,13 +410,8 @@ def test_dynamic_column_items(tmp_path_factory, cpu):
     or A with transposed rows (ta), keeps the static split."""
     base = sgemm.sgemm_config(cpu)
     cfg = sgemm.sgemm_config(cpu, kc=16, nc=2 * base.nr, min_work=0, dyn_cols=3)
-    m = target.ir_module("dcols")
-    sgemm.emit_sgemm(m, "sg", config=cfg)
-    parallel.thread_control(m)
-    assert "sg.par_ndyn" in str(m) and "sg.par_n." in str(m)
-    path = str(tmp_path_factory.mktemp("dcols") / "libdcols.so")
-    target.build_shared(m, path, cpu=cpu)
-    g = Gemm(path, cfg)
+    g, text = _gemm_of(tmp_path_factory, "dcols", cfg, cpu)
+    assert "sg.par_ndyn" in text and "sg.par_n." in text
     rng = np.random.default_rng(21)
     nr = cfg.nr
     for t in (2, 3):
