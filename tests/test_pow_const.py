@@ -72,3 +72,56 @@ def test_grad_through_cube():
     f = Func("cube", lambda s: (s.input("x", (5,)) ** 3).sum())
     x = np.array([-2.0, -0.5, 0.0, 1.5, 3.0], np.float32)
     np.testing.assert_allclose(f.grad(["x"]).run(x=x)[0], 3 * x * x, rtol=1e-6)
+
+
+def _ulps32(got, ref):
+    """|got - ref| in float32 ulps of ref (float64), normal results only."""
+    return np.abs(got.astype(np.float64) - ref) / np.ldexp(1.0, np.frexp(np.abs(ref))[1] - 24)
+
+
+@pytest.mark.parametrize("k", [None, 2.5, -1.5, 1.0 / 3.0, 7.0, 1e-3])
+def test_float32_pow_is_correctly_rounded(k):
+    """float32 x ** y (a runtime y, or a constant off the fast list) is exp(y*log|x|) in
+    float64 (scalar.pow_exp_log), no libm call: the float64 result is within ~2^-44 of the
+    exact power, so the float32 one is the correctly rounded value (libm's powf missed it
+    on 628 of 1M random pairs), through the explicit vector loop (vmap) and its tail."""
+    rng = np.random.default_rng(11)
+    n = 20011
+    x = np.abs(rng.standard_normal(n) * np.exp(rng.uniform(-20, 20, n))).astype(np.float32)
+    y = (rng.standard_normal(n) * np.exp(rng.uniform(-4, 3, n))).astype(np.float32)
+    if k is None:
+        f = Func("powxy", lambda s: s.input("x", (n,)) ** s.input("y", (n,)))
+        got, yy = f.jit().run(x, y)[0], y
+    else:
+        f = _f(k, "f32", n)
+        got, yy = f.jit().run(x=x)[0], np.full(n, k, np.float32)
+    assert "llvm.pow" not in emit_llvm(f.module, "p")
+    with np.errstate(all="ignore"):
+        ref = np.power(x.astype(np.float64), yy.astype(np.float64))
+    ok = np.isfinite(ref) & (np.abs(ref) >= np.finfo(np.float32).tiny) & \
+        (np.abs(ref) <= np.finfo(np.float32).max)
+    assert ok.sum() > n // 3
+    np.testing.assert_array_equal(got[ok], ref[ok].astype(np.float32))
+    assert _ulps32(got[ok], ref[ok]).max() <= 0.5 + 2.0 ** -10
+    with np.errstate(all="ignore"):
+        want = ref[~ok].astype(np.float32)           # overflow to inf, underflow, subnormals
+    np.testing.assert_array_equal(got[~ok], want)
+
+
+@pytest.mark.parametrize("k", [3.0, 0.5, 2.5, 2.0])
+def test_constant_exponent_in_an_explicit_vector_loop(k):
+    """sin(x) ** k compiles (the explicit vector loop of lowering/cpu/vmap.py hands pow a
+    splat vector of constants; reading its value raised TypeError) and keeps the fast path."""
+    x = np.linspace(0.0, 3.0, 67).astype(np.float32)
+    f = Func("sinpow", lambda s: s.input("x", (67,)).sin() ** k)
+    got = f.jit().run(x=x)[0]
+    np.testing.assert_allclose(got, np.sin(x.astype(np.float64)) ** k, rtol=2e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("cpu,libm", [("x86-64", True), ("sandybridge", True),
+                                      ("x86-64-v3", False), ("znver3", False)])
+def test_float32_pow_without_fma_calls_libm(cpu, libm):
+    """Without FMA (baseline x86-64, AVX-only) the float64 exp/log ran slower than libm's
+    powf (scalar.LIBM_POW_RULES), so only FMA targets leave libm."""
+    f = Func("powcpu", lambda s: s.input("x", (64,)) ** s.input("y", (64,)))
+    assert ("llvm.pow" in emit_llvm(f.module, "p", cpu=cpu)) == libm

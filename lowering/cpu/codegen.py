@@ -45,7 +45,8 @@ width-generic shared rules) whose stores carry !nontemporal and align 64
 scalar rest; the kernel ends with an sfence.
 
 A map whose expression holds sin, cos or tan is emitted as explicit vectors too (vmap.py), so
-that their Payne-Hanek block stays a uniform branch instead of an if-converted path.
+that their Payne-Hanek block stays a uniform branch instead of an if-converted path; so is a
+float32 pow computed as exp(y*log|x|) in float64 (two independent chains per iteration).
 """
 from __future__ import annotations
 
@@ -54,7 +55,8 @@ import llvmlite.ir as ir
 from rlxc.lowering.cpu import indexing as ix
 from rlxc.lowering.cpu import openmp as parallel
 from rlxc.lowering.cpu import symint, vmap, vsum
-from rlxc.lowering.shared.scalar import F32, I8, I32, I64, MEM_TYPES, combine, const, emit_op, vtype
+from rlxc.lowering.shared.scalar import (F32, I8, I32, I64, LOWER_RULES, MEM_TYPES, combine, const,
+                                         cpu_rules, emit_op, vtype)
 from rlxc.lowering.shared.mathlib_ratio import fused_parts
 from rlxc.lowering.cpu.loops import (AccDecl, AccRef, CheckKernel, Const, For, InRange, Load,
                     LoopKernel, MatmulKernel, Op, Program, Store, Update, walk, walk_expr)
@@ -81,6 +83,7 @@ class Body:
         self.accs: dict = {}
         self.entry = fn.entry_basic_block
         self.lanes = lanes      # vector width of streaming stores
+        self.rules = LOWER_RULES  # the scalar rule table of the target (scalar.cpu_rules)
         # sums whose one update adds a fused product q*scale (mathlib_ratio.fused_parts):
         # they add q and their reads scale once (one multiply per element less in W1)
         self.unscaled_ok: set = set()     # id(acc): float sum, zero init, one update
@@ -152,7 +155,7 @@ class Body:
             i = self.index(b, e.idx, vars_)
             r = b.and_(b.icmp_signed(">=", i, c64(e.lo)), b.icmp_signed("<", i, c64(e.hi)))
         elif isinstance(e, Op):
-            r = emit_op(b, e, [self.expr(b, a, vars_, memo) for a in e.args])
+            r = emit_op(b, e, [self.expr(b, a, vars_, memo) for a in e.args], self.rules)
         else:
             raise TypeError(e)
         memo[id(e)] = r
@@ -165,7 +168,7 @@ class Body:
                 self.stream_loop(b, s, vars_, lohi if s.parallel else None)
             elif isinstance(s, For) and vsum.applies(s):   # sum of tanh(u) * sigmoid(v)
                 vsum.ratio_sum_loop(self, b, s, vars_, lohi if s.parallel else None)
-            elif isinstance(s, For) and vmap.applies(s):      # a map with sin, cos or tan
+            elif isinstance(s, For) and vmap.applies(s, self.rules):  # sin, cos, tan, pow
                 vmap.map_loop(self, b, s, vars_, lohi if s.parallel else None)
             elif isinstance(s, For):
                 self.loop(b, s, vars_, lohi if s.parallel else None)
@@ -270,7 +273,8 @@ class Body:
         elif isinstance(e, (Load, InRange)):  # invariant along v: one scalar, splatted
             r = _splat(b, self.expr(b, e, vars_, {}), lanes)
         elif isinstance(e, Op):
-            r = emit_op(b, e, [self.vexpr(b, a, vars_, v, memo, lanes) for a in e.args])
+            r = emit_op(b, e, [self.vexpr(b, a, vars_, v, memo, lanes) for a in e.args],
+                        self.rules)
         else:
             raise TypeError(e)
         memo[id(e)] = r
@@ -368,6 +372,14 @@ def _lanes(cpu: str) -> int:
     return sgemm_config(cpu).vl
 
 
+def _rules(cpu: str) -> dict:
+    """The scalar rule table of ``cpu`` (scalar.cpu_rules: float32 pow without libm where
+    the vector ISA has FMA)."""
+    from rlxc.lowering.cpu.sgemm_kernels import ISAS, sgemm_config
+
+    return cpu_rules(ISAS[sgemm_config(cpu).isa].fma)
+
+
 def _align(dt: str) -> int:
     return {"f32": 4, "f64": 8, "i1": 1, "i32": 4, "i64": 8, "u32": 4}[dt]
 
@@ -418,6 +430,7 @@ class ModuleGen:
                 body.accs[id(s.acc)] = b.alloca(vtype(s.acc.dtype), name=s.acc.name)
         body.unscaled_ok = _lone_zero_sums(k.body)
         body.lut = vsum.lut_for(self.cpu)
+        body.rules = _rules(self.cpu)
         nb = len(bufs)
         body.stmts(b, k.body, {}, (fn.args[nb], fn.args[nb + 1]) if par else None)
         if body.streamed:  # order the weakly ordered non-temporal stores before returning

@@ -21,15 +21,12 @@ it in global memory).
 """
 from __future__ import annotations
 
-import math
-
 import llvmlite.ir as ir
 
 from rlxc.lowering.shared import mathlib
+from rlxc.lowering.shared import scalar as shared_scalar
 
 F32 = ir.FloatType()
-I32 = ir.IntType(32)
-I1 = ir.IntType(1)
 
 __all__ = ["emit", "FUNCTIONS", "fconst", "intrinsic"]
 
@@ -51,10 +48,6 @@ def _sfx(x) -> str:
     return "f64" if isinstance(x.type, ir.DoubleType) else "f32"
 
 
-def _fabs(b, x):
-    return intrinsic(b, f"llvm.fabs.{_sfx(x)}", x.type, [x])
-
-
 def sqrt(b, x):
     return intrinsic(b, f"llvm.sqrt.{_sfx(x)}", x.type, [x])
 
@@ -65,24 +58,7 @@ def rsqrt(b, x):
 
 def pow_(b, x, y):
     """x**y with C's / NumPy's float rules (see the header); float32 and float64."""
-    ty, sfx = x.type, _sfx(x)
-    ity = I32 if sfx == "f32" else ir.IntType(64)
-    r = mathlib.emit(b, "exp", b.fmul(y, mathlib.emit(b, "log", _fabs(b, x))))
-    yt = intrinsic(b, f"llvm.trunc.{sfx}", ty, [y])
-    yint = b.fcmp_ordered("==", yt, y)
-    limit = 16777216.0 if sfx == "f32" else 9007199254740992.0   # every such float is even
-    big = b.fcmp_ordered(">=", _fabs(b, y), fconst(limit, ty))
-    odd = b.and_(b.trunc(b.fptosi(b.select(big, fconst(0.0, ty), yt), ity), I1), b.not_(big))
-    odd = b.and_(yint, odd)
-    signbit = b.icmp_signed("<", b.bitcast(x, ity), ir.Constant(ity, 0))   # -0 and -inf too
-    r = b.select(b.and_(signbit, odd), b.fneg(r), r)
-    xneg = b.and_(b.fcmp_ordered("<", x, fconst(0.0, ty)),
-                  b.fcmp_ordered("!=", x, fconst(-math.inf, ty)))        # finite x < 0
-    r = b.select(b.and_(xneg, b.not_(yint)), fconst(math.nan, ty), r)
-    one = b.or_(b.fcmp_ordered("==", y, fconst(0.0, ty)), b.fcmp_ordered("==", x, fconst(1.0, ty)))
-    one = b.or_(one, b.and_(b.fcmp_ordered("==", x, fconst(-1.0, ty)),            # (-1)^+-inf
-                            b.fcmp_ordered("==", _fabs(b, y), fconst(math.inf, ty))))
-    return b.select(one, fconst(1.0, ty), r)
+    return shared_scalar.pow_exp_log(b, x, y)
 
 
 def _from_mathlib(name):
