@@ -1,9 +1,10 @@
-"""Elementwise maps with sin, cos or tan as explicit vector loops (lowering/cpu/vmap.py).
+"""Elementwise maps with a transcendental as explicit vector loops (lowering/cpu/vmap.py).
 
 Golden IR: the map's innermost loop is the `.mbody` vector loop (two registers of the dtype
-per iteration: <16 x float> / <8 x double> on AVX2, twice that on AVX-512) whose Payne-Hanek
-block stays a branch (`rare`), then the scalar rest; maps without these ops, maps of mixed
-dtypes and a shifted in-place read are left to the loop vectorizer.  Numerics against NumPy
+per iteration: <16 x float> / <8 x double> on AVX2, twice that on AVX-512), for sin/cos/tan
+with their Payne-Hanek block still a branch (`rare`), then the scalar rest; maps without a
+transcendental, maps of mixed dtypes and a shifted in-place read are left to the loop
+vectorizer.  Numerics against NumPy
 at lengths around the vector width (the scalar rest), with huge arguments in some lanes (the
 rare block for a whole vector), NaN/inf, an invariant operand and a parallel 1-D map run on
 1 and 2 threads.
@@ -46,8 +47,21 @@ def test_golden_map_is_an_explicit_vector_loop(op, dt):
     assert re.search(r"^rare[\w.]*:", text, re.M), "the Payne-Hanek block is a branch"
 
 
+@pytest.mark.parametrize("op", ["exp", "tanh", "gelu", "log", "atan2"])
+def test_golden_every_transcendental_map_is_an_explicit_vector_loop(op):
+    """Two dependency chains per iteration for every mathlib kernel (vmap.CHAINED)."""
+    if op == "atan2":
+        f = Func("atan2", lambda s: s.input("y", (1000,)).atan2(s.input("x", (1000,))))
+    else:
+        f = _map(op, 1000, "f32")
+    text = emit_llvm(f.module, "m")
+    assert _vector_loop(text)
+    assert f"<{2 * sgemm_config('native').vl} x float>" in text
+
+
 def test_golden_other_maps_are_left_to_the_vectorizer():
-    assert not _vector_loop(emit_llvm(_map("exp", 1000, "f32").module, "m"))
+    plain = Func("plain", lambda s: (s.input("x", (1000,)) * 2.0 + 1.0).relu())
+    assert not _vector_loop(emit_llvm(plain.module, "m"))
     mixed = Func("mixed", lambda s: s.input("x", (1000,), "f64").sin().cast("f32"))
     assert not _vector_loop(emit_llvm(mixed.module, "m"))
 
@@ -93,3 +107,28 @@ def test_invariant_operand_and_threads():
     for t in (1, 2):
         j.set_num_threads(t)
         np.testing.assert_allclose(j.run(x=x, w=w)[0], want, rtol=1e-6, atol=3e-7)
+
+
+@pytest.mark.parametrize("dt", ["f32", "f64"])
+@pytest.mark.parametrize("op", ["exp", "tanh", "gelu", "log1p", "erf", "sigmoid"])
+@pytest.mark.parametrize("n", [1, 17, 33, 1000])
+def test_chained_maps_match_numpy(op, dt, n):
+    """Through the explicit vector loop and its scalar rest, NaN and infinities included."""
+    import math
+    x = (RNG.standard_normal(n) * 3).astype(NP[dt])
+    if op == "log1p":
+        x = np.abs(x)
+    if n > 3:
+        x[1], x[2], x[3] = np.nan, np.inf, -np.inf
+    ref = {"exp": np.exp, "tanh": np.tanh, "log1p": np.log1p,
+           "sigmoid": lambda v: 1 / (1 + np.exp(-v)),
+           "erf": np.vectorize(math.erf, otypes=[np.float64]),
+           "gelu": lambda v: np.where(np.isneginf(v), -0.0, 0.5 * v * (1 + np.vectorize(
+               math.erf, otypes=[np.float64])(v / math.sqrt(2))))}[op]   # gelu(-inf) = -0
+    got = _map(op, n, dt).jit().run(x=x)[0]
+    with np.errstate(all="ignore"):
+        want = ref(x.astype(np.float64))
+    bad = np.isnan(want)
+    assert np.isnan(got[bad]).all()
+    np.testing.assert_allclose(got[~bad], want[~bad].astype(NP[dt]), rtol=TOL[dt] * 16,
+                               atol=TOL[dt])

@@ -44,9 +44,10 @@ width-generic shared rules) whose stores carry !nontemporal and align 64
 (MOVNTPS: no read-for-ownership of lines that are only written), then the
 scalar rest; the kernel ends with an sfence.
 
-A map whose expression holds sin, cos or tan is emitted as explicit vectors too (vmap.py), so
-that their Payne-Hanek block stays a uniform branch instead of an if-converted path; so is a
-float32 pow computed as exp(y*log|x|) in float64 (two independent chains per iteration).
+A map whose expression holds a transcendental (mathlib: exp, tanh, gelu, sin, ...) or a
+float32 pow computed as exp(y*log|x|) in float64 is emitted as explicit vectors too (vmap.py):
+two independent dependency chains per iteration, and sin/cos/tan keep their Payne-Hanek block
+a uniform branch instead of an if-converted path.
 """
 from __future__ import annotations
 
@@ -168,7 +169,7 @@ class Body:
                 self.stream_loop(b, s, vars_, lohi if s.parallel else None)
             elif isinstance(s, For) and vsum.applies(s):   # sum of tanh(u) * sigmoid(v)
                 vsum.ratio_sum_loop(self, b, s, vars_, lohi if s.parallel else None)
-            elif isinstance(s, For) and vmap.applies(s, self.rules):  # sin, cos, tan, pow
+            elif isinstance(s, For) and vmap.applies(s, self.rules):  # a map with a transcendental
                 vmap.map_loop(self, b, s, vars_, lohi if s.parallel else None)
             elif isinstance(s, For):
                 self.loop(b, s, vars_, lohi if s.parallel else None)

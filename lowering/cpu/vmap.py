@@ -1,28 +1,35 @@
-"""An elementwise map with sin, cos or tan as an explicit vector loop (not the loop vectorizer).
+"""An elementwise map with a transcendental as an explicit vector loop (not the loop vectorizer).
 
-    for v in [start, stop): out[off(v)] = e(v)          e contains sin/cos/tan (f32 or f64)
-          │ map_loop
-          ▼
+    for v in [start, stop): out[off(v)] = e(v)          e contains a mathlib function
+          │ map_loop                                      (exp, tanh, gelu, sin, ...; f32 or
+          ▼                                               f64) or a float32 pow via exp/log
     for v in [start, vend) step L:  out[off(v) .. +L] = e(<L x T> of v .. v+L-1)
     for v in [vend, stop):          the scalar loop (the loop vectorizer takes it as usual)
 
 L is two vector registers of T (16 floats or 8 doubles on AVX2, twice that on AVX-512): two
-independent chains per iteration.  Why: the argument reduction of sin/cos/tan has a rare
-block for |x| >= 2^14 (f32) or 2^19 (f64) (Payne-Hanek, mathlib.if_any) that runs only when
-some lane needs it, a uniform branch.  The loop vectorizer cannot keep that branch: it
-if-converts it, so every element pays for the 64-bit integer reduction (f32, 1M elements,
-Zen 3: 3.36 ms vectorized that way against 1.00 ms for explicit vectors and NumPy's 1.74 ms),
-and for float64, whose rare block reads a table of 2/pi's bits (a gather), the AVX2 cost
-model does not vectorize the loop at all (11.2 ms scalar against 2.9 ms, NumPy 12.6 ms).
+independent chains per iteration.  Why:
+- sin/cos/tan (UNIFORM_BRANCH): the argument reduction has a rare block for |x| >= 2^14
+  (f32) or 2^19 (f64) (Payne-Hanek, mathlib.if_any) that runs only when some lane needs it,
+  a uniform branch.  The loop vectorizer cannot keep that branch: it if-converts it, so every
+  element pays for the 64-bit integer reduction (f32, 1M elements, Zen 3: 3.36 ms vectorized
+  that way against 1.00 ms for explicit vectors and NumPy's 1.74 ms), and for float64, whose
+  rare block reads a table of 2/pi's bits (a gather), the AVX2 cost model does not vectorize
+  the loop at all (11.2 ms scalar against 2.9 ms, NumPy 12.6 ms).
+- every other mathlib kernel is one long dependency chain per vector (polynomials, an exp,
+  a division), and the loop vectorizer runs one vector per iteration (no interleave at this
+  size), so the core waits on the chain's latency.  Two chains per iteration, 64K elements,
+  1 thread, in-process alternation (Zen 3, native / x86-64-v3 builds): float32 exp 0.86-0.89,
+  tanh 0.83-0.90, silu 0.85-0.93, gelu 0.91-0.97, gelu_tanh 0.89, erf 0.82-0.87, log
+  0.88-0.89, softplus 0.78-0.79, expm1 0.80-0.83, sigmoid, asin, log1p 0.96-1.02 of the
+  loop vectorizer's time; float64 0.62 (softplus) to 1.02 (asin).  None slower beyond noise.
+- the float32 pow of exp(y*log|x|) in float64 (scalar.pow_exp_log_path): x**y over 1M floats
+  6.9 ms with the loop vectorizer, 5.5 ms with two registers (6.1 with four).
 
 Applies to an innermost loop whose body is one plain Store (no combine) of dtype T in {f32,
 f64}, contiguous along the loop (offset coefficient 1, linear in v), whose expression
-contains one of UNIFORM_BRANCH (or a float32 pow that is exp(y*log|x|) in float64:
-scalar.pow_exp_log_path; the loop vectorizer ran it one register per iteration, one long
-dependency chain: x**y over 1M floats, Zen 3, 1 thread, 6.9 ms against 5.5 ms with two
-registers, 6.1 with four) and whose every node is T: loads contiguous along the loop
-or invariant in it, constants, ops on T with T operands.  A load of the stored buffer must
-read the very element it stores (an in-place map), so vector iterations read nothing a
+contains one of CHAINED (or such a pow) and whose every node is T: loads contiguous along the
+loop or invariant in it, constants, ops on T with T operands.  A load of the stored buffer
+must read the very element it stores (an in-place map), so vector iterations read nothing a
 previous one wrote.
 """
 from __future__ import annotations
@@ -32,10 +39,12 @@ import llvmlite.ir as ir
 from rlxc.lowering.cpu import indexing as ix
 from rlxc.lowering.cpu.loops import Const, For, Load, Op, Store, walk_expr
 from rlxc.lowering.cpu.schedule import coeff_along, linear_in
-from rlxc.lowering.shared.mathlib import UNIFORM_BRANCH
+from rlxc.dialect.shapes import SHAPES
 from rlxc.lowering.shared.scalar import pow_exp_log_path
 
 REGISTERS = 2       # vector registers per iteration (independent chains)
+# the ops whose rows are mathlib kernels (their `math` property), sin/cos/tan included
+CHAINED = frozenset(name[len("rlx."):] for name, sh in SHAPES.items() if sh.math)
 
 
 def applies(s: For, rules=None) -> str | None:
@@ -47,7 +56,7 @@ def applies(s: For, rules=None) -> str | None:
     dt = st.buf.dtype
     if dt not in ("f32", "f64") or coeff_along(st.off, v) != 1 or not linear_in(st.off, v):
         return None
-    branchy = False
+    chained = False
     for x in walk_expr(st.value):
         if isinstance(x, Load):
             c = coeff_along(x.off, v)
@@ -58,11 +67,11 @@ def applies(s: For, rules=None) -> str | None:
         elif isinstance(x, Op):
             if x.dtype != dt or any(a.dtype != dt for a in x.args):
                 return None
-            branchy = branchy or x.op in UNIFORM_BRANCH or (x.op == "pow" and pow_exp_log_path(
+            chained = chained or x.op in CHAINED or (x.op == "pow" and pow_exp_log_path(
                 dt, x.args[1].value if isinstance(x.args[1], Const) else None, rules))
         elif not (isinstance(x, Const) and x.dtype == dt):
             return None
-    return dt if branchy else None
+    return dt if chained else None
 
 
 def map_loop(body, b: ir.IRBuilder, s: For, vars_, lohi=None) -> None:
