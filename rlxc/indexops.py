@@ -142,36 +142,42 @@ def cumsum(x, axis=None):
 
 
 def _blocked_cumsum(x, ax: int, n: int):
-    """cumsum of a static float32 tensor along `ax` (n > SCAN_BLOCK) in three steps: the axis
-    (moved last, zero-padded to m blocks of B = SCAN_BLOCK) as (..., m, B), each block's running
-    sums as a sum over a (B, B) upper triangle of selected elements (one fused kernel, B adds
-    per element in sequential order); the running sums of the m block totals, shifted by one
-    block (an exclusive scan, exact: no subtraction), recursively; their sum.  Not a matmul with
-    a triangle of ones: its inf * 0 would put a NaN before every inf of a block.  Gradients and
-    vmap follow from where, sum, pad, slice and reshape."""
+    """cumsum of a static float32 tensor along `ax` (n > SCAN_BLOCK) in three steps, in place
+    along the axis (no transpose: the axes after it stay innermost, so every step streams and
+    vectorizes along them): the axis (zero-padded to m blocks of B = SCAN_BLOCK) as (m, B),
+    each block's running sums as a sum over a (B, B) upper triangle of selected elements (one
+    fused kernel, B adds per element in sequential order); the running sums of the m block
+    totals, shifted by one block (an exclusive scan, exact: no subtraction), recursively; their
+    sum.  Not a matmul with a triangle of ones: its inf * 0 would put a NaN before every inf of
+    a block.  Gradients and vmap follow from where, sum, pad, slice and reshape.  1024 x 1024
+    along axis 0, one Zen 3 core: 14.5 ms when the axis was moved last (two strided
+    transposes), NumPy 14.7 ms."""
     B = SCAN_BLOCK
-    last = x.ndim - 1
-    xt, inv = _axis_last(x, ax)
-    lead = tuple(xt.shape[:-1])
+    pre, post = tuple(x.shape[:ax]), tuple(x.shape[ax + 1:])
+    zeros = (0,) * x.ndim
     m = -(-n // B)
     if m * B != n:
-        xt = xt.scope.emit("rlx.pad", [xt], low=(0,) * x.ndim,
-                           high=(0,) * last + (m * B - n,))
+        high = [0] * x.ndim
+        high[ax] = m * B - n
+        x = x.scope.emit("rlx.pad", [x], low=zeros, high=tuple(high))
     from rlxc.tensor import where
 
-    # within[..., k, j] = sum of x[..., k, i] over i <= j, the others selected away (not
-    # multiplied by 0: inf * 0 would put a NaN before an inf); j is the vector axis
-    upto = xt.scope.constant(np.triu(np.ones((B, B), bool)), "i1")
-    xb = xt.reshape(lead + (m, B, 1)).broadcast_to(lead + (m, B, B))
-    within = where(upto, xb, 0.0).sum(last + 1)                    # (..., m, B)
-    tot = within.slice((0,) * (last + 1) + (B - 1,), lead + (m, B)).reshape(lead + (m,))
-    before = cumsum(tot.slice((0,) * (last + 1), lead + (m - 1,)), axis=last)
-    before = before.scope.emit("rlx.pad", [before], low=(0,) * last + (1,),
-                               high=(0,) * (last + 1))             # (..., m): 0, t0, t0+t1...
-    y = (within + before.reshape(lead + (m, 1))).reshape(lead + (m * B,))
+    # within[k, j] = sum of x[k, i] over i <= j (B-blocks k along the axis), the others
+    # selected away (not multiplied by 0: inf * 0 would put a NaN before an inf)
+    ones = (1,) * len(post)
+    upto = x.scope.constant(np.triu(np.ones((B, B), bool)).reshape((B, B) + ones), "i1")
+    xb = x.reshape(pre + (m, B, 1) + post).broadcast_to(pre + (m, B, B) + post)
+    within = where(upto, xb, 0.0).sum(ax + 1)                      # pre + (m, B) + post
+    tot = within.slice((0,) * (ax + 1) + (B - 1,) + (0,) * len(post),
+                       pre + (m, B) + post).reshape(pre + (m,) + post)
+    before = cumsum(tot.slice(zeros, pre + (m - 1,) + post), axis=ax)
+    low = [0] * x.ndim
+    low[ax] = 1
+    before = before.scope.emit("rlx.pad", [before], low=tuple(low), high=zeros)  # 0, t0, ...
+    y = (within + before.reshape(pre + (m, 1) + post)).reshape(pre + (m * B,) + post)
     if m * B != n:
-        y = y.slice((0,) * (last + 1), lead + (n,))
-    return y.transpose(inv)
+        y = y.slice(zeros, pre + (n,) + post)
+    return y
 
 
 def one_hot(x, n: int, dtype: str = "f32"):
