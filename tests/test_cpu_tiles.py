@@ -70,3 +70,15 @@ def test_batched_fused_and_threads():
     for t in (1, 2):
         jb.set_num_threads(t)
         np.testing.assert_array_equal(jb.run(a=big)[0], big.T)
+
+
+@pytest.mark.parametrize("shape,perm", [(("N", 100, 90), (0, 2, 1)), ((70, "N"), (1, 0))])
+def test_dynamic_sizes_keep_one_library(shape, perm):
+    """A dynamic program compiles once for every size (a symbolic stride is not tiled: its
+    abs() raised in the size-generic codegen, and the Func fell back to per-size programs)."""
+    f = Func("trdyn" + str(len(shape)), lambda s: s.input("x", shape).transpose(perm))
+    j = f.jit()
+    assert j._one is not None
+    for n in (3, 64):
+        x = RNG.standard_normal(tuple(n if d == "N" else d for d in shape)).astype(np.float32)
+        np.testing.assert_array_equal(j.run(x=x)[0], np.transpose(x, perm))

@@ -18,7 +18,8 @@ Applies to a loop whose body is one loop whose body is one plain Store (no combi
 contiguous along the inner variable, whose inner bounds do not depend on the outer
 variable, and whose value reads some buffer with a stride of at least MIN_STRIDE elements
 along the inner variable and contiguously along the outer one (every index linear in
-both).  The tiles keep each element's expression as it was: only the order changes.
+both; a stride that is a symbolic size of a dynamic program does not count).  The tiles keep
+each element's expression as it was: only the order changes.
 """
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ def applies(s: For) -> bool:
         if isinstance(x, Load):
             if not (linear_in(x.off, i) and linear_in(x.off, j)):
                 return False
-            across = across or (abs(coeff_along(x.off, j)) >= MIN_STRIDE and
+            cj = coeff_along(x.off, j)     # a symbolic stride (dynamic sizes): not tiled
+            across = across or (isinstance(cj, int) and abs(cj) >= MIN_STRIDE and
                                 coeff_along(x.off, i) == 1)
     return across
 
