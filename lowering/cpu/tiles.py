@@ -36,6 +36,7 @@ I64 = ir.IntType(64)
 
 
 def applies(s: For) -> bool:
+    """Whether tile_loop emits `s` (the header's conditions)."""
     if len(s.body) != 1 or not isinstance(s.body[0], For):
         return False
     inner = s.body[0]
