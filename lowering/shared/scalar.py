@@ -212,12 +212,16 @@ def _sqrt_pow(b, x, ty):
 # ulp), (1/x)^2 (-2, within 2 ulp; 1/(x*x) loses up to 2 bits where
 # x*x is subnormal), sqrt (0.5, correctly rounded) and 1/sqrt (-0.5, within
 # 1.5 ulp); every special value of C99's pow comes out the same (signed zeros, infinities,
-# NaN; k = 0, 1, 2, -1 are above)
+# NaN); k = 1, 2, -1 and 0 (or -0) are x, x*x, 1/x and 1 exactly
 def _square(b, v):
     return b.fmul(v, v)
 
 
 _POW_CONST = {
+    1.0: lambda b, x, ty: x,
+    2.0: lambda b, x, ty: _square(b, x),
+    -1.0: lambda b, x, ty: b.fdiv(const(ty, 1.0), x),
+    0.0: lambda b, x, ty: const(ty, 1.0),
     3.0: lambda b, x, ty: b.fmul(_square(b, x), x),
     4.0: lambda b, x, ty: _square(b, _square(b, x)),
     -2.0: lambda b, x, ty: _square(b, b.fdiv(const(ty, 1.0), x)),
@@ -271,7 +275,7 @@ def pow_exp_log_path(dt: str, k: float | None, rules=None) -> bool:
     dependency chain per element: lowering/cpu/vmap.py runs its loops as explicit vectors
     with two independent chains)."""
     return dt == "f32" and (rules is None or rules is LOWER_RULES) and \
-        (k is None or (k not in (0.0, 1.0, 2.0, -1.0) and k not in _POW_CONST))
+        (k is None or k not in _POW_CONST)
 
 
 def _uniform_float(v):
@@ -288,18 +292,9 @@ def _pow(b, x, y, dt, flags=(), wide=True):
     ty = x.type
     if _is_float(dt):
         k = _uniform_float(y)
-        if k is not None:
-            if k == 1.0:
-                return x
-            if k == 2.0:
-                return b.fmul(x, x)
-            if k == -1.0:
-                return b.fdiv(const(ty, 1.0), x)
-            if k == 0.0:
-                return const(ty, 1.0)
-            fast = _POW_CONST.get(k)
-            if fast is not None:
-                return fast(b, x, ty)
+        fast = _POW_CONST.get(k)
+        if fast is not None:
+            return fast(b, x, ty)
         if wide and pow_exp_log_path(dt, k):   # vectorizes (libm's powf: one call per lane)
             return pow_exp_log(b, x, y, wide=F64)
         return b.call(intrinsic(b, "llvm.pow", ty, 2), [x, y])
