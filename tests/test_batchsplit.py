@@ -288,6 +288,20 @@ for n in (64, 65, 7, 1):
 """
 
 
+def shim_env(tmp_path, threads: int):
+    """(path of the compiled SHIM_C, the environment that preloads it) for a child process
+    whose GOMP_parallel calls are counted, nested teams allowed, at most `threads` threads.
+    No pinning: a re-pin (when the scheduler moves the caller onto a worker's CPU between two
+    calls, pinning.py) is one more GOMP_parallel, so the count would depend on the scheduler
+    (seen once in a full run: 2 regions instead of 1)."""
+    (tmp_path / "shim.c").write_text(SHIM_C)
+    shim = str(tmp_path / "shim.so")
+    subprocess.run(["cc", "-shared", "-fPIC", "-O1", str(tmp_path / "shim.c"), "-o", shim,
+                    "-ldl", "-lgomp"], check=True)
+    return shim, {**os.environ, "LD_PRELOAD": shim, "OMP_MAX_ACTIVE_LEVELS": "4",
+                  "RLXC_MAX_THREADS": str(threads), "RLXC_PIN_THREADS": "0"}
+
+
 def test_aot_library_splits_through_the_c_abi(tmp_path):
     """`rlxc compile`'s library of the dynamic ONNX CNN through its C ABI, in a fresh
     process with GOMP_parallel counted by an LD_PRELOAD shim and nested teams allowed
@@ -300,16 +314,7 @@ def test_aot_library_splits_through_the_c_abi(tmp_path):
 
     f = rlxc.from_onnx(CNN, name="cnnsplit")
     aot.build_artifact(aot.spec_from_func(f, "cnnsplit", cpu="x86-64-v3"), str(tmp_path))
-    (tmp_path / "shim.c").write_text(SHIM_C)
-    shim = str(tmp_path / "shim.so")
-    subprocess.run(["cc", "-shared", "-fPIC", "-O1", str(tmp_path / "shim.c"), "-o", shim,
-                    "-ldl", "-lgomp"], check=True)
-    env = {**os.environ, "LD_PRELOAD": shim, "OMP_MAX_ACTIVE_LEVELS": "4",
-           "RLXC_MAX_THREADS": "3",
-           # no pinning: a re-pin (when the scheduler moves the caller onto a worker's CPU
-           # between two calls, pinning.py) is one more GOMP_parallel; the count would then
-           # depend on the scheduler (seen once in a full run: 2 regions instead of 1)
-           "RLXC_PIN_THREADS": "0"}
+    shim, env = shim_env(tmp_path, 3)
     p = subprocess.run([sys.executable, "-c", AOT_PY, str(tmp_path / "libcnnsplit.so"), shim],
                        capture_output=True, text=True, timeout=120, env=env)
     assert p.returncode == 0, p.stdout + p.stderr

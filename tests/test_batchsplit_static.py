@@ -22,7 +22,7 @@ import pytest
 import rlxc
 from rlxc.lowering.cpu import batchsplit
 
-from test_batchsplit import SHIM_C
+from test_batchsplit import shim_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CNN = os.path.join(HERE, "fixtures", "onnx", "cnn.onnx")
@@ -190,16 +190,7 @@ def test_static_aot_library_splits_through_the_c_abi(tmp_path, monkeypatch):
     monkeypatch.setenv("RLXC_MAX_THREADS", str(THREADS))
     f = rlxc.from_onnx(CNN, name="cnnstatic", input_shapes={"x": (64, 1, 8, 8)})
     aot.build_artifact(aot.spec_from_func(f, "cnnstatic", cpu="x86-64-v3"), str(tmp_path))
-    (tmp_path / "shim.c").write_text(SHIM_C)
-    shim = str(tmp_path / "shim.so")
-    subprocess.run(["cc", "-shared", "-fPIC", "-O1", str(tmp_path / "shim.c"), "-o", shim,
-                    "-ldl", "-lgomp"], check=True)
-    env = {**os.environ, "LD_PRELOAD": shim, "OMP_MAX_ACTIVE_LEVELS": "4",
-           "RLXC_MAX_THREADS": str(THREADS),
-           # no pinning: a re-pin (when the scheduler moves the caller onto a worker's CPU
-           # between two calls, pinning.py) is one more GOMP_parallel; the count would then
-           # depend on the scheduler (seen once in a full run: 2 regions instead of 1)
-           "RLXC_PIN_THREADS": "0"}
+    shim, env = shim_env(tmp_path, THREADS)
     out = str(tmp_path / "y.npy")
     p = subprocess.run([sys.executable, "-c", AOT_PY, str(tmp_path / "libcnnstatic.so"), shim,
                         out], capture_output=True, text=True, timeout=120, env=env)
