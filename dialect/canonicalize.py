@@ -39,7 +39,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
 from .ops import OPS, ConstantOp, make_op
-from .types import NP_DTYPES, dense_value, dtype_of, is_splat, numel, shape_of
+from .types import dense_value, dtype_of, is_splat, numel, shape_of, splat_element
 
 SMALL = 4096  # non-splat constants up to this many elements are inspected
 
@@ -75,10 +75,8 @@ def splat_scalar(v):
     if not isinstance(op, ConstantOp):
         return None
     attr = op.value
-    dt = dtype_of(attr.type)
     if is_splat(attr):
-        npdt = np.int8 if dt == "i1" else NP_DTYPES[dt]
-        return np.frombuffer(attr.data.data, dtype=npdt)[0]
+        return splat_element(attr)
     n = numel(shape_of(attr.type))
     if n == 0 or n > SMALL:
         return None

@@ -121,6 +121,13 @@ def dense_value(attr: DenseIntOrFPElementsAttr) -> np.ndarray:
     return flat.reshape(shape).copy()
 
 
+def splat_element(attr: DenseIntOrFPElementsAttr):
+    """The one element of a splat dense attribute (is_splat) as a NumPy scalar (int8 for
+    i1), without expanding it to the attribute's shape (which may be huge)."""
+    dtype = dtype_of(attr.type)
+    return np.frombuffer(attr.data.data, dtype=np.int8 if dtype == "i1" else NP_DTYPES[dtype])[0]
+
+
 def is_splat(attr: DenseIntOrFPElementsAttr) -> bool:
     typ = attr.type
     esize = 1 if dtype_of(typ) == "i1" else np.dtype(NP_DTYPES[dtype_of(typ)]).itemsize

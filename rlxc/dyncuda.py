@@ -64,9 +64,11 @@ def one_program(func, backend, drv=None):
                                        "host" if emulated else "gpu")
             ex = DynCudaExecutor(DynCudaProgram(meta, blobs, drv=ctx.driver))
         except Exception as e:   # noqa: BLE001 - any refusal: per-size programs instead
-            from rlxc.dynone import FALLBACKS
+            from rlxc.dynone import record_fallback
 
-            FALLBACKS[key[0]] = f"{type(e).__name__}: {e}"
+            _progs[key] = None
+            record_fallback(func, key[0], e, "GPU")
+            return None
         _progs[key] = ex
         return ex
 

@@ -14,16 +14,40 @@ compiling (DynLibrary cross-checks the workspace size function against the entry
 metadata); a graph the lowering refused is remembered as a "cpu-dyn-refused" entry
 (its reason), so a second process does not retry the sample lowerings either.
 
+A refusal the lowering means (DynamicSizeError: it needed a size as a number) is silent:
+the per-size programs are the designed answer.  Any other exception there is a bug in the
+size-generic lowering, and falling back would hide it behind slower compiles (one per
+size): it is recorded the same way and also warned about (SizeGenericFallbackWarning;
+the test suite turns that warning into an error).
+
 RLXC_ONE_LIBRARY=0 turns the one-library path off (benchmarks compare both).
 """
 from __future__ import annotations
 
 import os
 import threading
+import warnings
 
 _libs: dict = {}
 FALLBACKS: dict = {}     # ir hash -> why the one-library path refused that graph
 _lock = threading.Lock()
+
+
+class SizeGenericFallbackWarning(RuntimeWarning):
+    """The size-generic lowering of a dynamic Func failed unexpectedly (not a
+    DynamicSizeError): rlxc compiles one program per size instead."""
+
+
+def record_fallback(func, key, err: Exception, backend: str) -> None:
+    """Remember why `func` got per-size programs; warn when `err` is not a refusal the
+    lowering means (see the header)."""
+    from rlxc.lowering.cpu.symint import DynamicSizeError
+
+    FALLBACKS[key] = why = f"{type(err).__name__}: {err}"
+    if not isinstance(err, (DynamicSizeError, Refused)):
+        warnings.warn(f"{func.name}: the size-generic {backend} lowering failed ({why}); "
+                      "compiling one program per size instead", SizeGenericFallbackWarning,
+                      stacklevel=3)
 
 
 def enabled(backend) -> bool:
@@ -49,7 +73,9 @@ def one_library(func, backend):
         try:
             ex = _cached_or_compiled(func, backend.cpu_string())
         except Exception as e:   # noqa: BLE001 - any refusal: per-size programs instead
-            FALLBACKS[key[0]] = f"{type(e).__name__}: {e}"
+            _libs[key] = None
+            record_fallback(func, key[0], e, "CPU")
+            return None
         _libs[key] = ex
         return ex
 

@@ -13,6 +13,8 @@
   one scratch slice per thread.
 Each case is checked against the float64 interpreter (odd sizes, stride, dilation,
 padding, groups, batch 1 and many)."""
+import re
+
 import numpy as np
 import pytest
 
@@ -55,6 +57,10 @@ def test_im2col_is_an_affine_view(case):
     body = text[text.index(f"kernel {k.name}"):]
     body = body[:body.index("\n\n")] if "\n\n" in body else body
     body = body.split("\n", 1)[1]   # the loops, without the header line
+    # the gather's own stores (rowfuse.py may have put the pad of each image in its loop)
+    out = re.search(r"rlx\.gather -> (%\w+)", k.what).group(1)
+    body = "\n".join(line for line in body.splitlines() if line.strip().startswith(out + "["))
+    assert body
     assert "//" not in body and " % " not in body, body   # no index arithmetic on loads
     assert "%c" not in body, body                           # the constant indices are not read
     assert "select" not in body and "clamp" not in body, body  # padded once, by its own kernel

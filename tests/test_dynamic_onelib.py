@@ -104,6 +104,54 @@ def test_product_of_symbols_falls_back_per_size():
         _close(f.run_on("cpu", x=x), f.run_on("interp", x=x), f"B={B} S={S}")
 
 
+def test_unexpected_lowering_error_warns_and_falls_back(monkeypatch, tmp_path):
+    """A bug in the size-generic lowering (anything but DynamicSizeError) still gets
+    per-size programs, but with a SizeGenericFallbackWarning naming the Func and the
+    error: a silent fallback hid the tiles' abs(SymInt) TypeError once."""
+    import warnings
+
+    import rlxc.lowering.cpu.dynsizes as dynsizes
+    from rlxc.dynone import SizeGenericFallbackWarning
+
+    def broken(*a, **k):
+        raise TypeError("bad operand type for abs(): 'SymInt'")
+    monkeypatch.setattr(dynsizes, "compile_dynamic", broken)
+    monkeypatch.setenv("RLXC_CACHE_DIR", str(tmp_path))
+    f = rlxc.Func("lowering_bug", lambda s: (s.input("x", ("B", 4)) * 2.0).tanh())
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", SizeGenericFallbackWarning)   # not the suite's error
+        with pytest.warns(SizeGenericFallbackWarning,
+                          match=r"lowering_bug: the size-generic CPU lowering failed "
+                                r"\(TypeError: bad operand type for abs"):
+            assert one_library(f, backend("cpu")) is None
+    assert FALLBACKS[f.ir_hash()].startswith("TypeError")
+    x = np.linspace(-2, 2, 12, dtype=np.float32).reshape(3, 4)
+    _close(f.run_on("cpu", x=x), [np.tanh(2 * x)], "per-size fallback")
+
+
+def test_control_flow_and_huge_splats_in_the_sampled_programs():
+    """Two refusals the warning above brought out (they fell back without a word): control
+    flow is refused as a DynamicSizeError (regions.py lowers it per static program), and
+    a splat constant at a large sampled size is read as its one element, not expanded (a
+    64 GiB np.full broke attention masks' samples)."""
+    import rlxc as r
+    from rlxc.dialect.fold import _splat_attr
+    from rlxc.dialect.types import splat_element, tensor_type
+
+    def scan(s):
+        c, ys = r.scan(lambda c, x: (c + x, c * x), s.input("h", ("B", 3)) * 0.0,
+                       s.input("xs", (4, "B", 3)))
+        return c.sum() + ys.sum()
+    f = rlxc.Func("scan_dyn", scan)
+    assert one_library(f, backend("cpu")) is None
+    assert FALLBACKS[f.ir_hash()].startswith("DynamicSizeError: control flow")
+    xs = np.arange(24, dtype=np.float32).reshape(4, 2, 3)
+    _close(f.run_on("cpu", h=np.zeros((2, 3), np.float32), xs=xs),
+           f.run_on("interp", h=np.zeros((2, 3), np.float32), xs=xs), "scan per size")
+    attr = _splat_attr(-2.5, tensor_type((2003, 2, 2074, 2074)))
+    assert splat_element(attr) == np.float32(-2.5)
+
+
 def test_trainer_steps_any_batch_on_the_one_library(monkeypatch):
     import rlxc.lowering.cpu.driver as driver
 

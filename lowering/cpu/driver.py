@@ -108,6 +108,9 @@ def lower(module, name: str | None = None, cpu: str = "native", max_threads: int
     from rlxc.lowering.cpu.operand_prologue import operand_prologue
 
     operand_prologue(prog, cpu)   # big per-image operands built per image (its header)
+    from rlxc.lowering.cpu.rowfuse import fuse_rows
+
+    fuse_rows(prog)   # after operand_prologue, whose producers are single loop nests
     buffers.plan(prog)
     return prog
 

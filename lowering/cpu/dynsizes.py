@@ -201,8 +201,14 @@ def lower_dynamic(module, symbols: list, name: str, cpu: str = "native",
     from rlxc.dialect.passes import cleanup
     from rlxc.dialect.specialize import specialize
     from rlxc.lowering.cpu.driver import default_threads
+    from rlxc.lowering.cpu.rowfuse import fuse_rows
     from rlxc.lowering.cpu.schedule import build_program
 
+    from rlxc.lowering.shared.segments import has_regions
+
+    if has_regions(module):   # regions.py lowers control flow per static program only
+        raise DynamicSizeError("control flow (rlx.scan/while/if) in a size-generic CPU "
+                               "program: one program per size")
     envs = samples(symbols)
     progs = []
     for env in envs:
@@ -210,7 +216,7 @@ def lower_dynamic(module, symbols: list, name: str, cpu: str = "native",
             mod = cleanup(specialize(module, env))
         except NotImplementedError as e:
             raise DynamicSizeError(str(e)) from None
-        progs.append(build_program(mod, name, max_threads or default_threads(), cpu))
+        progs.append(fuse_rows(build_program(mod, name, max_threads or default_threads(), cpu)))
     merged = _Merger(envs).m(progs)
     merged.dims = list(symbols)
     from rlxc.dialect.module import get_func, signature

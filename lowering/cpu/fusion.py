@@ -40,7 +40,7 @@ from xdsl.dialects import func
 
 from rlxc.dialect.module import get_func, outputs
 from rlxc.dialect.shapes import ELEMENTWISE_FAMILIES, SHAPES, ops_where  # noqa: F401
-from rlxc.dialect.types import dense_value, dtype_of, is_splat, numel, shape_of
+from rlxc.dialect.types import dense_value, dtype_of, is_splat, numel, shape_of, splat_element
 
 from rlxc.lowering.cpu import indexing as ix
 from rlxc.lowering.cpu.loops import Buffer, Const, InRange, Load, Op
@@ -73,8 +73,7 @@ def is_splat_const(v) -> bool:
 
 
 def splat_value(v):
-    arr = dense_value(v.owner.value)
-    x = arr.reshape(-1)[0] if arr.size else 0
+    x = splat_element(v.owner.value)
     d = dtype_of(v.type)
     return bool(x) if d == "i1" else (int(x) if d in ("i32", "i64", "u32") else float(x))
 

@@ -285,22 +285,22 @@ def expr_buffers(e) -> list:
     out = []
     if isinstance(e, Load):
         out.append(e.buf)
-        out += _affine_buffers(e.off)
+        out += affine_buffers(e.off)
     elif isinstance(e, InRange):
-        out += _affine_buffers(e.idx)
+        out += affine_buffers(e.idx)
     return out
 
 
-def _affine_buffers(a) -> list:
+def affine_buffers(a) -> list:
     out = []
     for atom, _ in ix.of(a).terms:
         if isinstance(atom, ix.LoadIdx):
             out.append(atom.buf)
-            out += _affine_buffers(atom.off)
+            out += affine_buffers(atom.off)
         elif isinstance(atom, (ix.FloorDiv, ix.Mod, ix.Clamp)):
-            out += _affine_buffers(atom.x)
+            out += affine_buffers(atom.x)
         elif isinstance(atom, ix.Min):
-            out += _affine_buffers(atom.a) + _affine_buffers(atom.b)
+            out += affine_buffers(atom.a) + affine_buffers(atom.b)
     return out
 
 
@@ -318,9 +318,9 @@ def stmt_buffers(s) -> list:
     out = []
     if isinstance(s, Store):
         out.append(s.buf)
-        out += _affine_buffers(s.off)
+        out += affine_buffers(s.off)
     if isinstance(s, For):
-        out += _affine_buffers(s.start) + _affine_buffers(s.stop)
+        out += affine_buffers(s.start) + affine_buffers(s.stop)
     for e in stmt_exprs(s):
         for x in walk_expr(e):
             out += expr_buffers(x)

@@ -79,9 +79,10 @@ class RegionLowering:
     def plain(self, module, name):
         from rlxc.lowering.cpu import buffers
         from rlxc.lowering.cpu.codegen import ModuleGen
+        from rlxc.lowering.cpu.rowfuse import fuse_rows
         from rlxc.lowering.cpu.schedule import build_program
 
-        prog = build_program(module, name, self.threads, self.cpu)
+        prog = fuse_rows(build_program(module, name, self.threads, self.cpu))
         buffers.plan(prog)
         off = len(self.errors)
         for k in prog.kernels:
