@@ -183,3 +183,26 @@ def test_grad_through_fused_softmax_layernorm():
         d[i] = eps
         num[i] = (ref(x64 + d) - ref(x64 - d)) / (2 * eps)
     np.testing.assert_allclose(g, num, rtol=2e-3, atol=2e-4)
+
+
+def test_dynamic_rows_fuse_alike_at_every_sampled_size():
+    """The fusion is decided by structure, so the sampled programs of a dynamic batch merge
+    (dynsizes.py): one library serves every size, with the fused kernel in it."""
+    from rlxc.dynone import FALLBACKS, one_library
+    from rlxc.lowering.cpu.dynsizes import lower_dynamic, module_symbols
+    from rlxc.registry import backend
+
+    def build(s):
+        a = s.input("a", ("B", 48))
+        return a.layer_norm(-1, 1e-5).softmax(1), a.argmax(1)
+    f = Func("rows_dyn", build)
+    prog = lower_dynamic(f.module, module_symbols(f.module), "rows_dyn")
+    assert any(k.name.count("_k") >= 2 for k in prog.kernels), [k.name for k in prog.kernels]
+    assert one_library(f, backend("cpu")) is not None, FALLBACKS.get(f.ir_hash())
+    for B in (1, 3, 64, 301):
+        x = RNG.standard_normal((B, 48)).astype(np.float32)
+        x64 = x.astype(np.float64)
+        z = (x64 - x64.mean(1, keepdims=True)) / np.sqrt(x64.var(1, keepdims=True) + 1e-5)
+        sm, am = f.run(a=x)
+        np.testing.assert_allclose(sm, _softmax(z, 1), rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(am, x.argmax(1))

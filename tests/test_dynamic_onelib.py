@@ -144,7 +144,7 @@ def test_control_flow_and_huge_splats_in_the_sampled_programs():
         return c.sum() + ys.sum()
     f = rlxc.Func("scan_dyn", scan)
     assert one_library(f, backend("cpu")) is None
-    assert FALLBACKS[f.ir_hash()].startswith("DynamicSizeError: control flow")
+    assert "DynamicSizeError: control flow" in FALLBACKS[f.ir_hash()]   # or Refused: (cached)
     xs = np.arange(24, dtype=np.float32).reshape(4, 2, 3)
     _close(f.run_on("cpu", h=np.zeros((2, 3), np.float32), xs=xs),
            f.run_on("interp", h=np.zeros((2, 3), np.float32), xs=xs), "scan per size")
