@@ -203,7 +203,6 @@ def lower_dynamic(module, symbols: list, name: str, cpu: str = "native",
     from rlxc.lowering.cpu.driver import default_threads
     from rlxc.lowering.cpu.rowfuse import fuse_rows
     from rlxc.lowering.cpu.schedule import build_program
-
     from rlxc.lowering.shared.segments import has_regions
 
     if has_regions(module):   # regions.py lowers control flow per static program only

@@ -88,8 +88,8 @@ def _loop_vars(stmts) -> set:
     return {s.var for s in walk(stmts) if isinstance(s, For)}
 
 
-def _on(f: For, k: LoopKernel, outer: ix.Var, u: int):
-    """k's loop body over `outer`: renamed (u == 1) or wrapped in `for j in [0, u)` with
+def _on(f: For, outer: ix.Var, u: int):
+    """f's body over `outer`: renamed (u == 1) or wrapped in `for j in [0, u)` with
     f.var = u * outer + j; None when a name would clash."""
     if outer in _loop_vars(f.body):
         return None
@@ -165,10 +165,10 @@ def fuse_pair(k1, k2):
     e1, e2 = f1.var.extent, f2.var.extent
     if e1 == e2 or (e2 % e1 == 0 and e2 // e1 <= MAX_WRAP):
         outer = f1.var
-        b1, b2 = _on(f1, k1, outer, 1), _on(f2, k2, outer, e2 // e1)
+        b1, b2 = _on(f1, outer, 1), _on(f2, outer, e2 // e1)
     elif e1 % e2 == 0 and e1 // e2 <= MAX_WRAP:
         outer = f2.var
-        b1, b2 = _on(f1, k1, outer, e1 // e2), _on(f2, k2, outer, 1)
+        b1, b2 = _on(f1, outer, e1 // e2), _on(f2, outer, 1)
     else:
         return None
     if b1 is None or b2 is None:
