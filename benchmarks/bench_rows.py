@@ -1,16 +1,18 @@
 """Row ops (softmax, log_softmax, layer norm, argmax, centering) against NumPy, and the
-row-fusion pass against itself off, in one process.
+row-fusion and row-local-temps passes against themselves off, in one process.
 
 Run:  env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/bench_rows.py
       [--rows 1024] [--cols 1024] [--threads 1,2] [--runs 30] [--only softmax,argmax]
       [--cpu native|x86-64-v3|znver3|...]  (the rlxc build's target; it must run here)
 
-Each op is compiled twice from the same Func: with lowering/cpu/rowfuse.py (the default)
-and with the pass switched off (the kernels as the schedule built them, one pass over the
-tensor each).  The two builds and NumPy are timed round-robin, in an order that alternates
-per repetition, each sample the mean of 2 calls after an untimed one.  Printed: medians
-(min), NumPy / rlxc (> 1: rlxc faster) and fused / unfused (< 1: the pass helps).  The two
-rlxc builds must agree to a few ulps, and with NumPy in float64 to 1e-4.  NumPy runs
+Each op is compiled three times from the same Func: with lowering/cpu/rowfuse.py and
+rowlocal.py (the default), with row-local-temps off (the fused kernel's row temps in the
+workspace: "no-local"), and with both off (the kernels as the schedule built them, one pass
+over the tensor each: "unfused").  The builds and NumPy are timed round-robin, in an order
+that alternates per repetition, each sample the mean of 2 calls after an untimed one.
+Printed: medians (min), NumPy / rlxc (> 1: rlxc faster), rlxc / no-local and rlxc /
+unfused (< 1: the passes help).  The rlxc builds must agree to a few ulps, and with NumPy
+in float64 to 1e-4.  NumPy runs
 these ops on one thread whatever --threads says (no BLAS in them).
 """
 from __future__ import annotations
@@ -62,7 +64,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     os.environ.setdefault("RLXC_CACHE_DIR", tempfile.mkdtemp(prefix="rlxc-rows-"))
     import rlxc
-    from rlxc.lowering.cpu import rowfuse
+    from rlxc.lowering.cpu import rowfuse, rowlocal
     from rlxc.registry import backend
 
     if args.cpu not in ("native", "host"):
@@ -75,32 +77,35 @@ def main(argv=None) -> int:
     b = rng.standard_normal(C).astype(np.float32)
     print(f"{R} x {C} float32, rlxc --cpu {args.cpu}, {time.strftime('%Y-%m-%d %H:%M')}, load "
           f"{os.getloadavg()[0]:.2f}; median (min) per call")
-    print(f"{'op':12s} {'thr':>3s} {'rlxc':>18s} {'unfused':>18s} {'numpy':>18s} "
-          f"{'numpy/rlxc':>10s} {'fused/unfused':>13s}")
+    print(f"{'op':12s} {'thr':>3s} {'rlxc':>18s} {'no-local':>18s} {'unfused':>18s} "
+          f"{'numpy':>18s} {'numpy/rlxc':>10s} {'/no-local':>9s} {'/unfused':>8s}")
     only = [x for x in args.only.split(",") if x]
-    orig = rowfuse.fuse_rows
+    orig, orig_local = rowfuse.fuse_rows, rowlocal.localize
     for name, (build, ref, params) in cases(R, C).items():
         if only and name not in only:
             continue
         js = []
-        for on in (True, False):
-            rowfuse.fuse_rows = orig if on else (lambda prog: prog)
+        for fuse, local in ((True, True), (True, False), (False, False)):
+            rowfuse.fuse_rows = orig if fuse else (lambda prog: prog)
+            rowlocal.localize = orig_local if local else (lambda prog, plan=None: prog)
             try:
-                f = rlxc.Func(f"rows_{name}_{'on' if on else 'off'}", build)
+                f = rlxc.Func(f"rows_{name}_{int(fuse)}{int(local)}", build)
                 js.append((f.with_params({"g": g, "b": b}) if params else f).jit())
             finally:
-                rowfuse.fuse_rows = orig
-        got, base = js[0].run(a=a)[0], js[1].run(a=a)[0]
+                rowfuse.fuse_rows, rowlocal.localize = orig, orig_local
+        got = js[0].run(a=a)[0]
         # a few ulps apart at most: a per-row op in a short loop may take its scalar rule
         # where the unfused map took the vector one (rsqrt: both within its ulp bound)
-        np.testing.assert_allclose(got, base, rtol=1e-6, atol=1e-6)
+        for j in js[1:]:
+            np.testing.assert_allclose(got, j.run(a=a)[0], rtol=1e-6, atol=1e-6)
         a64 = a.astype(np.float64)   # the check in float64 (NumPy's float32 layer norm of
         want = ref(a64, g, b) if params else ref(a64)   # a near-constant row is off by 1e-3)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
         for t in [int(x) for x in args.threads.split(",")]:
             for j in js:
                 j.set_num_threads(t)
-            calls = {"rlxc": lambda: js[0].run(a=a), "unfused": lambda: js[1].run(a=a),
+            calls = {"rlxc": lambda: js[0].run(a=a), "no-local": lambda: js[1].run(a=a),
+                     "unfused": lambda: js[2].run(a=a),
                      "numpy": (lambda: ref(a, g, b)) if params else (lambda: ref(a))}
             ts = {k: [] for k in calls}
             for r in range(args.runs):
@@ -113,9 +118,10 @@ def main(argv=None) -> int:
                     ts[k].append((time.perf_counter() - t0) / 2)
             med = {k: statistics.median(v) for k, v in ts.items()}
             cell = {k: f"{med[k] * 1e6:8.1f} ({min(ts[k]) * 1e6:6.1f})" for k in ts}
-            print(f"{name:12s} {t:3d} {cell['rlxc']:>18s} {cell['unfused']:>18s} "
-                  f"{cell['numpy']:>18s} {med['numpy'] / med['rlxc']:10.2f} "
-                  f"{med['rlxc'] / med['unfused']:13.2f}", flush=True)
+            print(f"{name:12s} {t:3d} {cell['rlxc']:>18s} {cell['no-local']:>18s} "
+                  f"{cell['unfused']:>18s} {cell['numpy']:>18s} "
+                  f"{med['numpy'] / med['rlxc']:10.2f} {med['rlxc'] / med['no-local']:9.2f} "
+                  f"{med['rlxc'] / med['unfused']:8.2f}", flush=True)
     return 0
 
 

@@ -203,13 +203,14 @@ def test_broadcast_and_transpose_are_index_maps():
 def test_workspace_reuses_dead_buffers():
     def build(s):
         h = s.input("x", (64, 64))
-        for _ in range(6):  # each softmax materializes exp() (two readers) and two row stats
-            h = h.softmax() * 3.0
+        for _ in range(6):  # each step's output is a workspace temp the next one reads
+            h = h.softmax() * 3.0   # (its exp() rows and row stats are per-thread blocks)
         return h
 
     f = Func("reuse", build)
     prog = cpu.lower(f.module)
-    assert prog.workspace_size < peak_without_reuse(prog) / 3
+    # five 64 x 64 temps (and their row maxima), at most two of them live at once
+    assert prog.workspace_size < peak_without_reuse(prog) / 2
     agree(f, {"x": RNG.standard_normal((64, 64)).astype(np.float32)})
 
 

@@ -111,6 +111,9 @@ def lower(module, name: str | None = None, cpu: str = "native", max_threads: int
     from rlxc.lowering.cpu.rowfuse import fuse_rows
 
     fuse_rows(prog)   # after operand_prologue, whose producers are single loop nests
+    from rlxc.lowering.cpu.rowlocal import localize
+
+    localize(prog)    # temps that live in one row block: a block per thread (rowlocal.py)
     buffers.plan(prog)
     return prog
 

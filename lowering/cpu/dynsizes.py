@@ -202,6 +202,7 @@ def lower_dynamic(module, symbols: list, name: str, cpu: str = "native",
     from rlxc.dialect.specialize import specialize
     from rlxc.lowering.cpu.driver import default_threads
     from rlxc.lowering.cpu.rowfuse import fuse_rows
+    from rlxc.lowering.cpu.rowlocal import common, local_plan, localize
     from rlxc.lowering.cpu.schedule import build_program
     from rlxc.lowering.shared.segments import has_regions
 
@@ -216,6 +217,9 @@ def lower_dynamic(module, symbols: list, name: str, cpu: str = "native",
         except NotImplementedError as e:
             raise DynamicSizeError(str(e)) from None
         progs.append(fuse_rows(build_program(mod, name, max_threads or default_threads(), cpu)))
+    shared = common([local_plan(p) for p in progs])   # the same per-thread blocks at every size
+    for p in progs:
+        localize(p, shared)
     merged = _Merger(envs).m(progs)
     merged.dims = list(symbols)
     from rlxc.dialect.module import get_func, signature

@@ -39,7 +39,7 @@ class Buffer:
     """A flat array: an argument, an output, a workspace temp or a constant."""
 
     name: str
-    kind: str  # "input" | "param" | "output" | "temp" | "const"
+    kind: str  # "input" | "param" | "output" | "temp" | "const" | "local" (rowlocal.py)
     dtype: str
     numel: int
     index: int = -1            # position among inputs / params / outputs
@@ -62,7 +62,7 @@ class Buffer:
         where = {"input": f"inputs[{self.index}]", "param": f"params[{self.index}]",
                  "output": f"outputs[{self.index}]", "const": "constant",
                  "temp": f"workspace+{self.offset}" if self.offset >= 0 else
-                 "nowhere (unused: fused away)"}
+                 "nowhere (unused: fused away)", "local": "a row block per thread"}
         return f"%{self.name}: {self.dtype}[{self.numel}] @ {where[self.kind]}"
 
 

@@ -80,9 +80,10 @@ class RegionLowering:
         from rlxc.lowering.cpu import buffers
         from rlxc.lowering.cpu.codegen import ModuleGen
         from rlxc.lowering.cpu.rowfuse import fuse_rows
+        from rlxc.lowering.cpu.rowlocal import localize
         from rlxc.lowering.cpu.schedule import build_program
 
-        prog = fuse_rows(build_program(module, name, self.threads, self.cpu))
+        prog = localize(fuse_rows(build_program(module, name, self.threads, self.cpu)))
         buffers.plan(prog)
         off = len(self.errors)
         for k in prog.kernels:

@@ -52,7 +52,7 @@ MAX_WRAP = 8    # the most rows of a finer kernel one iteration of a coarser one
 MAX_ROW_TEMPS = 2   # temps a fused kernel may write whole rows of (their lifetimes grow)
 
 
-def _outer(k):
+def outer_loop(k):
     """The one loop of a fusable kernel, or None."""
     if not isinstance(k, LoopKernel) or k.dynamic or len(k.body) != 1:
         return None
@@ -64,21 +64,23 @@ def _outer(k):
     return f
 
 
-def _subst(stmts, mapping: dict) -> list:
-    """Copies of `stmts` with loop variables replaced (mapping: Var -> Affine)."""
+def subst_stmts(stmts, mapping: dict, rebase=None) -> list:
+    """Copies of `stmts` with loop variables replaced (mapping: Var -> Affine), and each
+    load's and store's offset passed through rebase(buf, off) when given (rowlocal.py)."""
     memo: dict = {}
     out = []
     for s in stmts:
         if isinstance(s, For):
             out.append(For(s.var, ix.subst(s.start, mapping), ix.subst(s.stop, mapping),
-                           _subst(s.body, mapping), s.parallel, s.stream))
+                           subst_stmts(s.body, mapping, rebase), s.parallel, s.stream))
         elif isinstance(s, Store):
-            out.append(Store(s.buf, ix.subst(s.off, mapping), map_expr(s.value, mapping, memo),
-                             s.combine))
+            off = ix.subst(s.off, mapping)
+            out.append(Store(s.buf, rebase(s.buf, off) if rebase else off,
+                             map_expr(s.value, mapping, memo, rebase), s.combine))
         elif isinstance(s, Update):
-            out.append(Update(s.acc, s.op, map_expr(s.value, mapping, memo)))
+            out.append(Update(s.acc, s.op, map_expr(s.value, mapping, memo, rebase)))
         elif isinstance(s, AccDecl):
-            out.append(AccDecl(s.acc, map_expr(s.init, mapping, memo)))
+            out.append(AccDecl(s.acc, map_expr(s.init, mapping, memo, rebase)))
         else:
             raise TypeError(f"rowfuse: unknown statement {type(s).__name__}")
     return out
@@ -94,15 +96,15 @@ def _on(f: For, outer: ix.Var, u: int):
     if outer in _loop_vars(f.body):
         return None
     if u == 1:
-        return _subst(f.body, {f.var: ix.var(outer)})
+        return subst_stmts(f.body, {f.var: ix.var(outer)})
     j = ix.Var(f"{f.var.name}_in_{outer.name}", u)
     if j in _loop_vars(f.body) or j == outer:
         return None
-    body = _subst(f.body, {f.var: ix.add(ix.scale(ix.var(outer), u), ix.var(j))})
+    body = subst_stmts(f.body, {f.var: ix.add(ix.scale(ix.var(outer), u), ix.var(j))})
     return [For(j, ix.ZERO, ix.const(u), body)]
 
 
-def _accesses(stmts):
+def accesses(stmts):
     """(buffer, offset, is_store) of every store and load in `stmts`, and the buffers read
     through an index (an indirection)."""
     acc, indirect = [], set()
@@ -122,7 +124,7 @@ def _accesses(stmts):
     return acc, indirect
 
 
-def _row_stride(off, outer: ix.Var):
+def row_stride(off, outer: ix.Var):
     """c when `off` is c * outer + rest with 0 <= rest < c (row-owned), else None."""
     a = ix.of(off)
     c = a.coeffs().get(outer, 0)
@@ -149,7 +151,7 @@ def _row_temps(stmts, outer: ix.Var) -> set:
     return out
 
 
-def _no_stream(stmts, bufs: set) -> None:
+def no_stream(stmts, bufs: set) -> None:
     """Turn off non-temporal stores of loops that store one of `bufs` (read back soon)."""
     for s in walk(stmts):
         if isinstance(s, For) and s.stream and any(
@@ -159,7 +161,7 @@ def _no_stream(stmts, bufs: set) -> None:
 
 def fuse_pair(k1, k2):
     """One LoopKernel doing k1 then k2 row block by row block, or None (see the header)."""
-    f1, f2 = _outer(k1), _outer(k2)
+    f1, f2 = outer_loop(k1), outer_loop(k2)
     if f1 is None or f2 is None:
         return None
     e1, e2 = f1.var.extent, f2.var.extent
@@ -173,8 +175,8 @@ def fuse_pair(k1, k2):
         return None
     if b1 is None or b2 is None:
         return None
-    a1, ind1 = _accesses(b1)
-    a2, ind2 = _accesses(b2)
+    a1, ind1 = accesses(b1)
+    a2, ind2 = accesses(b2)
     w1 = {b for b, _, st in a1 if st}
     w2 = {b for b, _, st in a2 if st}
     r1 = {b for b, _, st in a1 if not st}
@@ -187,12 +189,12 @@ def fuse_pair(k1, k2):
     strides: dict = {}
     for b, off, _ in a1 + a2:
         if b in written:
-            c = _row_stride(off, outer)
+            c = row_stride(off, outer)
             if c is None or strides.setdefault(b, c) != c:
                 return None
     if len(_row_temps(b1 + b2, outer)) > MAX_ROW_TEMPS:
         return None
-    _no_stream(b1, w1 & r2)
+    no_stream(b1, w1 & r2)
     loop = For(outer, ix.ZERO, ix.const(outer.extent), b1 + b2, f1.parallel or f2.parallel)
     outs = list(k1.outputs) + [b for b in k2.outputs if b not in k1.outputs]
     return LoopKernel(f"{k1.name}_{k2.name.split('_')[0]}", f"{k1.what}; {k2.what}", [loop],

@@ -54,18 +54,21 @@ def cost(e) -> int:
     return c
 
 
-def map_expr(e, mapping: dict, memo=None):
-    """Substitute loop variables inside every index of an expression tree."""
+def map_expr(e, mapping: dict, memo=None, rebase=None):
+    """Substitute loop variables inside every index of an expression tree; with `rebase`,
+    each load's offset then becomes rebase(buf, offset)."""
     memo = {} if memo is None else memo
     r = memo.get(id(e))
     if r is not None:
         return r
     if isinstance(e, Load):
-        r = Load(e.buf, ix.subst(e.off, mapping))
+        off = ix.subst(e.off, mapping)
+        r = Load(e.buf, rebase(e.buf, off) if rebase else off)
     elif isinstance(e, InRange):
         r = InRange(ix.subst(e.idx, mapping), e.lo, e.hi)
     elif isinstance(e, Op):
-        r = Op(e.op, tuple(map_expr(a, mapping, memo) for a in e.args), e.dtype, e.params)
+        r = Op(e.op, tuple(map_expr(a, mapping, memo, rebase) for a in e.args), e.dtype,
+               e.params)
     else:
         r = e
     memo[id(e)] = r
