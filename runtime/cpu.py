@@ -35,7 +35,10 @@ EXPLORE calls (the team in short
 bursts, judged warm), then twice as long after each re-try the other count
 loses, up to 16x when it lost badly, so it follows the load as it changes; a
 verdict against a count whose fastest quarter of calls would win came from
-other processes' bursts and is re-checked every EXPLORE calls.  Results do not
+other processes' bursts and is re-checked every EXPLORE calls.  A team that
+wins clearly (CLEAR_WIN) is re-tried against one thread only when one of its
+warm calls is as slow as one thread's median (a load that collapses teams shows
+there first), else every 16 * EXPLORE calls.  Results do not
 depend on the choice (split reductions have a fixed chunk count).  A library
 whose kernels never fork is not governed.  RLXC_ADAPTIVE_THREADS=0 always
 uses the maximum.
@@ -82,6 +85,9 @@ PREFER_TEAM = 0.85  # one thread gives way to the team when the team's median is
 KEEP_TEAM = 1.0     # ... and the team keeps running while its median stays below this one
                     # (a band, so that a team winning by 0-15% is not dropped and re-taken
                     # on every swing of a noisy machine: each change back costs a cold team)
+CLEAR_WIN = 1.5   # a team this much faster than one thread is re-tried against it only
+                  # when a warm team call is as slow as one thread's median (else every
+                  # EXPLORE * 16 calls): each blind re-try costs a whole one-thread call
 TEAM_BURST = 3    # consecutive calls when the team is tried (the first one warms it up)
 IDLE_COLD = 2e-3  # a call this long after the previous one ended finds threads and caches cold
 
@@ -261,8 +267,17 @@ class ThreadGovernor:
             # processes' bursts), not to its own speed: re-tried every EXPLORE calls
             won_quarter = ((_median(many, 0.25) < bar * t1) if best == 1 else
                            (tn >= bar * _median(one, 0.25)))
-            cap = 0 if won_quarter or ratio < 1.5 else 2 if ratio < 4 else 4
+            cap = 0 if won_quarter or ratio < CLEAR_WIN else 2 if ratio < 4 else 4
             every = EXPLORE << min(self.lost, cap)
+            warm = [t for t, cold in many[-3:] if not cold]
+            if best != 1 and cap and warm and warm[-1] < t1:
+                # the team wins clearly and its latest warm call shows nothing wrong (a
+                # cold one, after a pause, says nothing about the load): a load that
+                # collapses teams shows in the team's own warm calls first (one as slow
+                # as one thread's median), which brings the re-tries back.  Blind
+                # re-tries every EXPLORE-64 calls cost W3 (the team 2x faster, 68 calls
+                # in compare.py) a one-thread call in 3 of its 20 samples.
+                every = EXPLORE << 4
         self.every = every
         self.best, self.other = best, (1 if best != 1 else nmax)
 

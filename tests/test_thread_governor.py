@@ -275,3 +275,20 @@ def test_a_lost_re_try_doubles_the_wait_for_the_next():
     assert starts[0] < 20 + 2 * EXPLORE, starts
     assert gaps[:3] == sorted(gaps[:3]) and gaps[2] >= 3 * gaps[0], gaps
     assert max(gaps) <= 16 * EXPLORE + TEAM_BURST, gaps
+
+
+def test_a_clearly_winning_team_is_re_tried_on_evidence_only():
+    """A team 2x faster than one thread is not re-tried against it every EXPLORE-64 calls
+    (each re-try costs a whole one-thread call: 3 of W3's 20 compare.py samples), only
+    every 16 * EXPLORE calls; when the load changes and the team's warm calls get as slow
+    as one thread's median, the re-tries come back and the governor moves to one thread."""
+    from rlxc.runtime.cpu import CLEAR_WIN
+
+    assert CLEAR_WIN <= 2
+    gov = ThreadGovernor(lambda n: None, 2)
+    used = _drive(gov, {1: 2e-3, 2: 1e-3}, 600)
+    assert used[40:].count(1) <= 600 // (16 * EXPLORE) + 1, "".join(map(str, used))
+    used = _drive(gov, {1: 2e-3, 2: 2e-2}, 200)    # now the team collapses
+    first = used.index(1)
+    assert first < 2 * EXPLORE, "".join(map(str, used))
+    assert used[first + 40:].count(1) > 0.9 * len(used[first + 40:]), "".join(map(str, used))
