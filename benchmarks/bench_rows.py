@@ -12,8 +12,8 @@ over the tensor each: "unfused").  The builds and NumPy are timed round-robin, i
 that alternates per repetition, each sample the mean of 2 calls after an untimed one.
 Printed: medians (min), NumPy / rlxc (> 1: rlxc faster), rlxc / no-local and rlxc /
 unfused (< 1: the passes help).  The rlxc builds must agree to a few ulps, and with NumPy
-in float64 to 1e-4.  NumPy runs
-these ops on one thread whatever --threads says (no BLAS in them).
+in float64 to 1e-4.  NumPy runs these ops on one thread whatever --threads says (no BLAS in
+them).
 """
 from __future__ import annotations
 
