@@ -12,6 +12,8 @@ from rlxc.dialect import module as M
 from rlxc.dialect.interpreter import interpret
 from rlxc.dialect.passes import cleanup, run_pipeline
 
+from gradcheck import fd_grad
+
 RNG = np.random.default_rng(0)
 
 
@@ -22,16 +24,6 @@ def run64(f, **kw):
         v = kw[a.name] if a.name in kw else f.param_binding(a.name)
         args.append(np.asarray(v))
     return interpret(f.module, args, float_dtype=np.float64)
-
-
-def fd_grad(fn, a, eps=1e-6):
-    g = np.zeros_like(a, dtype=np.float64)
-    for i in np.ndindex(a.shape):
-        ap, am = a.copy(), a.copy()
-        ap[i] += eps
-        am[i] -= eps
-        g[i] = (fn(ap) - fn(am)) / (2 * eps)
-    return g
 
 
 def check_grads(f, wrt, inputs, tol=1e-6):
