@@ -421,22 +421,24 @@ class ModuleGen:
 
     # -------------------------------------------------------- kernels
     def loop_kernel(self, k: LoopKernel):
-        bufs = [x for x in k.buffers() if x.kind != "local"]
+        every = k.buffers()
+        bufs = [x for x in every if x.kind != "local"]
         par = k.body[0] if k.body and isinstance(k.body[0], For) and k.body[0].parallel \
             else None
         fn = self._fn(k.name, VOID, [ptr_type(x.dtype) for x in bufs] + ([I64, I64] if par
                                                                           else []))
         body = Body(fn, {id(x): a for x, a in zip(bufs, fn.args)}, _lanes(self.cpu))
         b = ir.IRBuilder(fn.entry_basic_block)
-        for x in k.buffers():   # a row block per call of this function: per thread
-            if x.kind == "local":
-                slot = b.alloca(ir.ArrayType(MEM_TYPES[x.dtype], x.numel), name=x.name)
-                slot.align = 64
-                body.ptrs[id(x)] = b.bitcast(slot, ptr_type(x.dtype))
-                # a frame of up to rowlocal.LOCAL_MAX_BYTES: touch it page by page, so a
-                # thread whose stack is nearly used up faults on its guard page rather
-                # than writing past it
-                set.add(fn.attributes, '"probe-stack"="inline-asm"')
+        local = [x for x in every if x.kind == "local"]
+        for x in local:   # a row block per call of this function: per thread
+            slot = b.alloca(ir.ArrayType(MEM_TYPES[x.dtype], x.numel), name=x.name)
+            slot.align = 64
+            body.ptrs[id(x)] = b.bitcast(slot, ptr_type(x.dtype))
+        if local:
+            # a frame of up to rowlocal.LOCAL_MAX_BYTES: touch it page by page, so a thread
+            # whose stack is nearly used up faults on its guard page rather than writing
+            # past it
+            set.add(fn.attributes, '"probe-stack"="inline-asm"')
         for s in walk(k.body):  # accumulators live in entry-block allocas (SROA -> phis)
             if isinstance(s, AccDecl) and id(s.acc) not in body.accs:
                 body.accs[id(s.acc)] = b.alloca(vtype(s.acc.dtype), name=s.acc.name)

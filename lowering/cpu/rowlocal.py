@@ -33,6 +33,7 @@ program has one layout at every size.
 from __future__ import annotations
 
 from rlxc.lowering.cpu import indexing as ix
+from rlxc.lowering.cpu.buffers import liveness
 from rlxc.lowering.cpu.loops import DTYPE_BYTES
 from rlxc.lowering.cpu.rowfuse import accesses, no_stream, outer_loop, row_stride, subst_stmts
 
@@ -40,18 +41,9 @@ NAME = "row-local-temps"
 LOCAL_MAX_BYTES = 64 * 1024   # the per-thread blocks of one kernel together
 
 
-def _users(prog) -> dict:
-    """id(buffer) -> how many kernels touch it."""
-    n: dict = {}
-    for k in prog.kernels:
-        for b in k.buffers():
-            n[id(b)] = n.get(id(b), 0) + 1
-    return n
-
-
 def local_plan(prog) -> dict:
     """{(kernel name, temp name): c} of the temps `localize` would make per-thread blocks."""
-    users = _users(prog)
+    liveness(prog)   # first == last: one kernel touches the buffer
     plan: dict = {}
     for k in prog.kernels:
         f = outer_loop(k)
@@ -59,7 +51,7 @@ def local_plan(prog) -> dict:
             continue
         acc, indirect = accesses(f.body)
         cands = {id(b): b for b, _, st in acc if st and b.kind == "temp"
-                 and users.get(id(b)) == 1 and b not in indirect}
+                 and b.first == b.last and b not in indirect}
         strides: dict = {}
         for b, off, _ in acc:
             if id(b) in cands:
