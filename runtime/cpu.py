@@ -38,7 +38,10 @@ verdict against a count whose fastest quarter of calls would win came from
 other processes' bursts and is re-checked every EXPLORE calls.  A team that
 wins clearly (CLEAR_WIN) is re-tried against one thread only when one of its
 warm calls is as slow as one thread's median (a load that collapses teams shows
-there first), else every 16 * EXPLORE calls.  Results do not
+there first), else every 16 * EXPLORE calls.  A narrow verdict not yet re-checked
+(the first one, taken on two calls per count) is re-checked after 2 * TEAM_BURST
+calls, and a re-try burst whose calls all beat the current count takes the lead at
+once with a fresh window (its older calls came from other conditions).  Results do not
 depend on the choice (split reductions have a fixed chunk count).  A library
 whose kernels never fork is not governed.  RLXC_ADAPTIVE_THREADS=0 always
 uses the maximum.
@@ -89,6 +92,8 @@ CLEAR_WIN = 1.5   # a team this much faster than one thread is re-tried against 
                   # when a warm team call is as slow as one thread's median (else every
                   # EXPLORE * 16 calls): each blind re-try costs a whole one-thread call
 TEAM_BURST = 3    # consecutive calls when the team is tried (the first one warms it up)
+BURST_WIN = 2     # recorded calls of a re-try burst that, all beating the current count by
+                  # its bar, hand the other count the lead at once (ThreadGovernor._burst_wins)
 IDLE_COLD = 2e-3  # a call this long after the previous one ended finds threads and caches cold
 
 
@@ -156,7 +161,8 @@ class ThreadGovernor:
     fixed chunk count)."""
 
     __slots__ = ("_set", "nmax", "_cell", "calls", "hist", "seen", "adaptive", "_fixed",
-                 "best", "other", "every", "lost", "ready", "ones", "prev", "last_end", "cold")
+                 "best", "other", "every", "lost", "ready", "ones", "prev", "last_end", "cold",
+                 "burst")
 
     def __init__(self, setter, n: int, parallel: bool = True, cell: list | None = None):
         """`setter(n)` sets the library's thread count; `cell` ([count last set]) is shared
@@ -182,6 +188,7 @@ class ThreadGovernor:
         self.prev = None
         self.last_end = None
         self.cold = False
+        self.burst = ()  # (time, cold) entries of the current re-try burst of `other`
         self._apply(n)
         self._fixed = (not self.adaptive or self._set is None or n == 1 or
                        (n == 0 and _cores() <= 1))
@@ -234,8 +241,12 @@ class ThreadGovernor:
             return  # a cold team (see the class doc)
         h += ((dt, cold),)
         hist[n] = h = h[1:] if len(h) > WINDOW else h
-        if self.ready and n == self.best and self.calls % 4:
-            return  # re-decide after every 4th call of the current choice (sorting costs)
+        if self.ready and n == self.best:
+            self.burst = ()
+            if self.calls % 4:
+                return  # re-decide after every 4th call of the current choice (sorting costs)
+        elif self.ready and n == self.other and self._burst_wins(n, (dt, cold), hist):
+            return
         one, many = hist[1], hist[nmax]
         if len(one) < 2 or len(many) < 2:
             return
@@ -262,6 +273,11 @@ class ThreadGovernor:
         last1, lastn = one[-1][0], many[-1][0]
         if (lastn < bar * t1) if best == 1 else (tn >= bar * last1):
             every = 2 * TEAM_BURST
+        elif self.lost == 0 and ratio < CLEAR_WIN:
+            # a narrow verdict not yet re-checked: the first one rests on two calls per
+            # count taken right after the library was built (other threads of the process
+            # may still be busy), a later one on a window that spans other conditions
+            every = 2 * TEAM_BURST
         else:
             # a loser whose fastest quarter of calls would win lost to stalls (other
             # processes' bursts), not to its own speed: re-tried every EXPLORE calls
@@ -280,6 +296,33 @@ class ThreadGovernor:
                 every = EXPLORE << 4
         self.every = every
         self.best, self.other = best, (1 if best != 1 else nmax)
+
+    def _burst_wins(self, n: int, entry, hist: dict) -> bool:
+        """Record `entry` in the current re-try burst of `n` (the other count); when the
+        burst holds BURST_WIN calls and every one of them beats the current count's median
+        by the bar it must clear, `n` takes over and its window restarts from the burst.
+
+        Older entries of `n` came from other conditions (a first verdict taken while a
+        peer's threads still ran, a stretch of other processes' bursts): kept, they
+        out-vote a burst that wins now (seen in compare.py's W9 on Zen 4: two 4.8 ms
+        team calls from the learning calls held the team off while its re-tries took
+        2.6-2.9 ms against one thread's 4.3 ms, 52-67% of the calls on one thread)."""
+        self.burst = burst = self.burst + (entry,)
+        if len(burst) < BURST_WIN:
+            return False
+        best = self.best
+        tb = _median(hist[best])
+        if n == 1:
+            won = all(KEEP_TEAM * t <= tb for t, _ in burst)
+        else:
+            won = all(t < PREFER_TEAM * tb for t, _ in burst)
+        if not won:
+            return False
+        hist[n] = burst[-WINDOW:]
+        self.burst = ()
+        self.lost = 0
+        self.best, self.other, self.every = n, best, EXPLORE
+        return True
 
 
 class GovernorTable:
@@ -323,10 +366,12 @@ class GovernorTable:
 
 def _median(d, q: float = 0.5) -> float:
     """Median (or the q-quantile) call time of a window of (time, cold) entries: of its
-    warm calls when there are at least two, else of all (see ThreadGovernor)."""
+    warm calls when there are at least two, else of all (see ThreadGovernor).  Of an even
+    count, the lower middle: on a shared machine the noise is one-sided (a stall adds
+    time, nothing takes it away), and with two calls the upper middle is the slower one."""
     warm = [t for t, cold in d if not cold]
     v = sorted(warm if len(warm) >= 2 else [t for t, _ in d])
-    return v[int(len(v) * q)]
+    return v[int((len(v) - 1) * q)]
 
 
 def env_threads() -> int:

@@ -292,3 +292,23 @@ def test_a_clearly_winning_team_is_re_tried_on_evidence_only():
     first = used.index(1)
     assert first < 2 * EXPLORE, "".join(map(str, used))
     assert used[first + 40:].count(1) > 0.9 * len(used[first + 40:]), "".join(map(str, used))
+
+
+def test_a_team_slow_while_it_was_learned_takes_over_once_its_re_try_wins():
+    """compare.py's W9 on Zen 4: the team's learning calls ran while other threads of the
+    process were still busy (4.8 ms against one thread's 4.3 ms), then it took 2.6 ms.
+    Those two slow entries out-voted the re-tries that won, and 52-67% of the 48 calls ran
+    on one thread.  A narrow first verdict is re-checked after 2 * TEAM_BURST calls, and a
+    re-try burst whose calls all win hands the team the lead with a fresh window.  The
+    caller pauses before every other call (cold, as in compare.py's samples)."""
+    gov = ThreadGovernor(lambda n: None, 2)
+    used, team = [], 0
+    for i in range(48):
+        n, _t0, cold = gov.begin()
+        cold = i >= 8 and i % 2 == 0
+        team += n == 2
+        cost = 4.3e-3 if n == 1 else (4.8e-3 if team <= 3 else 2.6e-3)
+        gov.end((n, time.perf_counter() - cost - (0.3e-3 if cold else 0), cold))
+        used.append(n)
+    assert used.count(1) <= 0.2 * 48, "".join(map(str, used))
+    assert used[24:].count(1) <= 1, "".join(map(str, used))
