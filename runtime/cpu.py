@@ -306,8 +306,8 @@ class ThreadGovernor:
         peer's threads still ran, a stretch of other processes' bursts): kept, they
         out-vote a burst that wins now (seen in compare.py's W9 on Zen 4: two 4.8 ms
         team calls from the learning calls held the team off while its re-tries took
-        2.6-2.9 ms against one thread's 4.3 ms, 52-67% of the calls on one thread)."""
-        self.burst = burst = self.burst + (entry,)
+        2.6-2.9 ms against one thread's 4.3 ms: 52-75% of the calls on one thread)."""
+        self.burst = burst = (self.burst + (entry,))[-WINDOW:]
         if len(burst) < BURST_WIN:
             return False
         best = self.best
