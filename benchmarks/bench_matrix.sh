@@ -1,7 +1,8 @@
 #!/bin/sh
 # The runs behind benchmarks/RESULTS.md: compare.py for three rlxc builds on this host, each
 # twice, then W7 and the compile times.  Output: one file per run in $OUT (default
-# /tmp/rlxc-bench).  Usage: benchmarks/bench_matrix.sh [PYTHON] [ROUNDS]
+# /tmp/rlxc-bench), and the target table of all of them in $OUT/table.md (printed too;
+# benchmarks/matrix_table.py).  Usage: benchmarks/bench_matrix.sh [PYTHON] [ROUNDS]
 #   native    rlxc for the host; NumPy's OpenBLAS picks its kernels for the host
 #   znver3    rlxc built with --cpu znver3 (AVX2, Zen 3 tiling) against peers capped at
 #             AVX2 (--peer-isa avx2: OpenBLAS Haswell kernels, oneDNN/MKL and XLA capped;
@@ -30,3 +31,4 @@ env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "$PY" benchmarks/compare.py --only 
     --runs 20 > "$OUT/w7.txt" 2>&1
 "$PY" benchmarks/bench_compile.py --runs 3 > "$OUT/compile.txt" 2>&1
 uptime > "$OUT/uptime-end.txt"
+"$PY" benchmarks/matrix_table.py "$OUT" > "$OUT/table.md" && cat "$OUT/table.md"
