@@ -174,3 +174,27 @@ def test_avx2_tiles_chain(parts3, monkeypatch, classes):
     want = _ref(p, x, 3, lambda h: np.maximum(h, 0))
     for t, got in _runs(f.jit(), x):
         np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4, err_msg=f"{t} threads")
+
+
+def test_avx2_thin_last_panel_joins_unit_zero(parts3, monkeypatch):
+    """512 = 21 x 24 + 8 columns on AVX2: the 8-column panel is folded into unit 0 (on its
+    own it would be an N <= VL product for the sgemm's narrow kernel), so the step has 21
+    units; unit 0 covers 32 columns and the others are shifted by 8.  A step with no more
+    units than the team's parts keeps its thin panel (every thread needs a unit)."""
+    from rlxc.lowering.cpu.matmul_chain import _units
+    from rlxc.lowering.cpu.sgemm_kernels import sgemm_config
+    from rlxc.registry import backend
+
+    monkeypatch.setattr(backend("cpu"), "default_cpu", "x86-64-v3")
+    cfg = sgemm_config("x86-64-v3")
+    n, sizes = 45, (300, 512, 392, 56, 10)     # 392 = 16 x 24 + 8; 56 = 2 x 24 + 8
+    p = _params(sizes, 21)
+    f = rlxc.Func("chainthin", _mlp(n, sizes)).with_params(p)
+    (ch,) = _chains(f, "x86-64-v3")    # the 56 -> 10 layer is too small to join it
+    assert ch.splits == ["cols", "cols", "cols"]
+    assert [_units(cfg, s, how, PARTS)[0] for s, how in zip(ch.steps, ch.splits)] == \
+        [21, 16, 3]
+    x = np.random.default_rng(6).standard_normal((n, sizes[0])).astype(np.float32)
+    want = _ref(p, x, 4, lambda h: np.maximum(h, 0))
+    for t, got in _runs(f.jit(), x):
+        np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4, err_msg=f"{t} threads")

@@ -11,6 +11,7 @@
           ▼ threads); every thread, for each step:
     while (u = atomic_add(&counter[step], 1)) < units:
         cols (ceil(N/NR) >= parts): unit u = C[:, u*NR : (u+1)*NR]   (one NR panel)
+                                    (a last panel of <= VL columns joins unit 0)
         rows (the N=10 logits):     unit u = C[u*R : (u+1)*R, :]     (R = the tallest
                                     tall tile when N <= VL and B is small: sgemm_tall's
                                     tiles read B in place; else 4 MR tiles)
@@ -190,10 +191,20 @@ def _row_block(cfg, k, how):
     return talls[-1]
 
 
-def _units(cfg, k, how):
-    """(units, unit size) of a step: NR-column panels, or blocks of rows."""
+def _units(cfg, k, how, parts: int):
+    """(units, unit size) of a step: NR-column panels, or blocks of rows.
+
+    A thin last column panel (at most VL columns) is folded into unit 0 when `parts` units
+    remain for the team: called on its own it is an N <= VL product, which the sgemm
+    sends to its narrow kernel (K-vectorized, B packed transposed: a classifier head's
+    path), slow for W3's 8-column edge on AVX2 (512 = 21 x 24 + 8); inside a wider call
+    it is the microkernel's edge variant.  Unit 0 is claimed first, so the team's
+    dynamic claims absorb its extra columns (as the last unit, the team waited for it)."""
     if how == "cols":
-        return -(-k.n // cfg.nr), cfg.nr
+        units = -(-k.n // cfg.nr)
+        if units > parts and 0 < k.n % cfg.nr <= cfg.vl:
+            units -= 1
+        return units, cfg.nr
     blk = _row_block(cfg, k, how) or 4 * cfg.mr
     return -(-k.m // blk), blk
 
@@ -239,7 +250,7 @@ def emit_chain(g, ch: MatmulChain):
                                  inbounds=True), I64.as_pointer())
         for n, (k, how) in enumerate(zip(ch.steps, ch.splits)):
             zero = {v: c64(0) for v in k.batch}
-            units, size = _units(cfg, k, how)
+            units, size = _units(cfg, k, how, ch.parts)
 
             def at(b, buf, off, extra, zero=zero):
                 base = body.index(b, off, zero)
@@ -269,11 +280,16 @@ def emit_chain(g, ch: MatmulChain):
                        args_ + [epi if epi.type == I8P else b.bitcast(epi, I8P),
                                 b.bitcast(ctx, I8P)])
 
-            def unit(wb, u, _hi, k=k, how=how, size=size, call=call):
+            def unit(wb, u, _hi, k=k, how=how, size=size, call=call, units=units):
                 first = wb.mul(u, c64(size))
                 total = k.n if how == "cols" else k.m
                 last = wb.add(first, c64(size))
                 last = wb.select(wb.icmp_signed("<", last, c64(total)), last, c64(total))
+                rem = total - units * size
+                if how == "cols" and rem > 0:   # unit 0 takes the thin last panel's columns
+                    first = wb.select(wb.icmp_signed("==", u, c64(0)), c64(0),
+                                      wb.add(first, c64(rem)))
+                    last = wb.add(wb.mul(u, c64(size)), c64(size + rem))
                 if how == "cols":
                     call(wb, c64(0), c64(k.m), first, last)
                 else:
