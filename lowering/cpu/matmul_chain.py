@@ -194,12 +194,12 @@ def _row_block(cfg, k, how):
 def _units(cfg, k, how, parts: int):
     """(units, unit size) of a step: NR-column panels, or blocks of rows.
 
-    A thin last column panel (at most VL columns) is folded into unit 0 when `parts` units
-    remain for the team: called on its own it is an N <= VL product, which the sgemm
-    sends to its narrow kernel (K-vectorized, B packed transposed: a classifier head's
-    path), slow for W3's 8-column edge on AVX2 (512 = 21 x 24 + 8); inside a wider call
-    it is the microkernel's edge variant.  Unit 0 is claimed first, so the team's
-    dynamic claims absorb its extra columns (as the last unit, the team waited for it)."""
+    A thin last column panel (at most VL columns: W3's 512 = 21 x 24 + 8 on AVX2) is
+    folded into unit 0 when `parts` units remain for the team; unit 0 is claimed first,
+    so the dynamic claims absorb its extra columns.  As a unit of its own it was an
+    N <= VL sgemm call (the narrow kernel, Bt packed again) claimed last: W3 on the
+    AVX2 builds, 2 threads, back to back, ran 1.5-6% slower that way (Zen 4).  Folded
+    into the last unit instead, the team waited for it at the barrier (5% slower)."""
     if how == "cols":
         units = -(-k.n // cfg.nr)
         if units > parts and 0 < k.n % cfg.nr <= cfg.vl:
