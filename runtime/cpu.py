@@ -275,8 +275,8 @@ class ThreadGovernor:
             every = 2 * TEAM_BURST
         elif self.lost == 0 and ratio < CLEAR_WIN:
             # a narrow verdict not yet re-checked: the first one rests on two calls per
-            # count taken right after the library was built (other threads of the process
-            # may still be busy), a later one on a window that spans other conditions
+            # count taken right after the library was built, a later one on a window that
+            # spans other conditions
             every = 2 * TEAM_BURST
         else:
             # a loser whose fastest quarter of calls would win lost to stalls (other
@@ -302,8 +302,8 @@ class ThreadGovernor:
         burst holds BURST_WIN calls and every one of them beats the current count's median
         by the bar it must clear, `n` takes over and its window restarts from the burst.
 
-        Older entries of `n` came from other conditions (a first verdict taken while a
-        peer's threads still ran, a stretch of other processes' bursts): kept, they
+        Older entries of `n` came from other conditions (a first verdict taken while the
+        machine was busier, a stretch of other processes' bursts): kept, they
         out-vote a burst that wins now (seen in compare.py's W9 on Zen 4: two 4.8 ms
         team calls from the learning calls held the team off while its re-tries took
         2.6-2.9 ms against one thread's 4.3 ms: 52-75% of the calls on one thread)."""

@@ -295,8 +295,8 @@ def test_a_clearly_winning_team_is_re_tried_on_evidence_only():
 
 
 def test_a_team_slow_while_it_was_learned_takes_over_once_its_re_try_wins():
-    """compare.py's W9 on Zen 4: the team's learning calls ran while other threads of the
-    process were still busy (4.8 ms against one thread's 4.3 ms), then it took 2.6 ms.
+    """compare.py's W9 on Zen 4: the team's learning calls ran slow (4.8 ms against one
+    thread's 4.3 ms: the machine was busier then), afterwards it took 2.6 ms.
     Those two slow entries out-voted the re-tries that won, and 52-75% of the 48 calls ran
     on one thread.  A narrow first verdict is re-checked after 2 * TEAM_BURST calls, and a
     re-try burst whose calls all win hands the team the lead with a fresh window.  The
