@@ -1,16 +1,9 @@
 """benchmarks/matrix_table.py: the RESULTS.md target table from a bench_matrix.sh run."""
-import importlib.util
-import os
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from scripts import load_script
 
 
 def _table():
-    spec = importlib.util.spec_from_file_location(
-        "matrix_table", os.path.join(ROOT, "benchmarks", "matrix_table.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/matrix_table.py", "matrix_table")
 
 
 RUN = """W3   MLP fwd + loss, b128     913.4 us (889.9 us)     1.039 ms (996.7 us)

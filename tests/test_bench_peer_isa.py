@@ -1,21 +1,16 @@
 """benchmarks/compare.py --peer-isa avx2: every peer is restricted to AVX2 before it loads,
 and the header checks it took effect (OpenBLAS's kernel, one-thread sgemm rate)."""
-import importlib.util
 import os
 import subprocess
 import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from scripts import ROOT, load_script
 
 
 def _compare():
-    spec = importlib.util.spec_from_file_location(
-        "bench_compare", os.path.join(ROOT, "benchmarks", "compare.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/compare.py", "bench_compare")
 
 
 def test_peer_isa_avx2_sets_every_library(monkeypatch):

@@ -179,11 +179,7 @@ int main(void) {
 
 def test_train_rnn_example_learns_parity():
     """examples/train_rnn.py at a small size: the GRU scan learns the parity of 8 bits."""
-    import importlib.util
-    import pathlib
+    from scripts import load_script
 
-    path = pathlib.Path(__file__).parent.parent / "examples" / "train_rnn.py"
-    spec = importlib.util.spec_from_file_location("train_rnn", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("examples/train_rnn.py", "train_rnn")
     assert mod.main(["--length", "8", "--steps", "200", "--hidden", "16"]) > 0.9

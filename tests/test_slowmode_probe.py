@@ -1,6 +1,5 @@
 """benchmarks/corestate.py (is this core shared by a busy SMT sibling right now?) and the
 diagnostics of benchmarks/bench_slowmode.py (the "slow process" reproducer)."""
-import importlib.util
 import os
 import subprocess
 import sys
@@ -8,16 +7,11 @@ import sys
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from scripts import ROOT, load_script
 
 
 def _load(name):
-    spec = importlib.util.spec_from_file_location(
-        name, os.path.join(ROOT, "benchmarks", f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(f"benchmarks/{name}.py", name)
 
 
 cs = _load("corestate")

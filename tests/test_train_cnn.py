@@ -1,24 +1,18 @@
 """examples/train_cnn.py runs (small size) and rlxc.nn_conv declares its params."""
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import numpy as np
 import pytest
 
 import rlxc
 from rlxc.nn_conv import conv2d, he_init
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from scripts import load_script
 
 
 def test_train_cnn_example_small(tmp_path, capsys):
     pytest.importorskip("sklearn")
-    spec = importlib.util.spec_from_file_location("train_cnn",
-                                                  os.path.join(ROOT, "examples", "train_cnn.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("examples/train_cnn.py", "train_cnn")
     assert mod.main(["--epochs", "6", "--width", "8", "--min-acc", "0.97",
                      "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
