@@ -92,17 +92,26 @@ class CallFrame:
 
     `lib` is a runtime.cpu.CpuLibrary (entry, governor, error, inputs, outputs, params,
     workspace_size).  `workspace` shares another frame's workspace (frames that are
-    never called at the same time)."""
+    never called at the same time).  `packed`: the library's prepacked weights
+    (runtime/prepack.py, one array per slot of lib.prepack): the frame calls the
+    prepacked entry, whose params table continues with their pointers (pars[n_params +
+    slot]; a NULL slot is packed per call, as the plain entry does)."""
 
-    __slots__ = ("lib", "ins", "outs", "pars", "ws", "ws_ptr", "_entry", "_gov")
+    __slots__ = ("lib", "ins", "outs", "pars", "ws", "ws_ptr", "_entry", "_gov", "packed")
 
-    def __init__(self, lib, workspace: "CallFrame | None" = None):
+    def __init__(self, lib, workspace: "CallFrame | None" = None, packed: list | None = None):
         self.lib = lib
         self._entry = getattr(lib, "entry_fast", None) or lib.entry
         self._gov = lib.governor
         self.ins = (ctypes.c_void_p * max(1, len(lib.inputs)))()
         self.outs = (ctypes.c_void_p * max(1, len(lib.outputs)))()
-        self.pars = (ctypes.c_void_p * max(1, len(lib.params)))()
+        npar = len(lib.params)
+        self.packed = packed or None
+        self.pars = (ctypes.c_void_p * max(1, npar + len(packed or ())))()
+        if packed:
+            self._entry = lib.entry_prepacked
+            for j, a in enumerate(packed):
+                self.pars[npar + j] = data_address(a)
         if workspace is not None:
             self.ws, self.ws_ptr = workspace.ws, workspace.ws_ptr
         else:

@@ -69,6 +69,7 @@ import numpy as np
 
 from .call import CallFrame, checked_array, data_address
 from .errors import ArtifactError, RlxError
+from .prepack import check_spec, pack_weight
 
 NP_DTYPES = {"f32": np.float32, "f64": np.float64, "i1": np.bool_, "i32": np.int32,
              "i64": np.int64, "u32": np.uint32}
@@ -485,6 +486,21 @@ class CpuLibrary(SplitControl):
         self.outputs = [(tuple(o["shape"]), NP_DTYPES[o["dtype"]]) for o in meta["outputs"]]
         self.errors = {int(k): tuple(v) for k, v in meta.get("errors", {}).items()}
         self.error_args = {int(k): tuple(v) for k, v in meta.get("error_args", {}).items()}
+        # bound weights the prepacked entry may take packed (runtime/prepack.py)
+        self.prepack = list(meta.get("prepack") or [])
+        self.entry_prepacked = None
+        if self.prepack:
+            try:
+                for spec in self.prepack:
+                    check_spec(spec)
+                    par = self.params[int(spec["param"])]
+                    if par["dtype"] != "f32" or _numel(par["shape"]) != spec["k"] * spec["n"]:
+                        raise ValueError(f"param {par['name']!r} is {par['dtype']} "
+                                         f"{par['shape']}, not {spec['k']} x {spec['n']}")
+                self.entry_prepacked = self.lib[meta["prepack_entry"]]
+            except (AttributeError, KeyError, IndexError, ValueError) as e:
+                raise ArtifactError(f"{so_path}: bad prepack metadata ({e})") from None
+            self.entry_prepacked.restype = ctypes.c_int32
         self._set_threads = getattr(self.lib, "rlxc_set_num_threads", None)
         if self._set_threads is not None:
             self._set_threads.argtypes = [ctypes.c_int32]
@@ -520,8 +536,8 @@ class _ThreadState(CallFrame):
 
     __slots__ = ("bound", "prev")
 
-    def __init__(self, lib: CpuLibrary):
-        super().__init__(lib)
+    def __init__(self, lib: CpuLibrary, packed: list | None = None):
+        super().__init__(lib, packed=packed)
         self.bound = False
         self.prev = None  # the large outputs of the last call, for reuse once released
 
@@ -530,11 +546,20 @@ class CpuCaller:
     """Calls one library; optionally with params bound once (their pointers pre-written).
 
     `call(inputs, params=None)`: `inputs` in input order, `params` in param order
-    (required unless bound).  Returns the outputs as new arrays."""
+    (required unless bound).  Returns the outputs as new arrays.
+
+    Bound params that the library's matmul chains multiply by (lib.prepack) are packed
+    here once (runtime/prepack.py; they are frozen: a Func owns its bound arrays,
+    read-only) and the calls go through the prepacked entry; RLXC_PREPACK=0 turns
+    this off.  A call that passes its own params runs with no prepacked slot."""
 
     def __init__(self, lib: CpuLibrary, params: list | None = None):
         self.lib = lib
         self._params = None if params is None else list(params)
+        self._packed = None
+        if self._params is not None and lib.prepack and \
+                os.environ.get("RLXC_PREPACK", "1") != "0":
+            self._packed = [pack_weight(self._params[int(s["param"])], s) for s in lib.prepack]
         self._local = threading.local()
         self._out_specs = lib.outputs
         self._reuse = _env_flag("RLXC_REUSE_OUTPUTS") and any(
@@ -543,7 +568,7 @@ class CpuCaller:
     def _state(self) -> _ThreadState:
         st = getattr(self._local, "st", None)
         if st is None:
-            st = self._local.st = _ThreadState(self.lib)
+            st = self._local.st = _ThreadState(self.lib, self._packed)
             if self._params is not None:
                 for i, p in enumerate(self._params):
                     st.pars[i] = _addr(p)
@@ -563,6 +588,10 @@ class CpuCaller:
             for i, a in enumerate(params):
                 pars[i] = _addr(a)
             st.bound = False
+            packed = st.packed
+            if packed is not None:   # these params are not the packed ones
+                for j in range(len(params), len(params) + len(packed)):
+                    pars[j] = None
         elif not st.bound:
             raise RlxError(f"{self.lib.meta['entry']}: params not bound")
         optr = st.outs
@@ -584,6 +613,9 @@ class CpuCaller:
         finally:
             for i, p in enumerate(self._params):  # restore the bound pointers
                 st.pars[i] = _addr(p)
+            if st.packed is not None:
+                for j, a in enumerate(st.packed):
+                    st.pars[len(self._params) + j] = _addr(a)
             st.bound = True
         return outs
 

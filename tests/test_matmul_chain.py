@@ -198,3 +198,78 @@ def test_avx2_thin_last_panel_joins_unit_zero(parts3, monkeypatch):
     want = _ref(p, x, 4, lambda h: np.maximum(h, 0))
     for t, got in _runs(f.jit(), x):
         np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4, err_msg=f"{t} threads")
+
+
+@pytest.mark.parametrize("cpu", ["native", "x86-64-v3"])
+def test_bound_weights_are_prepacked_once(parts3, monkeypatch, cpu):
+    """A Jitted packs the bound weights of its column-split steps once (runtime/prepack.py)
+    and calls the prepacked entry: the same numbers as the plain C entry (params passed
+    per call), on 1-3 threads; AVX2's 512 = 21 x 24 + 8 columns lay out the folded thin
+    panel second (unit 0's).  A call that passes its own params runs unpacked, and the
+    next bound call packed again; RLXC_PREPACK=0 packs nothing."""
+    from rlxc.lowering.cpu.sgemm_kernels import sgemm_config
+    from rlxc.registry import backend
+    from rlxc.runtime.cpu import CpuCaller
+
+    monkeypatch.setattr(backend("cpu"), "default_cpu", cpu)
+    nr = sgemm_config(cpu).nr
+    n, sizes = 45, (300, 512, 392, 10)
+    p = _params(sizes, 23)
+
+    def build(s):   # a sum over the batch: not batch-separable, so no batch split
+        return _mlp(n, sizes)(s).sum(0)
+    f = rlxc.Func(f"chainpre_{cpu.replace('-', '_')}", build).with_params(p)
+    (ch,) = _chains(f, cpu)
+    j = f.jit()
+    specs = j.lib.prepack
+    names = f.param_names()
+    assert [names[s["param"]] for s in specs] == ["w0", "w1"]
+    assert j.lib.meta["prepack_entry"] == j.lib.meta["entry"] + "_prepacked"
+    cols = [0, 24, 32, 56] if nr == 24 else [0, 64, 128, 192]
+    assert specs[0]["cols"][:4] == cols and specs[0]["cols"][-1] == 512
+    assert j._caller._packed is not None
+    x = np.random.default_rng(24).standard_normal((n, sizes[0])).astype(np.float32)
+    want = _ref(p, x, 3, lambda h: np.maximum(h, 0)).sum(0)
+    plain = CpuCaller(j.lib)   # unbound: the plain entry, params per call
+    pars = [p[k] for k in names]
+    for t, got in _runs(j, x):
+        np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-3, err_msg=f"{t} threads")
+        np.testing.assert_array_equal(got, plain.call([x], pars)[0])
+    q = _params(sizes, 25)
+    np.testing.assert_allclose(j.run(x=x, **q)[0], _ref(q, x, 3, lambda h: np.maximum(h, 0))
+                               .sum(0), rtol=2e-4, atol=2e-3)
+    np.testing.assert_allclose(j.run(x)[0], want, rtol=2e-4, atol=2e-3)
+    monkeypatch.setenv("RLXC_PREPACK", "0")
+    j0 = f.jit()
+    assert j0._caller._packed is None
+    np.testing.assert_array_equal(j0.run(x)[0], j.run(x)[0])
+
+
+def test_prepack_metadata_is_checked(parts3, tmp_path):
+    """A library whose prepack metadata does not fit its params is refused at load (a clear
+    error, never a wrong pointer); pack_weight checks the weight it is given."""
+    import json
+    import shutil
+
+    from rlxc.runtime.cpu import CpuLibrary
+    from rlxc.runtime.errors import ArtifactError
+    from rlxc.runtime.prepack import pack_weight
+
+    n, sizes = 45, (300, 512, 392, 10)
+    f = rlxc.Func("chainmeta", lambda s: _mlp(n, sizes)(s).sum(0)).with_params(
+        _params(sizes, 3))
+    lib = f.jit().lib
+    so = str(tmp_path / "lib.so")
+    shutil.copy(lib.path, so)
+    meta = json.loads(json.dumps(lib.meta))
+    CpuLibrary(so, meta)
+    bad = json.loads(json.dumps(meta))
+    bad["prepack"][0]["n"] = 500
+    with pytest.raises(ArtifactError, match="prepack"):
+        CpuLibrary(so, bad)
+    bad = json.loads(json.dumps(meta))
+    bad["prepack_entry"] = "no_such_symbol"
+    with pytest.raises(ArtifactError, match="prepack"):
+        CpuLibrary(so, bad)
+    with pytest.raises(ValueError, match="float32 with 300 x 512"):
+        pack_weight(np.zeros((300, 500), np.float32), meta["prepack"][0])

@@ -455,3 +455,61 @@ def test_workspace_ir_twin_matches(tmp_path_factory, cpu):
     assert got == want
     dyn = [sgemm.dyn_ok(*s, cfg) for s in shapes]
     assert any(dyn) and not all(dyn)
+
+
+def _prepacked_case(g, rng, M, N, K, acc, ws="auto", extra=(), ta=False):
+    """C (+)= A @ B with B given prepacked (runtime/prepack.py, NR-column panels from 0):
+    the sgemm reads the panels in place (accumulate | PREPACKED_B)."""
+    from rlxc.runtime.prepack import pack_weight
+
+    nr = g.cfg.nr
+    A, B = _rand(rng, M, K), _rand(rng, K, N)
+    cols = [*range(0, N, nr), N]
+    Bp = pack_weight(B, {"param": 0, "k": K, "n": N, "nr": nr, "cols": cols})
+    assert Bp.ctypes.data % 64 == 0
+    C0 = _rand(rng, M, N)
+    C = C0.copy()
+    As = np.ascontiguousarray(A.T) if ta else A
+    rsa, csa = (1, M) if ta else (K, 1)
+    if isinstance(ws, str):
+        ws = np.empty(sgemm.sgemm_workspace_floats(M, N, K, 1, config=g.cfg), np.float32)
+    wp, wn = (None, 0) if ws is None else (ws.ctypes.data, ws.size)
+    g.f(M, N, K, As.ctypes.data, rsa, csa, Bp.ctypes.data, K * nr, 0, C.ctypes.data, N,
+        acc | sgemm.PREPACKED_B, wp, wn, *extra)
+    return A, B, C0, C
+
+
+PREPACKED_SHAPES = [(128, 24, 784), (128, 32, 784), (128, 512, 784), (1, 5, 3), (3, 70, 17),
+                    (17, 64, 1), (300, 100, 65), (9, 10, 600), (40, 200, 257)]
+
+
+@pytest.mark.parametrize("fixture", ["gemm", "gemm_tiny"])
+def test_prepacked_b(fixture, request):
+    """Every shape class (one M block with its panel-by-panel loop, several M/K/N blocks
+    with gemm_tiny's blocking, row counts the skinny and tall kernels would take, N below
+    a vector) gives A @ B from the prepacked panels, accumulating or not, A strided too;
+    with no workspace (the malloc'd slice) as well."""
+    g = request.getfixturevalue(fixture)
+    rng = np.random.default_rng(11)
+    for i, (M, N, K) in enumerate(PREPACKED_SHAPES):
+        A, B, C0, C = _prepacked_case(g, rng, M, N, K, i % 2, ta=i % 3 == 2)
+        _check(C, A, B, C0, i % 2)
+    A, B, C0, C = _prepacked_case(g, rng, 50, 70, 90, 0, ws=None)
+    _check(C, A, B)
+
+
+def test_prepacked_b_epilogue_and_avx2(gemm_epi, tmp_path_factory):
+    """The epilogue (bias + relu) on the last K block reads the right columns, and the
+    AVX2 build (4x24 tile: a 32-column call is a full panel and an 8-column one)."""
+    rng = np.random.default_rng(12)
+    for M, N, K in [(128, 80, 300), (5, 33, 19)]:
+        bias = _rand(rng, N)
+        A, B, C0, C = _prepacked_case(gemm_epi, rng, M, N, K, 0, extra=(bias.ctypes.data,))
+        ref = np.maximum(A.astype(np.float64) @ B + bias, 0)
+        tol = 1e-5 * np.sqrt(K) * (np.abs(A) @ np.abs(B) + np.abs(bias) + 1e-6)
+        assert (np.abs(C - ref) <= tol).all(), (M, N, K)
+    path, cfg = _build(tmp_path_factory, "sgemm_avx2_pre", cpu="x86-64-v3")
+    g = Gemm(path, cfg)
+    for M, N, K in [(128, 32, 784), (128, 24, 196), (130, 512, 100), (7, 9, 40)]:
+        A, B, C0, C = _prepacked_case(g, rng, M, N, K, 1)
+        _check(C, A, B, C0, 1)

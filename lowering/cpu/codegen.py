@@ -14,6 +14,10 @@
         MatmulKernel  for batch...: NAME.sgemmK(M, N, K, A+a, rsa, csa, B+b, rsb, csb,
                                                 C+c, N, 0, ws, ws_floats, epilogue ptrs...)
         return 0
+    i32 rlx_NAME_prepacked(inputs, outputs, params, workspace)   only when a matmul chain
+        multiplies by a whole param (matmul_chain.prepack_spec): params[n_params + s] is
+        slot s's weight packed once (runtime/prepack.py), which the chain reads in place;
+        rlx_NAME passes NULL slots (pack per call).  Both call one internal body.
 
 Loops are emitted as `for (i64 i = start; i < stop; ++i)` with the loop body
 inline, buffer pointers as `noalias` arguments of the kernel function, all
@@ -392,10 +396,13 @@ def ptr_type(dt: str):
 
 
 class ModuleGen:
-    def __init__(self, program: Program, cpu: str = "native", module=None):
+    def __init__(self, program: Program, cpu: str = "native", module=None,
+                 prepack: bool = False):
         from rlxc.lowering.cpu.target import ir_module
 
         self.p = program
+        # the static entry may take prepacked weights (a second entry, see _prepacked_entry)
+        self.prepack = prepack and not getattr(program, "dims", None)
         self.cpu = cpu
         self.sym = f"rlx_{program.name}"
         self.m = module if module is not None else ir_module(program.name, cpu)
@@ -504,8 +511,38 @@ class ModuleGen:
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         b.ret(b.bitcast(g, I8P))
 
+    def _prepack_slots(self) -> list:
+        """The prepacked weights' layouts (runtime/prepack.py), in slot order: every
+        kernel's `prepacks` (matmul_chain.py), in kernel order; [] without prepack."""
+        if not self.prepack:
+            return []
+        return [spec for k in self.p.kernels if hasattr(k, "prepacks")
+                for _, spec in k.prepacks(self.cpu)]
+
+    def _prepacked_entry(self, body, slots: list) -> None:
+        """The two exported entries over `body` (which takes a 5th argument, the table of
+        prepacked panels, one pointer per slot, NULL = pack per call):
+            i32 rlx_NAME(inputs, outputs, params, workspace)              the C ABI: NULLs
+            i32 rlx_NAME_prepacked(inputs, outputs, params, workspace)    params holds the
+                params, then one pointer per slot (runtime/cpu.py: a Jitted's bound weights)
+        The layouts go to the metadata (p.prepack, driver.py)."""
+        self.p.prepack = slots
+        nulls = ir.GlobalVariable(self.m, ir.ArrayType(I8P, len(slots)), f"{self.sym}.nopack")
+        nulls.initializer = ir.Constant(ir.ArrayType(I8P, len(slots)), None)
+        nulls.global_constant = True
+        nulls.linkage = "private"
+        nparams = sum(1 for a in self.p.args if a.kind == "param")
+        for name, packed in ((self.sym, None), (f"{self.sym}_prepacked", nparams)):
+            fn = ir.Function(self.m, ir.FunctionType(I32, [I8PP, I8PP, I8PP, I8P]), name)
+            fn.attributes.add("nounwind")
+            b = ir.IRBuilder(fn.append_basic_block("entry"))
+            table = (b.gep(nulls, [ir.Constant(I32, 0), ir.Constant(I32, 0)], inbounds=True)
+                     if packed is None else b.gep(fn.args[2], [c64(packed)], inbounds=True))
+            b.ret(b.call(body, [*fn.args, table]))
+
     def generate(self) -> ir.Module:
         p = self.p
+        slots: list = []
         if self.dims:
             from rlxc.lowering.cpu.dynentry import entry_head
 
@@ -515,14 +552,24 @@ class ModuleGen:
             b = ir.IRBuilder(wsfn.append_basic_block("entry"))
             b.ret(c64(p.workspace_size))
             self.signature_symbol(p)
-            entry = ir.Function(self.m, ir.FunctionType(I32, [I8PP, I8PP, I8PP, I8P]), self.sym)
+            slots = self._prepack_slots()
+            if slots:   # the body takes the prepacked panels' table (_prepacked_entry)
+                entry = ir.Function(self.m, ir.FunctionType(I32, [I8PP, I8PP, I8PP, I8P, I8PP]),
+                                    f"{self.sym}.body")
+                entry.linkage = "internal"
+                entry.attributes.add("noinline")
+            else:
+                entry = ir.Function(self.m, ir.FunctionType(I32, [I8PP, I8PP, I8PP, I8P]),
+                                    self.sym)
             extra = []
         entry.attributes.add("nounwind")
-        for a, n in zip(entry.args, ("inputs", "outputs", "params", "workspace", "dims")):
+        for a, n in zip(entry.args, ("inputs", "outputs", "params", "workspace",
+                                     "dims" if self.dims else "prepacked")):
             a.name = n
         if not self.dims:
             b = ir.IRBuilder(entry.append_basic_block("entry"))
         at_entry = symint.save()
+        args_seen: list = []   # prepacked slots handed out so far (in kernel order)
         arrays = {"input": entry.args[0], "output": entry.args[1], "param": entry.args[2]}
         ptrs: dict = {}
         from rlxc.lowering.cpu.driver import has_parallel_kernels
@@ -580,6 +627,11 @@ class ModuleGen:
                                                   "size-generic form")
                 fn, bufs, _ = k.emit(self)
                 args = [ptr(x) for x in bufs]
+                for _ in (k.prepacks(self.cpu) if self.prepack and hasattr(k, "prepacks")
+                          else ()):   # this kernel's prepacked panels (NULL: pack them)
+                    args.append(b.bitcast(b.load(b.gep(entry.args[4], [ir.Constant(
+                        I32, len(args_seen))], inbounds=True)), F32.as_pointer()))
+                    args_seen.append(None)
                 if not k.parallel:
                     b.call(fn, args + [c64(0), c64(k.items)])
                 else:
@@ -591,6 +643,8 @@ class ModuleGen:
             else:
                 raise TypeError(k)
         b.ret(ir.Constant(I32, 0))
+        if slots:
+            self._prepacked_entry(entry, slots)
         if self.dims:
             symint.restore(at_entry)
             symint.flush()
@@ -605,8 +659,9 @@ class ModuleGen:
 
 
 def generate(program: Program, cpu: str = "native") -> ir.Module:
-    """The llvmlite module of a planned program (buffers.plan must have run)."""
-    return ModuleGen(program, cpu).generate()
+    """The llvmlite module of a planned program (buffers.plan must have run); a static one
+    whose matmul chains multiply by params also gets the prepacked entry."""
+    return ModuleGen(program, cpu, prepack=True).generate()
 
 
 __all__ = ["generate", "ModuleGen", "walk_expr"]

@@ -55,6 +55,8 @@ class CompiledArtifact:
     error_args: dict = field(default_factory=dict)  # {code: [kind, index, bound]} (Program)
     batch_split: dict | None = None   # batchsplit_static.py: {"symbol", "reason", "rows"}
     parts: list = field(default_factory=list)   # the objects `object` combines (see below)
+    prepack: list = field(default_factory=list)  # weights the prepacked entry takes packed
+    #                                              (runtime/prepack.py layouts, slot order)
 
     @property
     def inputs(self) -> list:
@@ -76,7 +78,9 @@ class CompiledArtifact:
                 "errors": {str(k): list(v) for k, v in self.errors.items()}, "cpu": self.cpu,
                 "parallel": self.parallel, "sgemm": sgemm_params(self.cpu),
                 "error_args": {str(k): list(v) for k, v in self.error_args.items()},
-                **({"batch_split": self.batch_split} if self.batch_split is not None else {})}
+                **({"batch_split": self.batch_split} if self.batch_split is not None else {}),
+                **({"prepack": self.prepack, "prepack_entry": self.entry + "_prepacked"}
+                   if self.prepack else {})}
 
 
 def default_threads() -> int:
@@ -221,7 +225,7 @@ def compile_cpu(func_module, name: str | None = None, cpu: str = "native", opt: 
                             split.get("symbol") is not None or
                             has_parallel_kernels(prog, cpu),
                             {int(k): list(v) for k, v in prog.error_args.items()},
-                            split or None, parts)
+                            split or None, parts, list(getattr(prog, "prepack", None) or []))
 
 
 def has_parallel_kernels(prog, cpu: str = "native") -> bool:

@@ -30,6 +30,12 @@ GFLOP/s on one FMA loop), and a thread that wakes late or runs slow takes fewer 
 instead of holding the other at the barrier (a static half per thread: 1-4% slower by
 the median, same process, A/B).
 
+Prepacked weights: a column-split step whose B is a whole param takes a nullable
+pointer to that param packed once in the sgemm's micro-panel layout, panels in unit
+order (prepack_spec; runtime/prepack.py packs it for a Jitted's bound params, codegen's
+rlx_NAME_prepacked passes it); each unit then calls the sgemm with PREPACKED_B on its
+panels and nothing is packed per call (W3: 3.4-5.1% faster back to back, Zen 4).
+
 When the team is one thread (RLXC_NUM_THREADS=1, the thread governor, work below the
 threshold, or a call from inside another OpenMP region) the one thread claims every
 unit, in order, and skips the barriers (emit_barrier with a team of 1).
@@ -93,6 +99,19 @@ class MatmulChain:
 
     def emit(self, g):
         return emit_chain(g, self)
+
+    def prepacks(self, cpu: str) -> list:
+        """[(step index, runtime/prepack.py layout)] of the steps whose B may come
+        prepacked (see prepack_spec), in step order."""
+        from rlxc.lowering.cpu.sgemm_kernels import sgemm_config
+
+        cfg = sgemm_config(cpu)
+        out = []
+        for n, (k, how) in enumerate(zip(self.steps, self.splits)):
+            spec = prepack_spec(cfg, k, how, self.parts)
+            if spec is not None:
+                out.append((n, spec))
+        return out
 
 
 # ------------------------------------------------------------------ formation
@@ -209,6 +228,41 @@ def _units(cfg, k, how, parts: int):
     return -(-k.m // blk), blk
 
 
+def _unit_panels(cfg, k, how, parts: int) -> list:
+    """The column micro-panels of a column-split step, in unit order: [(first, last)],
+    each at most NR wide (unit 0 holds two when a thin last panel is folded into it)."""
+    units, size = _units(cfg, k, how, parts)
+    rem = k.n - units * size
+    out = []
+    for u in range(units):
+        first = 0 if u == 0 else u * size + max(rem, 0)
+        last = min(k.n, (u + 1) * size + (max(rem, 0)))
+        out += [(c, min(c + cfg.nr, last)) for c in range(first, last, cfg.nr)]
+    return out
+
+
+def prepack_spec(cfg, k, how, parts: int):
+    """The prepacked layout (runtime/prepack.py) of step k's B, or None when its B cannot
+    come prepacked: only a column-split step whose B is a whole float32 param with
+    contiguous rows (a bound weight; the Jitted packs it once), and more rows than the
+    skinny and tall kernels take (they read B in place, packing nothing: a batch-1
+    matvec stays one).  With the layout's panels in unit order (_unit_panels), unit u's
+    first panel is u, or u + 1 after a unit 0 that holds a folded thin panel."""
+    from rlxc.lowering.cpu.sgemm_tall import tall_rows
+
+    bb = k.b
+    if how != "cols" or bb.buf.kind != "param" or bb.buf.dtype != "f32" or bb.cs != 1 or \
+            bb.rs != k.n or bb.buf.numel != k.k * k.n or k.k < 1 or \
+            k.m <= max([cfg.mr, *tall_rows(cfg)]):
+        return None
+    off = ix.subst(bb.off, {v: ix.ZERO for v in k.batch})
+    if not (off.is_const() and off.const == 0):
+        return None
+    panels = _unit_panels(cfg, k, how, parts)
+    return {"param": bb.buf.index, "k": k.k, "n": k.n, "nr": cfg.nr,
+            "cols": [p[0] for p in panels] + [k.n]}
+
+
 def emit_chain(g, ch: MatmulChain):
     """fn(bufs..., i64, i64): zero the steps' claim counters, then fork (emit_parallel_ranges
     over ch.parts, capped at ch.parts threads); each thread, for each step: claim units
@@ -219,13 +273,18 @@ def emit_chain(g, ch: MatmulChain):
     from rlxc.lowering.cpu.codegen import VOID, Body, c64, ptr_type
     from rlxc.lowering.cpu.matmul_codegen import (F32P, I8P, builtin_epilogue, declare,
                                                   epilogue_fn, epilogue_slots)
-    from rlxc.lowering.cpu.sgemm_kernels import sgemm_config, sgemm_signature
+    from rlxc.lowering.cpu.sgemm_kernels import PREPACKED_B, sgemm_config, sgemm_signature
     from rlxc.lowering.cpu.tuning import PAR_MIN_WORK
     from rlxc.lowering.shared.scalar import I32, I64
 
     cfg = sgemm_config(g.cpu)
     bufs = ch.buffers()
-    fn = g._fn(ch.name, VOID, [ptr_type(x.dtype) for x in bufs] + [I64, I64])
+    # the steps whose B may come prepacked: one nullable pointer argument each, after
+    # the buffers (codegen passes the prepacked entry's panels, or NULL)
+    pre = dict(ch.prepacks(g.cpu)) if getattr(g, "prepack", False) else {}
+    pre_at = {n: len(bufs) + i for i, n in enumerate(pre)}
+    fn = g._fn(ch.name, VOID, [ptr_type(x.dtype) for x in bufs] +
+               [F32P] * len(pre) + [I64, I64])
     b = ir.IRBuilder(fn.entry_basic_block)
     plain, cb = sgemmlib.symbols(g.cpu)
     g.uses_sgemm = True
@@ -242,6 +301,7 @@ def emit_chain(g, ch: MatmulChain):
 
     def team(wb, lo, hi, tid, nt, args):
         ptrs = {id(x): a for x, a in zip(bufs, args)}
+        packed = {n: args[i] for n, i in pre_at.items()}
         body = Body(wb.function, ptrs)
         ctx = wb.alloca(ir.ArrayType(F32P, nslots), name="epi.ctx")
         ws = wb.gep(ptrs[id(ch.scratch)], [wb.mul(wb.sext(tid, I64), c64(ch.slice_floats))],
@@ -256,14 +316,22 @@ def emit_chain(g, ch: MatmulChain):
                 base = body.index(b, off, zero)
                 return b.gep(ptrs[id(buf)], [b.add(base, extra)], inbounds=True)
 
-            def call(b, r0, r1, n0, n1, k=k, at=at):
+            def call(b, r0, r1, n0, n1, panel=None, k=k, at=at, n=n):
+                bp, rsb, csb = (at(b, k.b.buf, k.b.off, b.mul(n0, c64(k.b.cs))), c64(k.b.rs),
+                                c64(k.b.cs))
+                flag = ir.Constant(I32, 0)
+                if n in packed:   # B prepacked (a bound weight): its panels, when given
+                    got = b.icmp_unsigned("!=", b.ptrtoint(packed[n], I64), c64(0))
+                    stride = c64(k.k * cfg.nr)
+                    bp = b.select(got, b.gep(packed[n], [b.mul(panel, stride)], inbounds=True),
+                                  bp)
+                    rsb, csb = b.select(got, stride, rsb), b.select(got, c64(0), csb)
+                    flag = b.select(got, ir.Constant(I32, PREPACKED_B), flag)
                 args_ = [b.sub(r1, r0), b.sub(n1, n0), c64(k.k),
                          at(b, k.a.buf, k.a.off, b.mul(r0, c64(k.a.rs))), c64(k.a.rs),
-                         c64(k.a.cs),
-                         at(b, k.b.buf, k.b.off, b.mul(n0, c64(k.b.cs))), c64(k.b.rs),
-                         c64(k.b.cs),
+                         c64(k.a.cs), bp, rsb, csb,
                          at(b, k.out, ix.ZERO, b.add(b.mul(r0, c64(k.n)), n0)), c64(k.n),
-                         ir.Constant(I32, 0), ws, c64(ch.slice_floats)]
+                         flag, ws, c64(ch.slice_floats)]
                 if k.epilogue is None:
                     b.call(declare(g.m, plain, sgemm_signature()), args_)
                     return
@@ -291,7 +359,10 @@ def emit_chain(g, ch: MatmulChain):
                                       wb.add(first, c64(rem)))
                     last = wb.add(wb.mul(u, c64(size)), c64(size + rem))
                 if how == "cols":
-                    call(wb, c64(0), c64(k.m), first, last)
+                    # unit u's first prepacked panel (unit 0 holds two when folded)
+                    panel = u if rem <= 0 else wb.add(u, wb.zext(
+                        wb.icmp_signed(">", u, c64(0)), I64))
+                    call(wb, c64(0), c64(k.m), first, last, panel)
                 else:
                     call(wb, first, last, c64(0), c64(k.n))
             parallel.emit_claim_loop(wb, wb.gep(ctrs, [c64(n * COUNTER_FLOATS // 2)],
@@ -299,11 +370,12 @@ def emit_chain(g, ch: MatmulChain):
             if n + 1 < len(ch.steps):   # the next step reads all of this one's C
                 parallel.emit_barrier(wb, nt)
 
-    parallel.emit_parallel_ranges(g.m, b, c64(ch.parts), team, list(fn.args[:len(bufs)]),
+    parallel.emit_parallel_ranges(g.m, b, c64(ch.parts), team,
+                                  list(fn.args[:len(bufs) + len(pre)]),
                                   name=f"{g.sym}.{ch.name}.team", work=c64(ch.work),
                                   min_work=PAR_MIN_WORK, max_threads=c64(ch.parts))
     b.ret_void()
     return fn, bufs, None
 
 
-__all__ = ["MatmulChain", "form_chains", "emit_chain", "CHAIN_MAX_M"]
+__all__ = ["MatmulChain", "form_chains", "emit_chain", "prepack_spec", "CHAIN_MAX_M"]

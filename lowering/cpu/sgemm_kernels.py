@@ -118,6 +118,10 @@ I32 = ir.IntType(32)
 I64 = ir.IntType(64)
 VOID = ir.VoidType()
 
+# bit 1 of sgemm's `accumulate` argument: B is prepacked (pack_b_prepacked's layout, a
+# bound weight packed once); bit 0 says accumulate.  One thread: the caller splits.
+PREPACKED_B = 2
+
 
 @dataclasses.dataclass(frozen=True)
 class SgemmConfig:
@@ -1241,7 +1245,7 @@ def balanced_k_blocks(b: ir.IRBuilder, K, cfg: SgemmConfig):
 def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
               skinnies=(), narrow=None, micro_da=None, talls=()) -> ir.Function:
     """seq(M, N, K, A, rsa, csa, B, rsb, csb, C, ldc, beta i1, Ap, Bp0, Bp1, row0, col0,
-    tid i32, nt i32, coop i1, epi...).
+    tid i32, nt i32, coop i1, pre i1, epi...).
 
     coop = 0: one thread owns this whole C block; B is packed into Bp0.
     coop = 1: the nt threads of a team call this with their own rows of C
@@ -1249,20 +1253,27 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
     of every (jc, pc) block into a shared buffer, then a team barrier makes
     the block visible.  The buffer alternates between Bp0 and Bp1 so one
     barrier per block suffices: a thread that packs block p+1 has passed
-    barrier p, so nobody still reads the buffer of block p-1 it overwrites."""
+    barrier p, so nobody still reads the buffer of block p-1 it overwrites.
+
+    pre = 1 (never with coop): B is already packed (PREPACKED_B, a bound weight):
+    micro-panel p of these columns starts at B + p*rsb, K rows of NR floats each,
+    zero padded, so no packing runs and every tile reads B there; the skinny, tall
+    and narrow kernels (which read B's rows in place) are not used."""
     MR, NR, MC, NC, VL = cfg.mr, cfg.nr, cfg.mc, cfg.nc, cfg.vl
     fn = _internal_fn(module, name, [I64, I64, I64, F32P, I64, I64, F32P, I64, I64, F32P, I64, I1,
-                                     F32P, F32P, F32P, I64, I64, I32, I32, I1, *epi_types],
+                                     F32P, F32P, F32P, I64, I64, I32, I32, I1, I1, *epi_types],
                       [3, 6, 9, 12])
     (M, N, K, A, rsa, csa, B, rsb, csb, C, ldc, acc, Ap, Bp0, Bp1, row0, col0, tid, nt,
-     coop) = fn.args[:20]
-    epi_args = list(fn.args[20:])
+     coop, pre) = fn.args[:21]
+    epi_args = list(fn.args[21:])
     b = ir.IRBuilder(fn.append_basic_block("entry"))
+    # the in-place kernels below read B's rows: not for a packed B (coop never is)
+    raw = b.not_(b.or_(coop, pre))
     if skinnies:
         # at most MR rows and unit-stride B rows: the unpacked skinny kernels
         use = b.and_(b.and_(b.icmp_signed("<=", M, _c64(len(skinnies))),
                             b.icmp_signed(">=", M, _c64(1))),
-                     b.and_(b.icmp_signed("==", csb, _c64(1)), b.not_(coop)))
+                     b.and_(b.icmp_signed("==", csb, _c64(1)), raw))
         with b.if_then(use, likely=False):
             rest = fn.append_basic_block("skinny.done")
             sw = b.switch(M, rest)
@@ -1278,13 +1289,13 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
         # MR < M <= 24 (12) rows, unit-stride B: one register tile of all the rows
         from rlxc.lowering.cpu.sgemm_tall import emit_tall_dispatch
         emit_tall_dispatch(b, cfg, talls, M, [N, K, A, rsa, csa, B, rsb, C, ldc, acc, row0,
-                                              col0, *epi_args], coop, csb)
+                                              col0, *epi_args], b.not_(raw), csb)
     if narrow is not None:
         # N <= VL, rows of A contiguous: the narrow kernel, which packs Bt into this
         # thread's B part (so not with coop, where Bp0 is shared; every thread of a team
         # decides alike, so none of them waits at a barrier the others skip)
         use = b.and_(b.and_(b.icmp_signed("<=", N, _c64(VL)), b.icmp_signed("==", csa, _c64(1))),
-                     b.and_(b.icmp_signed(">=", K, _c64(VL)), b.not_(coop)))
+                     b.and_(b.icmp_signed(">=", K, _c64(VL)), raw))
         with b.if_then(use, likely=False):
             b.call(narrow, [M, N, K, A, rsa, B, rsb, csb, C, ldc, acc, Bp0, row0, col0,
                             *epi_args])
@@ -1317,6 +1328,7 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
             j0 = b.mul(p0, _c64(NR))
             j1 = _smin(b, b.mul(p1, _c64(NR)), nc)
             whole = ir.Constant(I1, 1) if panelwise is None else b.or_(coop, b.not_(panelwise))
+            whole = b.and_(whole, b.not_(pre))
             with b.if_then(b.and_(whole, b.icmp_signed("<", j0, j1))):
                 b.call(pack_b, [_gep(b, B, b.add(b.mul(pc, rsb), b.mul(b.add(jc, j0), csb))),
                                 rsb, csb, kc, b.sub(j1, j0), _gep(b, Bp, b.mul(j0, kc))])
@@ -1335,11 +1347,14 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
                 def jr_body(b, jr):
                     n_rem = _smin(b, _c64(NR), b.sub(nc, jr))
                     bp = _gep(b, Bp, b.mul(jr, kc))
+                    # a prepacked B: this panel's rows of this K block, in place
+                    pre_p = _gep(b, B, b.add(b.mul(b.sdiv(b.add(jc, jr), _c64(NR)), rsb),
+                                             b.mul(pc, _c64(NR))))
                     pf_rows = None
                     if panelwise is not None:
                         # one M block: pack this panel now, into the one slot
                         bp = b.select(panelwise, Bp, bp)
-                        mine = panelwise
+                        mine = b.and_(panelwise, b.not_(pre))
                         with b.if_then(mine):
                             b.call(pack_b, [_gep(b, B, b.add(b.mul(pc, rsb),
                                                              b.mul(b.add(jc, jr), csb))),
@@ -1350,19 +1365,30 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
                         nxt = _gep_any(b, B, b.add(
                             b.mul(b.select(last_p, b.add(pc, kcb), pc), rsb),
                             b.select(last_p, jc, b.add(jc, b.add(jr, _c64(NR))))))
+                        # prepacked: the next panel at this K block, else this block's
+                        # first panel at the next one (past the last: the next panel's
+                        # first rows, contiguous in the packed layout)
+                        nxt_pre = b.select(
+                            last_p, _gep_any(b, B, b.add(
+                                b.mul(b.sdiv(jc, _c64(NR)), rsb),
+                                b.mul(b.add(pc, kcb), _c64(NR)))),
+                            _gep_any(b, pre_p, rsb))
+                        nxt = b.select(pre, nxt_pre, nxt)
                         tiles = b.sdiv(b.add(mc, _c64(MR - 1)), _c64(MR))
                         per = b.sdiv(b.add(kc, b.sub(tiles, _c64(1))), tiles)
-                        pf_rows = (nxt, b.select(b.and_(mine, b.icmp_signed("==", csb, _c64(1))),
-                                                 per, _c64(0)))
+                        pf_rows = (nxt, b.select(b.or_(pre, b.and_(
+                            mine, b.icmp_signed("==", csb, _c64(1)))), per, _c64(0)),
+                            b.select(pre, _c64(NR), rsb))
+                    bp = b.select(pre, pre_p, bp)
 
                     def ir_body(b, i_r):
                         m_rem = _smin(b, _c64(MR), b.sub(mc, i_r))
                         if pf_rows is not None and cfg.pack_b_prefetch:
-                            nxt, per = pf_rows
+                            nxt, per, pf_rs = pf_rows
                             r0 = b.mul(b.sdiv(i_r, _c64(MR)), per)
 
                             def pf(b, k):
-                                row = _gep_any(b, nxt, b.mul(k, rsb))
+                                row = _gep_any(b, nxt, b.mul(k, pf_rs))
                                 for off in sorted({*range(0, NR, 16), NR - 1}):
                                     _prefetch(b, _gep_any(b, row, _c64(off)), 0,
                                               cfg.pack_b_prefetch)
@@ -1448,8 +1474,12 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
     float* B, i64 rsb, i64 csb, float* C, i64 ldc, i32 accumulate,
     float* workspace, i64 workspace_floats, <epilogue args>...)`` in ``module``:
 
-        C[i*ldc + j] (= if accumulate == 0, += otherwise)
+        C[i*ldc + j] (= if accumulate & 1 == 0, += otherwise)
             sum_k A[i*rsa + k*csa] * B[k*rsb + j*csb],   0 <= i < M, 0 <= j < N
+
+    With ``accumulate & PREPACKED_B``, B is packed already (``pack_b_prepacked``):
+    column j's micro-panel j // NR starts at B + (j // NR) * rsb (csb unused), K rows of
+    NR floats, 64-byte aligned; the call runs on one thread.
 
     A, B, C must not overlap (noalias).  ``workspace`` holds
     ``sgemm_workspace_floats(M, N, K, threads, config=...)`` floats for up to
@@ -1496,7 +1526,9 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
     empty = b.or_(b.icmp_signed("<=", M, _c64(0)), b.icmp_signed("<=", N, _c64(0)))
     with b.if_then(empty, likely=False):
         b.ret_void()
-    beta = b.icmp_signed("!=", accum, ir.Constant(I32, 0))
+    beta = b.icmp_signed("!=", b.and_(accum, ir.Constant(I32, 1)), ir.Constant(I32, 0))
+    packed = b.icmp_signed("!=", b.and_(accum, ir.Constant(I32, PREPACKED_B)),
+                           ir.Constant(I32, 0))
     a_part, b_part = _emit_ws_per_thread(b, M, N, K, cfg)
     per = b.add(a_part, b_part)
 
@@ -1505,8 +1537,9 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
         return _align64(b, base), _align64(b, _gep(b, base, a_part_))
 
     def run(b, m0, m1, n0, n1, tid, nt, coop, args):
-        (M_, N_, K_, A_, rsa_, csa_, B_, rsb_, csb_, C_, ldc_, beta_, ws_, a_part_, per_) = args[:15]
-        eargs = args[15:]
+        (M_, N_, K_, A_, rsa_, csa_, B_, rsb_, csb_, C_, ldc_, beta_, ws_, a_part_, per_,
+         pre_) = args[:16]
+        eargs = args[16:]
         ap, bp = slot(b, ws_, per_, a_part_, tid)
         if coop:
             # shared double buffer: the B parts of slots 0 and 1 (one slot per thread
@@ -1517,11 +1550,13 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
             bp = bp0
         else:
             bp1 = bp
+        # a prepacked B's columns from n0 (a multiple of NR) start at panel n0 / NR
+        b_off = b.select(pre_, b.mul(b.sdiv(n0, _c64(cfg.nr)), rsb_), b.mul(n0, csb_))
         b.call(seq, [b.sub(m1, m0), b.sub(n1, n0), K_,
                      _gep(b, A_, b.mul(m0, rsa_)), rsa_, csa_,
-                     _gep(b, B_, b.mul(n0, csb_)), rsb_, csb_,
+                     _gep(b, B_, b_off), rsb_, csb_,
                      _gep(b, C_, b.add(b.mul(m0, ldc_), n0)), ldc_, beta_, ap, bp, bp1, m0, n0,
-                     tid, nt, ir.Constant(I1, int(coop)), *eargs])
+                     tid, nt, ir.Constant(I1, int(coop)), pre_, *eargs])
 
     if threads:
         # below min_work the team is one thread whatever the split: with the caller's
@@ -1532,9 +1567,11 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
                               _c64(cfg.min_work))
         has = b.and_(b.icmp_unsigned("!=", b.ptrtoint(ws, I64), _c64(0)),
                      b.icmp_signed(">=", ws_floats, per))
-        with b.if_then(b.and_(small, has), likely=True):
+        # (so does a prepacked B: its caller splits the work, matmul_chain.py)
+        with b.if_then(b.and_(b.or_(small, packed), has), likely=True):
             run(b, _c64(0), M, _c64(0), N, ir.Constant(I32, 0), ir.Constant(I32, 1), False,
-                [M, N, K, A, rsa, csa, B, rsb, csb, C, ldc, beta, ws, a_part, per, *epi_args])
+                [M, N, K, A, rsa, csa, B, rsb, csb, C, ldc, beta, ws, a_part, per, packed,
+                 *epi_args])
             b.ret_void()
 
     # workspace: caller's, or a malloc'd single-thread slice (slow path)
@@ -1553,8 +1590,16 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
     wsp.add_incoming(mem, mem_block)
     cap = _smax(b, fits, _c64(1))
 
-    captured = [M, N, K, A, rsa, csa, B, rsb, csb, C, ldc, beta, wsp, a_part, per, *epi_args]
+    captured = [M, N, K, A, rsa, csa, B, rsb, csb, C, ldc, beta, wsp, a_part, per, packed,
+                *epi_args]
     if threads:
+        # a prepacked B without the caller's workspace: one thread, the malloc'd slice
+        with b.if_then(packed, likely=False):
+            run(b, _c64(0), M, _c64(0), N, ir.Constant(I32, 0), ir.Constant(I32, 1), False,
+                captured)
+            with b.if_then(need_malloc, likely=False):
+                b.call(free, [b.bitcast(wsp, I8P)])
+            b.ret_void()
         mb = b.sdiv(b.add(M, _c64(cfg.mr - 1)), _c64(cfg.mr))
         nb = b.sdiv(b.add(N, _c64(cfg.nr - 1)), _c64(cfg.nr))
         work = b.mul(b.mul(M, N), _smax(b, K, _c64(1)))
@@ -1595,7 +1640,7 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
                     _, bs = slot(b, ws_, per_, a_part_, ir.Constant(I32, 0))
                     rows_c = _dyn_chunk_rows(b, M_, b.sext(nt, I64), cfg)
                     b.call(dyn, [M_, N_, K_, A_, rsa_, csa_, B_, rsb_, csb_, C_, ldc_, beta_,
-                                 ap, bp, counter, rows_c, bs, b.sext(nt, I64), *args[15:]])
+                                 ap, bp, counter, rows_c, bs, b.sext(nt, I64), *args[16:]])
                 with o2:
                     body_m(b, lo, hi, tid, nt, args)
 
