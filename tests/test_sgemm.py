@@ -351,6 +351,24 @@ def test_avx2_build(tmp_path_factory):
         _run_case(g, rng, M, N, K, bool(i & 1), bool(i & 2), i % 2)
 
 
+def test_avx2_one_vector_edge_panel(tmp_path_factory):
+    """AVX2 with A in place: a last panel of at most 8 columns (N = 8 mod 24, and N <= 8
+    beside wider panels) runs EDGE_ROWS-row tiles (micro_edge), row remainders, several M
+    blocks (mc = 128), accumulate, and A transposed (packed: the MR-row tiles)."""
+    path, cfg = _build(tmp_path_factory, "sgemm_avx2_edge", cpu="x86-64-v3")
+    assert cfg.nr == 24 and sgemm.EDGE_ROWS > cfg.mr
+    g = Gemm(path, cfg)
+    g.lib.rlxc_set_num_threads(2)
+    rng = np.random.default_rng(13)
+    for i, (M, N, K) in enumerate([(37, 32, 50), (130, 512, 300), (300, 56, 70), (13, 8 + 24, 33),
+                                   (25, 29, 19), (128, 32, 784)]):
+        _run_case(g, rng, M, N, K, i == 2, False, i % 2)
+    for cpu, has in (("x86-64-v3", True), ("native", not target.host_has_avx512())):
+        m = target.ir_module("edge")
+        sgemm.emit_sgemm(m, "sg", cpu=cpu)
+        assert ('"sg.micro_edge"' in str(m)) == has, cpu
+
+
 def test_single_thread_variant(tmp_path_factory):
     """threads=False emits no libgomp reference."""
     path, cfg = _build(tmp_path_factory, "sgemm_seq", threads=False)

@@ -121,6 +121,8 @@ VOID = ir.VoidType()
 # bit 1 of sgemm's `accumulate` argument: B is prepacked (pack_b_prepacked's layout, a
 # bound weight packed once); bit 0 says accumulate.  One thread: the caller splits.
 PREPACKED_B = 2
+# rows of the one-vector edge tile (AVX2, A in place): 12 accumulators like the 4x24 tile
+EDGE_ROWS = 12
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1243,7 +1245,7 @@ def balanced_k_blocks(b: ir.IRBuilder, K, cfg: SgemmConfig):
 
 
 def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
-              skinnies=(), narrow=None, micro_da=None, talls=()) -> ir.Function:
+              skinnies=(), narrow=None, micro_da=None, talls=(), micro_edge=None) -> ir.Function:
     """seq(M, N, K, A, rsa, csa, B, rsb, csb, C, ldc, beta i1, Ap, Bp0, Bp1, row0, col0,
     tid i32, nt i32, coop i1, pre i1, epi...).
 
@@ -1381,11 +1383,13 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
                             b.select(pre, _c64(NR), rsb))
                     bp = b.select(pre, pre_p, bp)
 
-                    def ir_body(b, i_r):
-                        m_rem = _smin(b, _c64(MR), b.sub(mc, i_r))
+                    def ir_body(b, i_r, rows=MR, edge=None):
+                        m_rem = _smin(b, _c64(rows), b.sub(mc, i_r))
                         if pf_rows is not None and cfg.pack_b_prefetch:
                             nxt, per, pf_rs = pf_rows
-                            r0 = b.mul(b.sdiv(i_r, _c64(MR)), per)
+                            if rows != MR:   # fewer, taller tiles: more rows each
+                                per = b.mul(per, _c64(rows // MR))
+                            r0 = b.mul(b.sdiv(i_r, _c64(rows)), per)
 
                             def pf(b, k):
                                 row = _gep_any(b, nxt, b.mul(k, pf_rs))
@@ -1398,11 +1402,25 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
                         cp = _gep(b, cblk, b.add(b.mul(i_r, ldc), jr))
                         margs = [kc, ap, bp, cp, ldc, m_rem, n_rem, beta, last,
                                  b.add(row0, b.add(ic, i_r)), b.add(col0, b.add(jc, jr))]
-                        if direct:
+                        if edge is not None:
+                            b.call(edge, [*margs, rsa, *epi_args])
+                        elif direct:
                             _dispatch(b, n_rem, [*margs, rsa, *epi_args], micro_da)
                         else:
                             _dispatch(b, n_rem, [*margs, *epi_args])
-                    counted_loop(b, _c64(0), mc, MR, ir_body, "ir")
+                    if not (direct and micro_edge is not None):
+                        counted_loop(b, _c64(0), mc, MR, ir_body, "ir")
+                        return
+                    # a panel of at most one vector (AVX2's N = 8 mod 24): EDGE_ROWS-row
+                    # tiles, enough accumulators to keep both FMA pipes busy (MR x 1
+                    # vector is MR accumulators: latency-bound at half speed)
+                    with b.if_else(b.icmp_signed("<=", n_rem, _c64(VL))) as (t_e, o_e):
+                        with t_e:
+                            counted_loop(b, _c64(0), mc, EDGE_ROWS,
+                                         lambda b, i_r: ir_body(b, i_r, EDGE_ROWS, micro_edge),
+                                         "ire")
+                        with o_e:
+                            counted_loop(b, _c64(0), mc, MR, ir_body, "ir")
                 counted_loop(b, _c64(0), nc, NR, jr_body, "jr")
             if micro_da is None:
                 counted_loop(b, _c64(0), M, MC, ic_body, "ic")
@@ -1508,8 +1526,17 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
     from rlxc.lowering.cpu.sgemm_tall import emit_tall, tall_rows
     talls = [(r, emit_tall(module, f"{name}.tall{r}", cfg, r, epilogue, epi_types))
              for r in tall_rows(cfg)]
+    # A read in place, 16 registers: a one-vector panel gets EDGE_ROWS-row tiles
+    micro_edge = (_emit_micro(module, f"{name}.micro_edge",
+                              dataclasses.replace(cfg, mr=EDGE_ROWS, mc=EDGE_ROWS * cfg.mc),
+                              epilogue, epi_types, 1, True)
+                  if cfg.direct_a and cfg.direct_a_edge and cfg.nv == 3 and cfg.mr < EDGE_ROWS
+                  else None)
+    if micro_edge is not None:   # its own function: seq's main tile loop stays as it was
+        micro_edge.attributes.discard("alwaysinline")
+        micro_edge.attributes.add("noinline")
     seq = _emit_seq(module, name + ".seq", cfg, micros, pack_a, pack_b, epi_types, skinnies,
-                    narrow, micro_da, talls)
+                    narrow, micro_da, talls, micro_edge)
     dyn = None
     if threads and cfg.dyn_chunks and not cfg.share_b:
         from rlxc.lowering.cpu.sgemm_dyn import SYNC_CELLS, emit_dyn
