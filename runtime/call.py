@@ -93,9 +93,9 @@ class CallFrame:
     `lib` is a runtime.cpu.CpuLibrary (entry, governor, error, inputs, outputs, params,
     workspace_size).  `workspace` shares another frame's workspace (frames that are
     never called at the same time).  `packed`: the library's prepacked weights
-    (runtime/prepack.py, one array per slot of lib.prepack): the frame calls the
-    prepacked entry, whose params table continues with their pointers (pars[n_params +
-    slot]; a NULL slot is packed per call, as the plain entry does)."""
+    (runtime/prepack.py, one array or None per slot of lib.prepack): the frame calls
+    the prepacked entry, whose params table continues with their pointers
+    (pars[n_params + slot]; a NULL slot is packed per call, as the plain entry does)."""
 
     __slots__ = ("lib", "ins", "outs", "pars", "ws", "ws_ptr", "_entry", "_gov", "packed")
 
@@ -111,7 +111,7 @@ class CallFrame:
         if packed:
             self._entry = lib.entry_prepacked
             for j, a in enumerate(packed):
-                self.pars[npar + j] = data_address(a)
+                self.pars[npar + j] = None if a is None else data_address(a)
         if workspace is not None:
             self.ws, self.ws_ptr = workspace.ws, workspace.ws_ptr
         else:

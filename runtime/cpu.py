@@ -549,9 +549,11 @@ class CpuCaller:
     (required unless bound).  Returns the outputs as new arrays.
 
     Bound params that the library's matmul chains multiply by (lib.prepack) are packed
-    here once (runtime/prepack.py; they are frozen: a Func owns its bound arrays,
-    read-only) and the calls go through the prepacked entry; RLXC_PREPACK=0 turns
-    this off.  A call that passes its own params runs with no prepacked slot."""
+    here once, when they are read-only arrays (a Func owns its bound arrays and makes
+    them read-only; a writeable one could change under the packed copy, so its slot
+    stays NULL: packed per call), and the calls go through the prepacked entry;
+    RLXC_PREPACK=0 turns this off.  A call that passes its own params runs with every
+    slot NULL."""
 
     def __init__(self, lib: CpuLibrary, params: list | None = None):
         self.lib = lib
@@ -559,7 +561,9 @@ class CpuCaller:
         self._packed = None
         if self._params is not None and lib.prepack and \
                 os.environ.get("RLXC_PREPACK", "1") != "0":
-            self._packed = [pack_weight(self._params[int(s["param"])], s) for s in lib.prepack]
+            packed = [None if _writeable(self._params[int(s["param"])]) else
+                      pack_weight(self._params[int(s["param"])], s) for s in lib.prepack]
+            self._packed = packed if any(p is not None for p in packed) else None
         self._local = threading.local()
         self._out_specs = lib.outputs
         self._reuse = _env_flag("RLXC_REUSE_OUTPUTS") and any(
@@ -615,7 +619,7 @@ class CpuCaller:
                 st.pars[i] = _addr(p)
             if st.packed is not None:
                 for j, a in enumerate(st.packed):
-                    st.pars[len(self._params) + j] = _addr(a)
+                    st.pars[len(self._params) + j] = None if a is None else _addr(a)
             st.bound = True
         return outs
 
@@ -645,6 +649,10 @@ class CpuCaller:
             keep.append(raw)
         st.prev = keep
         return outs
+
+
+def _writeable(a) -> bool:
+    return not isinstance(a, np.ndarray) or bool(a.flags.writeable)
 
 
 def _numel(shape) -> int:

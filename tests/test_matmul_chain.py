@@ -239,6 +239,11 @@ def test_bound_weights_are_prepacked_once(parts3, monkeypatch, cpu):
     np.testing.assert_allclose(j.run(x=x, **q)[0], _ref(q, x, 3, lambda h: np.maximum(h, 0))
                                .sum(0), rtol=2e-4, atol=2e-3)
     np.testing.assert_allclose(j.run(x)[0], want, rtol=2e-4, atol=2e-3)
+    # writeable params could change under a packed copy: a caller bound to them packs
+    # nothing (the Func's own bound arrays are read-only)
+    mine = CpuCaller(j.lib, [a.copy() for a in pars])
+    assert mine._packed is None
+    np.testing.assert_array_equal(mine.call([x])[0], plain.call([x], pars)[0])
     monkeypatch.setenv("RLXC_PREPACK", "0")
     j0 = f.jit()
     assert j0._caller._packed is None

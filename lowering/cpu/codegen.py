@@ -569,7 +569,7 @@ class ModuleGen:
         if not self.dims:
             b = ir.IRBuilder(entry.append_basic_block("entry"))
         at_entry = symint.save()
-        args_seen: list = []   # prepacked slots handed out so far (in kernel order)
+        slot = 0   # the next prepacked slot (handed out in kernel order, _prepack_slots)
         arrays = {"input": entry.args[0], "output": entry.args[1], "param": entry.args[2]}
         ptrs: dict = {}
         from rlxc.lowering.cpu.driver import has_parallel_kernels
@@ -629,9 +629,9 @@ class ModuleGen:
                 args = [ptr(x) for x in bufs]
                 for _ in (k.prepacks(self.cpu) if self.prepack and hasattr(k, "prepacks")
                           else ()):   # this kernel's prepacked panels (NULL: pack them)
-                    args.append(b.bitcast(b.load(b.gep(entry.args[4], [ir.Constant(
-                        I32, len(args_seen))], inbounds=True)), F32.as_pointer()))
-                    args_seen.append(None)
+                    args.append(b.bitcast(b.load(b.gep(entry.args[4], [ir.Constant(I32, slot)],
+                                                       inbounds=True)), F32.as_pointer()))
+                    slot += 1
                 if not k.parallel:
                     b.call(fn, args + [c64(0), c64(k.items)])
                 else:

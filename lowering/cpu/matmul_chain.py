@@ -236,7 +236,7 @@ def _unit_panels(cfg, k, how, parts: int) -> list:
     out = []
     for u in range(units):
         first = 0 if u == 0 else u * size + max(rem, 0)
-        last = min(k.n, (u + 1) * size + (max(rem, 0)))
+        last = min(k.n, (u + 1) * size + max(rem, 0))
         out += [(c, min(c + cfg.nr, last)) for c in range(first, last, cfg.nr)]
     return out
 

@@ -118,7 +118,7 @@ I32 = ir.IntType(32)
 I64 = ir.IntType(64)
 VOID = ir.VoidType()
 
-# bit 1 of sgemm's `accumulate` argument: B is prepacked (pack_b_prepacked's layout, a
+# bit 1 of sgemm's `accumulate` argument: B is prepacked (runtime/prepack.py's layout: a
 # bound weight packed once); bit 0 says accumulate.  One thread: the caller splits.
 PREPACKED_B = 2
 # rows of the one-vector edge tile (AVX2, A in place): 12 accumulators like the 4x24 tile
@@ -1495,7 +1495,7 @@ def emit_sgemm(module: ir.Module, name: str, *, cpu: str = "native",
         C[i*ldc + j] (= if accumulate & 1 == 0, += otherwise)
             sum_k A[i*rsa + k*csa] * B[k*rsb + j*csb],   0 <= i < M, 0 <= j < N
 
-    With ``accumulate & PREPACKED_B``, B is packed already (``pack_b_prepacked``):
+    With ``accumulate & PREPACKED_B``, B is packed already (runtime/prepack.py):
     column j's micro-panel j // NR starts at B + (j // NR) * rsb (csb unused), K rows of
     NR floats, 64-byte aligned; the call runs on one thread.
 
