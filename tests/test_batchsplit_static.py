@@ -205,3 +205,36 @@ def test_static_aot_library_splits_through_the_c_abi(tmp_path, monkeypatch):
     x = np.random.default_rng(1).normal(size=(64, 1, 8, 8)).astype(np.float32)
     sess = ort.InferenceSession(CNN, providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(ys[0], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("n", [64, 256])
+def test_small_batch_mlp_keeps_its_matmul_chain(threads3, n):
+    """An MLP forward whose work is its matmul chain: at <= CHAIN_ROWS rows the chain is
+    kept (one team per GEMM step, the bound weights prepacked; faster than the split at
+    batch 32-128), above it the split decides as before.  Both agree with NumPy."""
+    from rlxc.lowering.cpu.batchsplit_static import CHAIN_ROWS
+
+    sizes = (256, 320, 256, 10)
+
+    def fn(s):
+        h = s.input("x", (n, sizes[0]))
+        for i in range(3):
+            h = h.linear(s.param(f"w{i}", sizes[i:i + 2]), s.param(f"b{i}", (sizes[i + 1],)))
+            if i < 2:
+                h = h.relu()
+        return h
+    f = _func(fn, f"chainmlp{n}")
+    j = f.jit()
+    split = j.lib.meta["batch_split"]
+    if n <= CHAIN_ROWS:
+        assert split["symbol"] is None and "matmul chains" in split["reason"], split
+        assert j.lib.prepack and j._caller._packed is not None
+    else:   # not kept for its chain (this one also has no size-generic body to split)
+        assert "matmul chains" not in split["reason"], split
+    x = np.random.default_rng(n).normal(size=(n, sizes[0])).astype(np.float32)
+    p = f.params()
+    h = x.astype(np.float64)
+    for i in range(3):
+        h = h @ p[f"w{i}"] + p[f"b{i}"]
+        h = np.maximum(h, 0) if i < 2 else h
+    np.testing.assert_allclose(j.run(x=x)[0], h, rtol=2e-4, atol=2e-3)
