@@ -22,9 +22,10 @@ kernel rather than ctypes' conversion of 14 arguments).
 A/B of two configurations on a chain of shapes (--chain, e.g. W3's layers
 128x512x784,128x512x512,128x10x512, each with its own operands, so the
 weights are not all in L2 as in a repeated single call): --ab kc=192 builds
-a second sgemm with those overrides (on top of --set) and the two run
-alternately in one process; prints each one's median and best time per
-chain (thread CPU time at 1 thread, wall time otherwise) and the ratio B/A.
+a second sgemm with those overrides (on top of --set), each further --ab one
+more (C, D, ...), and they run round robin in one process (the order rotating
+every run); prints each one's median and best time per chain (thread CPU time
+at 1 thread, wall time otherwise) and its ratio to A.
 On a shared machine this in-process alternation is what resolves a few
 percent.
 """
@@ -175,16 +176,19 @@ def worker(args) -> dict:
 
 
 def chain_ab(args, threads: int) -> None:
-    """--chain/--ab: A (--set) and B (--set + --ab) on the chain, alternating."""
+    """--chain/--ab: A (--set) and B, C, ... (--set + each --ab) on the chain, round robin
+    (the order rotates every run, so that no build always follows the same one)."""
     import numpy as np
     from rlxc.lowering.cpu import sgemm_kernels as sgemm
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.chain.split(",")]
     over_a = _parse_overrides(args.set)
-    over_b = {**over_a, **_parse_overrides(args.ab.split(",") if args.ab else [])}
+    tags = "BCDEFGHIJ"
+    others = [(tags[i], {**over_a, **_parse_overrides(ab.split(","))})
+              for i, ab in enumerate((args.ab or [])[:len(tags)])] or [("B", dict(over_a))]
     rng = np.random.default_rng(0)
     runs = []
     with tempfile.TemporaryDirectory(prefix="rlxc-bench-") as wd:
-        for tag, ov in (("A", over_a), ("B", over_b)):
+        for tag, ov in (("A", over_a), *others):
             cfg = sgemm.sgemm_config(args.cpu, **ov)
             os.makedirs(os.path.join(wd, tag))
             lib, _ = _build(cfg, args.cpu, os.path.join(wd, tag))
@@ -209,8 +213,8 @@ def chain_ab(args, threads: int) -> None:
                 if err > 1e-4:
                     sys.exit(f"chain {tag}: {argv[1:4]} max rel err {err:.1e}")
             runs.append((tag, ov, f, calls, []))
-        for _ in range(args.runs):
-            for tag, ov, f, calls, ts in runs:
+        for r in range(args.runs):
+            for tag, ov, f, calls, ts in runs[r % len(runs):] + runs[:r % len(runs)]:
                 t0, c0 = time.perf_counter(), time.thread_time()
                 for argv, _ in calls:
                     f(*argv)
@@ -221,9 +225,10 @@ def chain_ab(args, threads: int) -> None:
     for tag, ov, _, _, ts in runs:
         print(f"  {tag} {ov or 'defaults'}: median {statistics.median(ts) * 1e6:.0f} us, best "
               f"{min(ts) * 1e6:.0f} us ({flop / min(ts) / 1e9:.1f} GFLOP/s)")
-    a, b = runs[0][4], runs[1][4]
-    print(f"  B/A: median {statistics.median(b) / statistics.median(a):.3f}, best "
-          f"{min(b) / min(a):.3f}   (load {os.getloadavg()[0]:.1f})")
+    a = runs[0][4]
+    for tag, _, _, _, b in runs[1:]:
+        print(f"  {tag}/A: median {statistics.median(b) / statistics.median(a):.3f}, best "
+              f"{min(b) / min(a):.3f}   (load {os.getloadavg()[0]:.1f})")
 
 
 def main(argv=None):
@@ -241,7 +246,8 @@ def main(argv=None):
     ap.add_argument("--tb", action="store_true")
     ap.add_argument("--chain", default=None,
                     help="MxNxK,... shapes run back to back (A/B mode with --ab)")
-    ap.add_argument("--ab", default=None, help="B's overrides, e.g. kc=192,direct_a=0")
+    ap.add_argument("--ab", action="append",
+                    help="B's overrides, e.g. kc=192,direct_a=0; again for C, D, ...")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--threads-one", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

@@ -156,8 +156,9 @@ def test_builtin_bias_relu_epilogue(cpu):
 
 
 def test_bench_chain_ab(capsys):
-    """benchmarks/bench_sgemm.py --chain/--ab: both builds are checked against NumPy on
-    every shape, then alternate; it prints each one's times and the ratio."""
+    """benchmarks/bench_sgemm.py --chain/--ab: every build (A, and one per --ab) is checked
+    against NumPy on every shape, then they run round robin; it prints each one's times
+    and its ratio to A."""
     import os
     import sys
 
@@ -167,6 +168,7 @@ def test_bench_chain_ab(capsys):
     finally:
         sys.path.pop(0)
     bench_sgemm.main(["--chain", "13x40x70,13x10x40", "--ab", "pack_b_panel=0,direct_a=0",
-                      "--runs", "1", "--threads", "1"])
+                      "--ab", "kc=64", "--runs", "1", "--threads", "1"])
     out = capsys.readouterr().out
     assert "B {'pack_b_panel': 0, 'direct_a': 0}" in out and "B/A: median" in out
+    assert "C {'kc': 64}" in out and "C/A: median" in out
