@@ -59,7 +59,7 @@ import llvmlite.ir as ir
 
 from rlxc.lowering.cpu import indexing as ix
 from rlxc.lowering.cpu import openmp as parallel
-from rlxc.lowering.cpu import symint, tiles, vmap, vsum
+from rlxc.lowering.cpu import fastminmax, symint, tiles, vmap, vsum
 from rlxc.lowering.shared.scalar import (F32, I8, I32, I64, LOWER_RULES, MEM_TYPES, combine, const,
                                          cpu_rules, emit_op, vtype)
 from rlxc.lowering.shared.mathlib_ratio import fused_parts
@@ -177,6 +177,8 @@ class Body:
                 vmap.map_loop(self, b, s, vars_, lohi if s.parallel else None)
             elif isinstance(s, For) and tiles.applies(s):     # a map reading across rows
                 tiles.tile_loop(self, b, s, vars_, lohi if s.parallel else None)
+            elif isinstance(s, For) and fastminmax.applies(s):   # float max/min updates
+                fastminmax.minmax_loop(self, b, s, vars_, lohi if s.parallel else None)
             elif isinstance(s, For):
                 self.loop(b, s, vars_, lohi if s.parallel else None)
             elif isinstance(s, AccDecl):
