@@ -126,6 +126,18 @@ def test_argmax_rows_with_nan_and_ties():
     np.testing.assert_array_equal(got, np.argmax(x, axis=1))
 
 
+def test_short_loops_stay_exact_only():
+    """A 2x2 max pool after a ReLU (windows whose max is 0 are common) keeps the one
+    exact loop: no maxnum, no re-run."""
+    f = rlxc.Func("fm_pool", lambda s: s.input("x", (2, 3, 8, 8)).relu().max_pool2d(2))
+    ir_text = emit_llvm(f.module)
+    assert "llvm.maxnum" not in ir_text and "llvm.maximum" in ir_text
+    x = np.random.default_rng(5).normal(size=(2, 3, 8, 8)).astype(np.float32)
+    (got,) = f.run_on("cpu", x=x)
+    want = np.maximum(x, 0).reshape(2, 3, 4, 2, 4, 2).max((3, 5))
+    _same_bits(got, want.astype(np.float32) + np.float32(0.0))
+
+
 def test_the_fast_loop_and_its_exact_rerun_are_emitted():
     """Golden shape of the LLVM IR: maxnum with nnan nsz in the first loop, the exact
     llvm.maximum only in the loop behind the NaN-or-zero test."""

@@ -35,11 +35,17 @@ from rlxc.lowering.cpu.loops import AccRef, For, Update, walk_expr
 from rlxc.lowering.shared.scalar import I1, const, vtype
 
 FLOATS = ("f32", "f64")
+MIN_TRIP = 64   # shorter loops (a 2x2 max-pool window, a row of 10 logits) stay exact: the
+                # check costs a few instructions per loop, and a ReLU'd window whose max is
+                # 0 would run twice
 
 
 def applies(s: For) -> bool:
-    """Is `s` an innermost loop of float max/min updates only (no accumulator read)?"""
+    """Is `s` an innermost loop of at least MIN_TRIP float max/min updates only (no
+    accumulator read)?"""
     if not s.body or not all(isinstance(u, Update) for u in s.body):
+        return False
+    if s.var.extent < MIN_TRIP:
         return False
     for u in s.body:
         if u.op not in ("max", "min") or u.acc.dtype not in FLOATS:
