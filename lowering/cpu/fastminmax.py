@@ -41,11 +41,12 @@ MIN_TRIP = 64   # shorter loops (a 2x2 max-pool window, a row of 10 logits) stay
 
 
 def applies(s: For) -> bool:
-    """Is `s` an innermost loop of at least MIN_TRIP float max/min updates only (no
-    accumulator read)?"""
+    """Is `s` an innermost loop of at least MIN_TRIP (a static count) float max/min updates
+    only (no accumulator read)?"""
     if not s.body or not all(isinstance(u, Update) for u in s.body):
         return False
-    if s.var.extent < MIN_TRIP:
+    n = s.var.extent   # a symbolic size (dynsizes.py) must not be compared: stay exact
+    if not isinstance(n, int) or n < MIN_TRIP:
         return False
     for u in s.body:
         if u.op not in ("max", "min") or u.acc.dtype not in FLOATS:
