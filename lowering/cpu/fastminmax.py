@@ -32,7 +32,7 @@ from __future__ import annotations
 import llvmlite.ir as ir
 
 from rlxc.lowering.cpu.loops import AccRef, For, Update, walk_expr
-from rlxc.lowering.shared.scalar import I1, const, vtype
+from rlxc.lowering.shared.scalar import I1, const, intrinsic, vtype
 
 FLOATS = ("f32", "f64")
 MIN_TRIP = 64   # shorter loops (a 2x2 max-pool window, a row of 10 logits) stay exact: the
@@ -56,13 +56,6 @@ def applies(s: For) -> bool:
     return len({id(u.acc) for u in s.body}) == len(s.body)
 
 
-def _intrinsic(b, name: str, ty):
-    m = b.module
-    full = f"{name}.{'f32' if ty == ir.FloatType() else 'f64'}"
-    fn = m.globals.get(full)
-    return fn or ir.Function(m, ir.FunctionType(ty, [ty, ty]), full)
-
-
 def minmax_loop(body, b, s: For, vars_, lohi=None) -> None:
     """Emit `s` (applies(s)) as the fast loop, then the exact one where needed (header)."""
     slots = [body.accs[id(u.acc)] for u in s.body]
@@ -79,8 +72,7 @@ def minmax_loop(body, b, s: For, vars_, lohi=None) -> None:
     def fast(b, inner):
         for u, p, f in zip(s.body, slots, flags):
             v, _ = body.acc_value(b, u.op, u.value, inner)
-            ty = v.type
-            fn = _intrinsic(b, "llvm.maxnum" if u.op == "max" else "llvm.minnum", ty)
+            fn = intrinsic(b, "llvm.maxnum" if u.op == "max" else "llvm.minnum", v.type, 2)
             b.store(b.call(fn, [b.load(p), v], fastmath=("nnan", "nsz")), p)
             b.store(b.fadd(b.load(f), b.fsub(v, v), flags=["reassoc"]), f)
 
