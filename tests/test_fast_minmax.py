@@ -147,3 +147,39 @@ def test_the_fast_loop_and_its_exact_rerun_are_emitted():
     exact = 'call float @"llvm.maximum.f32"'
     assert fast in ir_text and exact in ir_text
     assert ir_text.index(fast) < ir_text.index(exact)
+
+
+@pytest.mark.parametrize("red", ["max", "min"])
+def test_dynamic_row_length_one_library(tmp_path, monkeypatch, red):
+    """A reduction over a dynamic axis (one size-generic library, export.py): its loop
+    count is symbolic, so it takes the fast loop at every length, short ones included,
+    and stays bit for bit IEEE (NaN, -0 < +0, infinities) at lengths 1 to 300."""
+    import importlib
+    import sys
+
+    from rlxc import export as aot
+
+    name = f"fmdyn_{red}"
+    rows = _rows(1, np.float32).shape[0]       # (B, T) would not be size-generic (B*T)
+    f = rlxc.Func(name, lambda s: getattr(s.input("x", (rows, "T")), red)(1))
+    from rlxc.lowering.cpu import fastminmax
+
+    monkeypatch.setenv("RLXC_CACHE_DIR", str(tmp_path / "cache"))   # build, not a cache hit
+    fast = []
+    real = fastminmax.minmax_loop
+    monkeypatch.setattr(fastminmax, "minmax_loop", lambda *a, **k: (fast.append(a[2]),
+                                                                    real(*a, **k)))
+    spec = aot.spec_from_func(f, name, cpu="x86-64-v3")
+    aot.build_artifact(spec, str(tmp_path))
+    assert fast and not isinstance(fast[0].var.extent, int)   # the symbolic loop went fast
+    sys.path.insert(0, str(tmp_path))
+    try:
+        pkg = importlib.import_module(name)
+    finally:
+        sys.path.remove(str(tmp_path))
+    for n in (1, 5, 63, 64, 300):
+        x = _rows(n, np.float32)
+        (got,) = pkg.run(x=x)
+        _same_bits(got, _ieee(x, red))
+        (got,) = pkg.run(x=np.ascontiguousarray(x[:, ::-1]))
+        _same_bits(got, _ieee(x, red))

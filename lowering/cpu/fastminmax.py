@@ -41,12 +41,15 @@ MIN_TRIP = 64   # shorter loops (a 2x2 max-pool window, a row of 10 logits) stay
 
 
 def applies(s: For) -> bool:
-    """Is `s` an innermost loop of at least MIN_TRIP (a static count) float max/min updates
-    only (no accumulator read)?"""
+    """Is `s` an innermost loop of float max/min updates only (no accumulator read), of at
+    least MIN_TRIP iterations when its count is static?"""
     if not s.body or not all(isinstance(u, Update) for u in s.body):
         return False
-    n = s.var.extent   # a symbolic size (dynsizes.py) must not be compared: stay exact
-    if not isinstance(n, int) or n < MIN_TRIP:
+    # a symbolic size (dynsizes.py: a dynamic sequence or batch axis) is not compared (the
+    # size-generic lowering refuses comparisons of sizes): it takes the fast loop, which is
+    # exact at any trip count
+    n = s.var.extent
+    if isinstance(n, int) and n < MIN_TRIP:
         return False
     for u in s.body:
         if u.op not in ("max", "min") or u.acc.dtype not in FLOATS:
