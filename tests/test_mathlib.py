@@ -335,6 +335,31 @@ def test_baseline_x86_has_no_libcalls():
     assert "mulps" in asm
 
 
+@pytest.mark.parametrize("ncoef,low", [(1, 0), (2, 0), (5, 0), (8, 0), (11, 0), (11, 3),
+                                       (9, 2), (4, 4)])
+def test_estrin_matches_horner(ncoef, low):
+    """mathlib_core.Ops.estrin (the latency-short polynomial erfc's R uses) is the same
+    polynomial as horner: float64 values at many points agree to rounding."""
+    from rlxc.lowering.shared.mathlib_core import Ops
+
+    D = ir.DoubleType()
+    rng = np.random.default_rng(ncoef * 10 + low)
+    cs = [float(c) for c in rng.uniform(-2, 2, ncoef)]
+    m = ir.Module(name="estrin")
+    m.triple = llvm.get_process_triple()
+    fn = ir.Function(m, ir.FunctionType(D, [D]), "p")
+    b = ir.IRBuilder(fn.append_basic_block())
+    b.ret(Ops(b, D).estrin(fn.args[0], cs, low))
+    tm = llvm.Target.from_default_triple().create_target_machine(opt=2)
+    ee = llvm.create_mcjit_compiler(_optimize(str(m), tm), tm)
+    ee.finalize_object()
+    p = ctypes.CFUNCTYPE(ctypes.c_double, ctypes.c_double)(ee.get_function_address("p"))
+    xs = np.linspace(-1.5, 1.5, 61)
+    got = np.array([p(float(x)) for x in xs])
+    want = np.polynomial.polynomial.polyval(xs, cs)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12 * sum(map(abs, cs)) * 8)
+
+
 def test_emit_shapes_and_errors():
     m = ir.Module()
     fn = ir.Function(m, ir.FunctionType(F32, [F32]), "f")
@@ -474,3 +499,18 @@ def test_compiled_sin_cos_huge_arguments():
     for y, ref in ((ys, np.sin(x.astype(np.float64))), (yc, np.cos(x.astype(np.float64)))):
         err = ulp_error(y, ref)
         assert err.max() <= 2.0, (x[np.argmax(err)], err.max())
+
+
+def test_bench_math_runs(tmp_path):
+    """benchmarks/bench_math.py end to end at a tiny size: each case checked against
+    PyTorch where it is installed, then timed; one line per case."""
+    import os
+    import sys
+
+    bench = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "bench_math.py")
+    env = {**os.environ, "RLXC_CACHE_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, bench, "--n", "4099", "--runs", "1", "--threads", "1"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    for case in ("gelu", "gelu_grad", "erf"):
+        assert re.search(rf"^  {case} +rlxc +[\d.]+ us", out.stdout, re.M), out.stdout

@@ -85,6 +85,28 @@ class Ops:
             acc = self.fma(acc, x, c)
         return acc
 
+    def estrin(self, x, coeffs, exact_low: int = 0):
+        """The polynomial of horner() in Estrin's scheme: pairs c[2i] + c[2i+1]*x, then
+        pairs of those with x^2, x^4, ...: about log2(len) multiply-add latencies instead of
+        len - 1 (a long Horner chain keeps one vector in flight per loop iteration when the
+        loop body fills the out-of-order window; a few more multiplies).  exact_low: the
+        lowest this many terms by Horner steps around the Estrin value of the rest (the
+        last steps carry most of the rounding error)."""
+        cs = [self.f(c) if isinstance(c, float) else c for c in coeffs]
+        if exact_low >= len(cs) - 1:
+            return self.horner(x, cs)
+        if exact_low:
+            return self.horner(x, cs[:exact_low] + [self.estrin(x, cs[exact_low:])])
+        p = x
+        while len(cs) > 1:
+            nxt = [self.fma(cs[i + 1], p, cs[i]) for i in range(0, len(cs) - 1, 2)]
+            if len(cs) % 2:
+                nxt.append(cs[-1])
+            cs = nxt
+            if len(cs) > 1:
+                p = self.mul(p, p)
+        return cs[0]
+
     # compares: ordered (false on NaN) unless stated
     def lt(self, a, c): return self.b.fcmp_ordered("<", a, c)
     def gt(self, a, c): return self.b.fcmp_ordered(">", a, c)
