@@ -1,12 +1,14 @@
 """Elementwise math (lowering/shared/mathlib.py) through Jitted.run against PyTorch eager.
 
 Run:  .venv/bin/python benchmarks/bench_math.py [--n 1048576] [--threads 1,2] [--runs 40]
-      [--only gelu,gelu_grad,erf] [--cpu native|x86-64-v3|znver3|...]
+      [--only gelu,gelu_grad,erf,exp,tanh,sigmoid,silu,sin,log] [--cpu native|x86-64-v3|...]
 
 Cases (float32, n elements, standard normal times 2):
   gelu       exact GELU, 0.5 x (1 + erf(x / sqrt 2))     torch.nn.functional.gelu
   gelu_grad  d/dx sum(gelu(x)) (rlxc: Func.grad)          torch.autograd.grad
   erf        erf(x)                                       torch.erf
+  exp, tanh, sigmoid, silu, sin, log (of |x| + 1e-3)      PyTorch's own
+  (default: gelu, gelu_grad, erf)
 rlxc's functions hold their error bounds over every float32 (mathlib's header: gelu 4 ulp,
 erf 1.5); PyTorch's vectorized erf is an approximation with an absolute error bound.  Each
 thread count runs in its own process (OMP_NUM_THREADS, torch.set_num_threads,
@@ -27,16 +29,16 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-CASES = ("gelu", "gelu_grad", "erf")
+UNARY = ("gelu", "erf", "exp", "tanh", "sigmoid", "silu", "log", "sin")   # rlxc Tensor methods
+CASES = ("gelu", "gelu_grad", "erf", "exp", "tanh", "sigmoid", "silu", "log", "sin")
+DEFAULT = "gelu,gelu_grad,erf"
 
 
 def _rlxc(case: str, n: int):
     from rlxc import Func
 
-    if case == "gelu":
-        j = Func("bm_gelu", lambda s: s.input("x", (n,)).gelu()).jit()
-    elif case == "erf":
-        j = Func("bm_erf", lambda s: s.input("x", (n,)).erf()).jit()
+    if case in UNARY:
+        j = Func(f"bm_{case}", lambda s: getattr(s.input("x", (n,)), case)()).jit()
     else:
         j = Func("bm_gelu_sum", lambda s: s.input("x", (n,)).gelu().sum()).grad(["x"]).jit()
     return lambda x: j.run(x)[0]
@@ -48,10 +50,10 @@ def _torch(case: str):
     except ImportError:
         return None
     torch.set_num_threads(int(os.environ["RLXC_NUM_THREADS"]))
-    if case == "gelu":
-        return lambda x: torch.nn.functional.gelu(torch.from_numpy(x)).numpy()
-    if case == "erf":
-        return lambda x: torch.erf(torch.from_numpy(x)).numpy()
+    if case in UNARY:
+        fn = {"gelu": torch.nn.functional.gelu, "silu": torch.nn.functional.silu}.get(
+            case) or getattr(torch, case)
+        return lambda x: fn(torch.from_numpy(x)).numpy()
 
     def grad(x):
         t = torch.from_numpy(x).requires_grad_(True)
@@ -71,8 +73,9 @@ def _sample(fn, x) -> float:
 
 
 def child(args) -> None:
-    x = (np.random.default_rng(0).standard_normal(args.n) * 2).astype(np.float32)
+    x0 = (np.random.default_rng(0).standard_normal(args.n) * 2).astype(np.float32)
     for case in args.only.split(","):
+        x = np.abs(x0) + np.float32(1e-3) if case == "log" else x0
         impls = {"rlxc": _rlxc(case, args.n)}
         peer = _torch(case)
         if peer is not None:
@@ -97,7 +100,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=1 << 20)
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--runs", type=int, default=40)
-    ap.add_argument("--only", default=",".join(CASES))
+    ap.add_argument("--only", default=DEFAULT, help=f"of {','.join(CASES)}")
     ap.add_argument("--cpu", default="native")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
