@@ -7,7 +7,7 @@
     for v in [vend, stop):          the scalar loop (the loop vectorizer takes it as usual)
 
 L is REGISTERS[T] vector registers of T (float32: 4, 32 floats on AVX2; float64: 2, 8
-doubles; twice that on AVX-512; a float32 pow: 2): independent chains per iteration.  Why:
+doubles; twice that on AVX-512; a map with a pow: 2): independent chains per iteration.  Why:
 - sin/cos/tan (UNIFORM_BRANCH): the argument reduction has a rare block for |x| >= 2^14
   (f32) or 2^19 (f64) (Payne-Hanek, mathlib.if_any) that runs only when some lane needs it,
   a uniform branch.  The loop vectorizer cannot keep that branch: it if-converts it, so every
@@ -49,7 +49,8 @@ from rlxc.dialect.shapes import SHAPES
 from rlxc.lowering.shared.scalar import pow_exp_log_path
 
 REGISTERS = {"f32": 4, "f64": 2}   # vector registers per iteration (independent chains)
-POW_REGISTERS = 2                   # ... for a float32 pow through exp/log in float64
+POW_REGISTERS = 2                   # ... for a map with a pow (x**y through exp/log in
+                                    # float64 among them: measured best at two)
 # the ops whose rows are mathlib kernels (their `math` property), sin/cos/tan included
 CHAINED = frozenset(name[len("rlx."):] for name, sh in SHAPES.items() if sh.math)
 
