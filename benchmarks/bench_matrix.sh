@@ -1,7 +1,7 @@
 #!/bin/sh
 # The runs behind benchmarks/RESULTS.md: compare.py for three rlxc builds on this host, each
-# twice, then W7 and the compile times.  Output: one file per run in $OUT (default
-# /tmp/rlxc-bench), and the target table of all of them in $OUT/table.md (printed too;
+# twice (W1-W4, W6, W8-W11: about 20 minutes on 2 cores), then W7 and the compile times.
+# Output: one file per run in $OUT (default /tmp/rlxc-bench), and the target table of all of them in $OUT/table.md (printed too;
 # benchmarks/matrix_table.py).  Usage: benchmarks/bench_matrix.sh [PYTHON] [ROUNDS]
 #   native    rlxc for the host; NumPy's OpenBLAS picks its kernels for the host
 #   znver3    rlxc built with --cpu znver3 (AVX2, Zen 3 tiling) against peers capped at
@@ -12,7 +12,7 @@ set -e
 PY=${1:-.venv/bin/python}
 ROUNDS=${2:-2}
 OUT=${OUT:-/tmp/rlxc-bench}
-WL=${WL:-W1,W2,W3,W4,W6,W8,W9}
+WL=${WL:-W1,W2,W3,W4,W6,W8,W9,W10,W11}   # W10, W11: issue 15's transformer workloads
 mkdir -p "$OUT"
 uptime > "$OUT/uptime-start.txt"
 run() {  # name, extra compare.py options
