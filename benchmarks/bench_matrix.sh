@@ -2,7 +2,8 @@
 # The runs behind benchmarks/RESULTS.md: compare.py for three rlxc builds on this host, each
 # twice (W1-W4, W6, W8-W11: about 20 minutes on 2 cores), then W7 and the compile times.
 # Output: one file per run in $OUT (default /tmp/rlxc-bench), and the target table of all
-# of them in $OUT/table.md (printed too; benchmarks/matrix_table.py).  Usage: benchmarks/bench_matrix.sh [PYTHON] [ROUNDS]
+# of them in $OUT/table.md (printed too; benchmarks/matrix_table.py).
+# Usage: benchmarks/bench_matrix.sh [PYTHON] [ROUNDS]
 #   native    rlxc for the host; NumPy's OpenBLAS picks its kernels for the host
 #   znver3    rlxc built with --cpu znver3 (AVX2, Zen 3 tiling) against peers capped at
 #             AVX2 (--peer-isa avx2: OpenBLAS Haswell kernels, oneDNN/MKL and XLA capped;
