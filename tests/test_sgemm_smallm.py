@@ -82,11 +82,13 @@ def test_panel_packing_across_blocks(tmp_path_factory, cpu):
     """Tiny blocks: one M block (panel by panel through the one slot) and several (the
     block packed whole, row by row), several N and K blocks (the prefetch of 'the next
     panel' crosses into the next K block and past K's end), each thread's own panels
-    on a column split, and the old packing (pack_b_panel/pack_b_rows off) alike."""
+    on a column split, and the old packing (pack_b_panel/pack_b_rows off) alike, and B
+    packed three rows a step (SgemmConfig.pack_b_rows; AVX2's default is two)."""
     base = sgemm.sgemm_config(cpu)
     tiny = dict(kc=19, mc=2 * base.mr, nc=3 * base.nr, min_work=0)
     rng = np.random.default_rng(20)
-    for tag, ov in (("new", {}), ("old", dict(pack_b_panel=False, pack_b_rows=False))):
+    for tag, ov in (("new", {}), ("old", dict(pack_b_panel=False, pack_b_rows=False)),
+                    ("rows3", dict(pack_b_rows=3))):   # 3 rows a step: kc 19 leaves a tail
         g = _lib(tmp_path_factory, cpu, f"tiny_{tag}_{cpu}", **tiny, **ov)
         for i, (M, N, K) in enumerate([(5 * base.mr + 1, 7 * base.nr + 5, 45),
                                        (2 * base.mr, 3 * base.nr, 38),

@@ -90,6 +90,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Callable, Sequence
 
 import llvmlite.ir as ir
@@ -180,7 +181,8 @@ class SgemmConfig:
     # derive_config turns it on where NR is not a power of two, e.g. AVX2's 24, which
     # leaves an edge on every power-of-two N; each width is one more microkernel to build)
     direct_a_edge: bool = False
-    pack_b_rows: bool = True  # csb == 1: pack B row by row across panels (not panel by panel)
+    pack_b_rows: int = 1      # csb == 1: pack B this many rows at a time across panels (0:
+                              # panel by panel)
     pack_b_panel: bool = True  # M <= mc, not coop: pack B a panel at a time before its tiles
     pack_b_prefetch: int = 2  # ... prefetching the next panel: 0 off, else the locality
                               # (2: prefetcht1, into L2; 3: prefetcht0, into L1)
@@ -296,7 +298,11 @@ def derive_config(isa: VectorIsa, caches, **overrides) -> SgemmConfig:
     # the dynamic row split packs each item's A block with 16 registers (AVX2: 2.4-8% faster
     # than reading A in place on 1024^3 and 2048x1024x512, Zen 3); the AVX-512 tile keeps
     # reading A in place, as it was measured (Sapphire Rapids)
+    # B packed row by row: enough rows per step that a panel's run is whole 64-byte lines
+    # (AVX2's 24-float rows: 2; Zen 4, 2 threads, 1024^3 and W3/W10-like shapes: 1.0-1.3%
+    # faster in the dynamic split, one thread and AVX-512 unchanged)
     cfg = SgemmConfig(isa.name, isa.vl, mr, nr, kc=kc, mc=mc, nc=nc,
+                      pack_b_rows=64 // math.gcd(nr * 4, 64),
                       direct_a_edge=bool(nr & (nr - 1)),
                       dyn_tail=4 if isa.regs <= 16 else 1, dyn_direct_a=isa.regs > 16)
     return dataclasses.replace(cfg, **overrides) if overrides else cfg
@@ -684,17 +690,31 @@ def _emit_pack_b(module, name, cfg: SgemmConfig) -> ir.Function:
             nfull = b.mul(b.sdiv(nc, _c64(NR)), _c64(NR))
             pstride = b.mul(kc, _c64(NR))
 
-            def kb(b, k):
+            R = max(1, cfg.pack_b_rows)
+
+            def kb(b, k, rows=R):
+                # `rows` source rows per step: a panel then gets rows * NR floats in a run
+                # (two rows of the AVX2 24-float panel: three whole cache lines), not one
+                # NR-float row whose line another row completes after the line may have
+                # left L1 (every panel starts kc*NR floats after the previous, a multiple
+                # of 4 KiB at kc 256: all of them sit in one L1 set)
                 s = _gep(b, B, b.mul(k, rsb))
                 d = _gep(b, Bp, b.mul(k, _c64(NR)))
 
                 def jb(b, j0):
                     dd = _gep(b, d, b.mul(b.sdiv(j0, _c64(NR)), pstride))
-                    for v in range(NV):
-                        x = b.load(_vec_ptr(b, _gep(b, s, b.add(j0, _c64(v * VL))), vt), align=4)
-                        b.store(x, _vec_ptr(b, _gep(b, dd, _c64(v * VL)), vt), align=64)
+                    for r in range(rows):
+                        sr = _gep(b, s, b.mul(_c64(r), rsb))
+                        for v in range(NV):
+                            x = b.load(_vec_ptr(b, _gep(b, sr, b.add(j0, _c64(v * VL))), vt),
+                                       align=4)
+                            b.store(x, _vec_ptr(b, _gep(b, dd, _c64(r * NR + v * VL)), vt),
+                                    align=VL * 4)
                 counted_loop(b, _c64(0), nfull, NR, jb, "pr.j")
-            counted_loop(b, _c64(0), kc, 1, kb, "pr.k")
+            kmain = b.mul(b.sdiv(kc, _c64(R)), _c64(R))
+            counted_loop(b, _c64(0), kmain, R, kb, "pr.k")
+            if R > 1:
+                counted_loop(b, kmain, kc, 1, lambda b, k: kb(b, k, 1), "pr.kt")
             counted_loop(b, nfull, nc, NR, panel, "pr.edge")
         with other:
             counted_loop(b, _c64(0), nc, NR, panel, "pb.j")
