@@ -690,7 +690,7 @@ def _emit_pack_b(module, name, cfg: SgemmConfig) -> ir.Function:
             nfull = b.mul(b.sdiv(nc, _c64(NR)), _c64(NR))
             pstride = b.mul(kc, _c64(NR))
 
-            R = max(1, cfg.pack_b_rows)
+            R = cfg.pack_b_rows       # >= 1 here (0 packs panel by panel, above)
 
             def kb(b, k, rows=R):
                 # `rows` source rows per step: a panel then gets rows * NR floats in a run
