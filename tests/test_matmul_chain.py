@@ -278,3 +278,46 @@ def test_prepack_metadata_is_checked(parts3, tmp_path):
         CpuLibrary(so, bad)
     with pytest.raises(ValueError, match="float32 with 300 x 512"):
         pack_weight(np.zeros((300, 500), np.float32), meta["prepack"][0])
+
+
+@pytest.mark.parametrize("cpu", ["native", "x86-64-v3"])
+@pytest.mark.parametrize("n", [100, 128])
+def test_tail_units_split_by_rows(parts3, monkeypatch, cpu, n):
+    """The last `parts` column units of a step are claimed as TAIL_PIECES row blocks each
+    (matmul_chain._tail), so the team reaches the barrier together; every piece moves A,
+    C, the bias and the prepacked panel alike.  At 100 rows the last piece is shorter than
+    the others.  Checked on 1-3 threads, prepacked (bound weights) and plain, against
+    NumPy and bit for bit against a build without the tail split."""
+    from rlxc.lowering.cpu import matmul_chain as mc
+    from rlxc.lowering.cpu.sgemm_kernels import sgemm_config
+    from rlxc.registry import backend
+    from rlxc.runtime.cpu import CpuCaller
+
+    monkeypatch.setattr(backend("cpu"), "default_cpu", cpu)
+    cfg = sgemm_config(cpu)
+    sizes = (300, 512, 392, 10)
+    p = _params(sizes, n)
+
+    def build(s):   # a sum over the batch: not batch-separable, so no batch split
+        return _mlp(n, sizes)(s).sum(0)
+    tag = f"{cpu.replace('-', '_')}_{n}"
+    f = rlxc.Func(f"chaintail_{tag}", build).with_params(p)
+    (ch,) = _chains(f, cpu)
+    tails = [mc._tail(cfg, s, how, PARTS) for s, how in zip(ch.steps, ch.splits)]
+    rows = -(-(-(-n // mc.TAIL_PIECES)) // cfg.mr) * cfg.mr
+    assert mc.TAIL_PIECES > 1 and tails[0] == (PARTS, -(-n // rows), rows), tails
+    assert tails[0][1] * rows >= n > (tails[0][1] - 1) * rows
+    x = np.random.default_rng(n).standard_normal((n, sizes[0])).astype(np.float32)
+    want = _ref(p, x, 3, lambda h: np.maximum(h, 0)).sum(0)
+    j = f.jit()
+    assert j._caller._packed is not None
+    plain = CpuCaller(j.lib)
+    pars = [p[k] for k in f.param_names()]
+    monkeypatch.setattr(mc, "TAIL_PIECES", 1)
+    assert mc._tail(cfg, ch.steps[0], "cols", PARTS) == (0, 1, n)
+    j1 = rlxc.Func(f"chainnotail_{tag}", build).with_params(p).jit()
+    for t, got in _runs(j, x):
+        np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-3, err_msg=f"{t} threads")
+        np.testing.assert_array_equal(got, plain.call([x], pars)[0])
+        j1.set_num_threads(t)
+        np.testing.assert_array_equal(got, j1.run(x)[0])

@@ -58,6 +58,8 @@ from rlxc.lowering.cpu import indexing as ix
 from rlxc.lowering.cpu.loops import Buffer, Load, MatmulKernel, format_kernel, walk_expr
 
 COUNTER_FLOATS = 16  # one 64-byte line per step: its claim counter (i64)
+TAIL_PIECES = 4      # a column-split step's last `parts` units are each claimed as this
+#                      many row blocks (1: not split; see _tail)
 CHAIN_MAX_M = 1024   # rows: a tall product gains nothing from sharing one team (sgemm's
 #                      own split already keeps both threads busy for long)
 
@@ -228,6 +230,24 @@ def _units(cfg, k, how, parts: int):
     return -(-k.m // blk), blk
 
 
+def _tail(cfg, k, how, parts: int, pieces: int | None = None):
+    """(tail units, row pieces per tail unit, rows per piece) of a step: its last `parts`
+    column units are each claimed as `pieces` blocks of rows, so that the team's last
+    claims are small and its threads reach the barrier together.  Equal column units
+    leave the team one unit apart at worst (W3's 512 columns: 21 units of 24 for two
+    threads, one of which waits for the other's eleventh); half units halve that.
+    (0, 1, M) when the step is not split so: a row-split step, or too few rows (each
+    piece keeps at least 4 MR tiles)."""
+    pieces = TAIL_PIECES if pieces is None else pieces
+    units, _ = _units(cfg, k, how, parts)
+    if how != "cols" or pieces < 2 or units < parts:
+        return 0, 1, k.m
+    rows = -(-(-(-k.m // pieces)) // cfg.mr) * cfg.mr
+    if rows < 4 * cfg.mr:
+        return 0, 1, k.m
+    return parts, -(-k.m // rows), rows
+
+
 def _unit_panels(cfg, k, how, parts: int) -> list:
     """The column micro-panels of a column-split step, in unit order: [(first, last)],
     each at most NR wide (unit 0 holds two when a thin last panel is folded into it)."""
@@ -348,7 +368,21 @@ def emit_chain(g, ch: MatmulChain):
                        args_ + [epi if epi.type == I8P else b.bitcast(epi, I8P),
                                 b.bitcast(ctx, I8P)])
 
-            def unit(wb, u, _hi, k=k, how=how, size=size, call=call, units=units):
+            tail, pieces, prow = _tail(cfg, k, how, ch.parts)
+
+            def unit(wb, u, _hi, k=k, how=how, size=size, call=call, units=units, tail=tail,
+                     pieces=pieces, prow=prow):
+                r0, r1 = c64(0), c64(k.m)
+                if tail:   # item u >= units - tail: a row block of a tail column unit
+                    v = wb.sub(u, c64(units - tail))
+                    in_tail = wb.icmp_signed(">=", v, c64(0))
+                    vp = wb.select(in_tail, v, c64(0))
+                    u = wb.select(in_tail, wb.add(c64(units - tail), wb.sdiv(vp, c64(pieces))), u)
+                    first_r = wb.mul(wb.srem(vp, c64(pieces)), c64(prow))
+                    last_r = wb.add(first_r, c64(prow))
+                    last_r = wb.select(wb.icmp_signed("<", last_r, c64(k.m)), last_r, c64(k.m))
+                    r0 = wb.select(in_tail, first_r, r0)
+                    r1 = wb.select(in_tail, last_r, r1)
                 first = wb.mul(u, c64(size))
                 total = k.n if how == "cols" else k.m
                 last = wb.add(first, c64(size))
@@ -362,11 +396,12 @@ def emit_chain(g, ch: MatmulChain):
                     # unit u's first prepacked panel (unit 0 holds two when folded)
                     panel = u if rem <= 0 else wb.add(u, wb.zext(
                         wb.icmp_signed(">", u, c64(0)), I64))
-                    call(wb, c64(0), c64(k.m), first, last, panel)
+                    call(wb, r0, r1, first, last, panel)
                 else:
                     call(wb, first, last, c64(0), c64(k.n))
             parallel.emit_claim_loop(wb, wb.gep(ctrs, [c64(n * COUNTER_FLOATS // 2)],
-                                                inbounds=True), units, unit, name=f"chain{n}")
+                                                inbounds=True), units + tail * (pieces - 1),
+                                     unit, name=f"chain{n}")
             if n + 1 < len(ch.steps):   # the next step reads all of this one's C
                 parallel.emit_barrier(wb, nt)
 
