@@ -12,6 +12,7 @@
     while (u = atomic_add(&counter[step], 1)) < units:
         cols (ceil(N/NR) >= parts): unit u = C[:, u*NR : (u+1)*NR]   (one NR panel)
                                     (a last panel of <= VL columns joins unit 0)
+        (the last `parts` column units: TAIL_PIECES row blocks each, claimed one by one)
         rows (the N=10 logits):     unit u = C[u*R : (u+1)*R, :]     (R = the tallest
                                     tall tile when N <= VL and B is small: sgemm_tall's
                                     tiles read B in place; else 4 MR tiles)

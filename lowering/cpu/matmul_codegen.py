@@ -203,64 +203,115 @@ def _batch_team(g, k, b, fn, argbufs, live, sg, epi, slots, pro=None):
 
 
 def _epilogue_fn(g, k: MatmulKernel, slots):
-    """void NAME.kN.epi(i8* ctx, i64 row, i64 col, float* v, i64 n): v[:n] = epilogue."""
-    from rlxc.lowering.cpu.sgemm_kernels import masked_load
+    """void NAME.kN.epi(i8* ctx, i64 row, i64 col, float* c, i64 ldc, i64 rows, i64 n):
+    the rows x n block at c (row stride ldc; its (0, 0) is C's (row, col)) = epilogue,
+    in place (sgemm_object's callback ABI).  A block NR wide (an sgemm register tile)
+    runs its row's NR/VL vectors unmasked side by side (independent chains: a gelu or tanh
+    epilogue is latency-bound one vector at a time); any other width goes vector by
+    vector, the last one masked."""
+    from rlxc.lowering.cpu.sgemm_kernels import masked_load, masked_store, sgemm_config
 
     lanes = sgemmlib.vector_width(g.cpu)
+    nr = sgemm_config(g.cpu).nr
     vt = ir.VectorType(F32, lanes)
     fn = ir.Function(g.m, sgemmlib.EPI_FN, f"{g.sym}.{k.name}.epi")
     fn.linkage = "internal"
     fn.attributes.add("nounwind")
-    ctx, row, col, v, n = fn.args
+    ctx, row0, col0, c, ldc, rows, n = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     table = b.bitcast(ctx, F32P.as_pointer())
     bases = [b.load(b.gep(table, [ir.Constant(I32, s)], inbounds=True))
              for s in range(len(slots))]
-    vp = b.bitcast(v, vt.as_pointer())
-    vec = b.load(vp, align=4)
     lane = ir.Constant(ir.VectorType(I64, lanes), list(range(lanes)))
-    nv = b.insert_element(ir.Constant(ir.VectorType(I64, lanes), ir.Undefined), n,
-                          ir.Constant(I32, 0))
-    nv = b.shuffle_vector(nv, ir.Constant(ir.VectorType(I64, lanes), ir.Undefined),
-                          ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
-    mask = b.icmp_signed("<", lane, nv)
     slot_of = {(id(buf), base): s for s, (buf, base) in enumerate(slots)}
-    memo: dict = {}
 
-    def ev(e):
-        r = memo.get(id(e))
-        if r is not None:
-            return r
-        if isinstance(e, EpiValue):
-            r = vec
-        elif isinstance(e, Const):
-            r = const(vtype(e.dtype, lanes), e.value)
-        elif isinstance(e, Load):
-            co = e.off.coeffs()
-            base = ix.subst(e.off, {k.row: ix.ZERO, k.col: ix.ZERO})
-            rc, cc = co.get(k.row, 0), co.get(k.col, 0)
-            off = b.mul(row, c64(rc)) if rc else c64(0)
-            if cc:
-                off = b.add(off, col)
-            p = b.gep(bases[slot_of[(id(e.buf), base)]], [off], inbounds=True)
-            if cc == 1:
-                if rc:
-                    _prefetch_next_tile(b, p, rc, g.cpu)
-                r = masked_load(b, p, lanes, mask)
+    def lane_mask(b, m):   # lanes < m
+        nv = b.insert_element(ir.Constant(ir.VectorType(I64, lanes), ir.Undefined), m,
+                              ir.Constant(I32, 0))
+        nv = b.shuffle_vector(nv, ir.Constant(ir.VectorType(I64, lanes), ir.Undefined),
+                              ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
+        return b.icmp_signed("<", lane, nv)
+
+    def apply(b, p, row, col, mask):
+        """c[p .. p + VL) (lanes in mask) = epilogue at (row, col)."""
+        vec = masked_load(b, p, lanes, mask)
+        memo: dict = {}
+
+        def ev(e):
+            r = memo.get(id(e))
+            if r is not None:
+                return r
+            if isinstance(e, EpiValue):
+                r = vec
+            elif isinstance(e, Const):
+                r = const(vtype(e.dtype, lanes), e.value)
+            elif isinstance(e, Load):
+                co = e.off.coeffs()
+                base = ix.subst(e.off, {k.row: ix.ZERO, k.col: ix.ZERO})
+                rc, cc = co.get(k.row, 0), co.get(k.col, 0)
+                off = b.mul(row, c64(rc)) if rc else c64(0)
+                if cc:
+                    off = b.add(off, col)
+                q = b.gep(bases[slot_of[(id(e.buf), base)]], [off], inbounds=True)
+                if cc == 1:
+                    if rc:
+                        _prefetch_next_tile(b, q, rc, g.cpu)
+                    r = masked_load(b, q, lanes, mask)
+                else:
+                    s = b.load(q)
+                    r = b.shuffle_vector(b.insert_element(ir.Constant(vt, ir.Undefined), s,
+                                                          ir.Constant(I32, 0)),
+                                         ir.Constant(vt, ir.Undefined),
+                                         ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
+            elif isinstance(e, Op):
+                r = emit_op(b, e, [ev(a) for a in e.args])
             else:
-                s = b.load(p)
-                r = b.shuffle_vector(b.insert_element(ir.Constant(vt, ir.Undefined), s,
-                                                      ir.Constant(I32, 0)),
-                                     ir.Constant(vt, ir.Undefined),
-                                     ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
-        elif isinstance(e, Op):
-            r = emit_op(b, e, [ev(a) for a in e.args])
-        else:
-            raise TypeError(e)
-        memo[id(e)] = r
-        return r
+                raise TypeError(e)
+            memo[id(e)] = r
+            return r
+        masked_store(b, ev(k.epilogue), p, mask)
 
-    b.store(ev(k.epilogue), vp, align=4)
+    def row_loop(b, body, tag):
+        head, run, done = (fn.append_basic_block(f"{tag}.{x}") for x in ("head", "run", "done"))
+        pre = b.block
+        b.branch(head)
+        b.position_at_end(head)
+        r = b.phi(I64, name=f"{tag}.r")
+        r.add_incoming(c64(0), pre)
+        b.cbranch(b.icmp_signed("<", r, rows), run, done)
+        b.position_at_end(run)
+        body(b, r, b.gep(c, [b.mul(r, ldc)], inbounds=True), b.add(row0, r))
+        r.add_incoming(b.add(r, c64(1)), b.block)
+        b.branch(head)
+        b.position_at_end(done)
+
+    def full_row(b, r, crow, row):
+        for v in range(nr // lanes):
+            apply(b, b.gep(crow, [c64(v * lanes)], inbounds=True), row,
+                  b.add(col0, c64(v * lanes)), None)
+
+    def any_row(b, r, crow, row):
+        nvec = b.sdiv(b.add(n, c64(lanes - 1)), c64(lanes))
+        head, run, done = (fn.append_basic_block(f"vec.{x}") for x in ("head", "run", "done"))
+        pre = b.block
+        b.branch(head)
+        b.position_at_end(head)
+        j = b.phi(I64, name="vec.j")
+        j.add_incoming(c64(0), pre)
+        b.cbranch(b.icmp_signed("<", j, nvec), run, done)
+        b.position_at_end(run)
+        c0 = b.mul(j, c64(lanes))
+        apply(b, b.gep(crow, [c0], inbounds=True), row, b.add(col0, c0),
+              lane_mask(b, b.sub(n, c0)))
+        j.add_incoming(b.add(j, c64(1)), b.block)
+        b.branch(head)
+        b.position_at_end(done)
+
+    with b.if_else(b.icmp_signed("==", n, c64(nr)), likely=True) as (t, o):
+        with t:
+            row_loop(b, full_row, "full")
+        with o:
+            row_loop(b, any_row, "part")
     b.ret_void()
     return fn
 

@@ -833,6 +833,22 @@ def _emit_micro(module, name, cfg: SgemmConfig, epilogue, epi_types, nv: int | N
             else:
                 row(b)  # row 0 always exists (m_rem >= 1)
 
+    # an epilogue with a tile form (sgemm_object's callback: one call per tile instead of one
+    # per vector): the tile is stored as it is and the callback rewrites it in place
+    tile = getattr(epilogue, "tile", None)
+
+    def store_epi(b, masked, load_c):
+        if tile is None:
+            store_tile(b, masked, load_c, True)
+            return
+        use, call = tile
+        with b.if_else(use(b, epi_args)) as (tt, to):
+            with tt:
+                store_tile(b, masked, load_c, False)
+                call(b, row0, col0, C, ldc, m_rem, n_rem, epi_args)
+            with to:
+                store_tile(b, masked, load_c, True)
+
     def store_variants(b, masked):
         if epilogue is None:
             with b.if_else(beta) as (t, o):
@@ -845,13 +861,13 @@ def _emit_micro(module, name, cfg: SgemmConfig, epilogue, epi_types, nv: int | N
                 with t:
                     with b.if_else(last) as (t2, o2):
                         with t2:
-                            store_tile(b, masked, True, True)
+                            store_epi(b, masked, True)
                         with o2:
                             store_tile(b, masked, True, False)
                 with o:
                     with b.if_else(last) as (t2, o2):
                         with t2:
-                            store_tile(b, masked, False, True)
+                            store_epi(b, masked, False)
                         with o2:
                             store_tile(b, masked, False, False)
 

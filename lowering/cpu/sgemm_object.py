@@ -18,10 +18,13 @@ several objects carrying them link into one library (AOT kernel + train
 step), and they are not exported from the .so.
 
 Callback epilogue.  `rlxc_sgemm_cb_TAG` takes two extra arguments, a function
-`void epi(i8* ctx, i64 row, i64 col, float* v, i64 n)` and its `ctx`.  For
-each finished row-vector of C (VL floats at (row, col), the first n valid) it
-stores the vector to a stack slot, calls epi, which rewrites the n values in
-place, and stores the result to C.  The call costs a few ns per VL outputs.
+`void epi(i8* ctx, i64 row, i64 col, float* c, i64 ldc, i64 rows, i64 n)` and its
+`ctx`; epi rewrites in place the rows x n block at c (row stride ldc), whose first
+element is C's (row, col).  The register tiles of the packed path store a finished
+tile to C and call epi once on it (rows <= MR, n <= NR): its vectors are independent,
+so a costly epilogue (gelu, tanh) runs several dependency chains at once instead of
+one per call.  The other kernels (skinny, tall, narrow) call it per row-vector of C
+(VL floats, the first n valid) on a stack slot (rows = 1), then store the slot.
 Built-in epilogues: an `epi` below BUILTIN_MAX is not called but a code for
 one inlined in the kernel (a linear layer's bias, with or without ReLU:
 BUILTIN_BIAS / BUILTIN_BIAS_RELU; ctx[0] is then the bias row, read at C's
@@ -54,7 +57,9 @@ I8P = ir.IntType(8).as_pointer()
 I32 = ir.IntType(32)
 I64 = ir.IntType(64)
 VOID = ir.VoidType()
-EPI_FN = ir.FunctionType(VOID, [I8P, I64, I64, F32.as_pointer(), I64])
+# epi(ctx, row, col, c, ldc, rows, n): rewrite the rows x n block at c (row stride ldc),
+# whose element (0, 0) is C's (row, col), in place
+EPI_FN = ir.FunctionType(VOID, [I8P, I64, I64, F32.as_pointer(), I64, I64, I64])
 
 _lock = threading.Lock()
 _objects: dict = {}
@@ -147,6 +152,29 @@ def _callback_hook(b, row, col, vec, lanes, mask, args):
     return out
 
 
+def _tile_use(b, args):
+    """i1: the tile form of the epilogue applies (a real callback, not a built-in code)."""
+    key = (id(b.function), "called")
+    got = _slots.get(key)
+    if got is None or got.parent.parent is not b.function:
+        entry = b.function.entry_basic_block
+        t = ir.IRBuilder(entry)
+        if entry.instructions:
+            t.position_before(entry.instructions[0])
+        got = _slots[key] = t.icmp_unsigned(">=", t.ptrtoint(args[0], I64),
+                                            ir.Constant(I64, BUILTIN_MAX))
+    return got
+
+
+def _tile_call(b, row0, col0, c, ldc, rows, n, args):
+    """The callback on a whole register tile of C (stored as computed): one call per tile."""
+    fnp, ctx = args
+    b.call(b.bitcast(fnp, EPI_FN.as_pointer()), [ctx, row0, col0, c, ldc, rows, n])
+
+
+_callback_hook.tile = (_tile_use, _tile_call)
+
+
 def _builtin_setup(b, fnp, ctx, vt):
     """(is a built-in code, the bias row, the splat lower bound) for the function being
     emitted, computed once at its entry (the hook is emitted at every store of C).
@@ -183,7 +211,8 @@ def _call_hook(b, vec, lanes, mask, fnp, ctx, row, col):
             f"llvm.ctpop.i{lanes}")
         n = b.zext(b.call(pc, [bits]), I64)
     fn = b.bitcast(fnp, EPI_FN.as_pointer())
-    b.call(fn, [ctx, row, col, b.bitcast(slot, F32.as_pointer()), n])
+    b.call(fn, [ctx, row, col, b.bitcast(slot, F32.as_pointer()), ir.Constant(I64, lanes),
+                ir.Constant(I64, 1), n])
     return b.load(slot, align=4)
 
 
