@@ -34,7 +34,7 @@ from rlxc.lowering.cpu import indexing as ix
 from rlxc.lowering.cpu import sgemm_object as sgemmlib
 from rlxc.lowering.shared.scalar import F32, I8, I32, I64, const, emit_op, vtype
 from rlxc.lowering.cpu.loops import (Const, EpiValue, For, Load, MatmulKernel, Op, Store,
-                                     stmt_buffers, walk)
+                                     stmt_buffers, walk, walk_expr)
 
 F32P = F32.as_pointer()
 I8P = I8.as_pointer()
@@ -202,13 +202,26 @@ def _batch_team(g, k, b, fn, argbufs, live, sg, epi, slots, pro=None):
                                   dynamic=1)
 
 
+# epilogue ops that cost an instruction or two: an epilogue of only these runs its
+# rows' vectors in a loop (one copy of its code); any other op (gelu, tanh, exp, ...)
+# gets a row's NR/VL vectors side by side
+CHEAP_EPI_OPS = frozenset({"add", "sub", "mul", "neg", "relu", "max", "min", "maximum",
+                           "minimum", "select", "abs", "and", "or", "cast", "convert"})
+
+
 def _epilogue_fn(g, k: MatmulKernel, slots):
     """void NAME.kN.epi(i8* ctx, i64 row, i64 col, float* c, i64 ldc, i64 rows, i64 n):
     the rows x n block at c (row stride ldc; its (0, 0) is C's (row, col)) = epilogue,
-    in place (sgemm_object's callback ABI).  A block NR wide (an sgemm register tile)
-    runs its row's NR/VL vectors unmasked side by side (independent chains: a gelu or tanh
-    epilogue is latency-bound one vector at a time); any other width goes vector by
-    vector, the last one masked."""
+    in place (sgemm_object's callback ABI).  The block's vectors go one by one in a loop,
+    a row's last one masked when partial; but when the epilogue has a costly op (not
+    CHEAP_EPI_OPS) a block NR wide (an sgemm register tile) runs each row's NR/VL vectors
+    side by side: independent chains, where a gelu or tanh is latency-bound one vector at
+    a time (W10's fc1 + gelu, 2048x1024x256: 11.7% slower one by one on x86-64-v3).
+    Compile time is what shapes the rest (a 20-layer residual MLP's value_and_grad has
+    dozens of epilogues): `optsize` (no unrolling or interleaving of these short loops,
+    same speed) and one loop for a cheap epilogue, not one per case (in-process compile
+    of that model: 0.30 s with every epilogue unrolled, 0.25 s so; 0.22 s with the
+    per-vector callback before the tile form)."""
     from rlxc.lowering.cpu.sgemm_kernels import masked_load, masked_store, sgemm_config
 
     lanes = sgemmlib.vector_width(g.cpu)
@@ -217,6 +230,7 @@ def _epilogue_fn(g, k: MatmulKernel, slots):
     fn = ir.Function(g.m, sgemmlib.EPI_FN, f"{g.sym}.{k.name}.epi")
     fn.linkage = "internal"
     fn.attributes.add("nounwind")
+    fn.attributes.add("optsize")
     ctx, row0, col0, c, ldc, rows, n = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     table = b.bitcast(ctx, F32P.as_pointer())
@@ -290,28 +304,42 @@ def _epilogue_fn(g, k: MatmulKernel, slots):
             apply(b, b.gep(crow, [c64(v * lanes)], inbounds=True), row,
                   b.add(col0, c64(v * lanes)), None)
 
-    def any_row(b, r, crow, row):
+    def flat(b):
+        """Every vector of the block, row by row, in one loop (one loop, not two: each
+        costs compile time); a row's last vector masked when partial (AVX2's masked
+        stores on every vector cost W4's train step 15%)."""
         nvec = b.sdiv(b.add(n, c64(lanes - 1)), c64(lanes))
-        head, run, done = (fn.append_basic_block(f"vec.{x}") for x in ("head", "run", "done"))
+        head, run, done = (fn.append_basic_block(f"flat.{x}") for x in ("head", "run", "done"))
         pre = b.block
         b.branch(head)
         b.position_at_end(head)
-        j = b.phi(I64, name="vec.j")
-        j.add_incoming(c64(0), pre)
-        b.cbranch(b.icmp_signed("<", j, nvec), run, done)
+        t = b.phi(I64, name="flat.t")
+        t.add_incoming(c64(0), pre)
+        b.cbranch(b.icmp_signed("<", t, b.mul(rows, nvec)), run, done)
         b.position_at_end(run)
+        r, j = b.udiv(t, nvec), b.urem(t, nvec)
         c0 = b.mul(j, c64(lanes))
-        apply(b, b.gep(crow, [c0], inbounds=True), row, b.add(col0, c0),
-              lane_mask(b, b.sub(n, c0)))
-        j.add_incoming(b.add(j, c64(1)), b.block)
+        p, row, col = (b.gep(c, [b.add(b.mul(r, ldc), c0)], inbounds=True), b.add(row0, r),
+                       b.add(col0, c0))
+        left = b.sub(n, c0)
+        with b.if_else(b.icmp_signed(">=", left, c64(lanes)), likely=True) as (tf, tp):
+            with tf:
+                apply(b, p, row, col, None)
+            with tp:
+                apply(b, p, row, col, lane_mask(b, left))
+        t.add_incoming(b.add(t, c64(1)), b.block)
         b.branch(head)
         b.position_at_end(done)
 
-    with b.if_else(b.icmp_signed("==", n, c64(nr)), likely=True) as (t, o):
-        with t:
-            row_loop(b, full_row, "full")
-        with o:
-            row_loop(b, any_row, "part")
+    cheap = all(not isinstance(e, Op) or e.op in CHEAP_EPI_OPS for e in walk_expr(k.epilogue))
+    if cheap:
+        flat(b)
+    else:
+        with b.if_else(b.icmp_signed("==", n, c64(nr)), likely=True) as (t, o):
+            with t:
+                row_loop(b, full_row, "full")
+            with o:
+                flat(b)
     b.ret_void()
     return fn
 
