@@ -9,8 +9,10 @@
         epilogue:     ctx[s] = base_s + off_s(b) for every epilogue slot s
                       rlxc_sgemm_cb_TAG(..., NAME.kN.epi, ctx)
         bias(+relu):  rlxc_sgemm_cb_TAG(..., (i8*)BUILTIN_BIAS[_RELU], ctx)   (inlined
-                      in the sgemm, no call per vector: builtin_epilogue)
-    NAME.kN.epi(ctx, row, col, float* v, n):   v[0:n] = epilogue(v, loads at (row, col))
+                      in the sgemm, no call: builtin_epilogue)
+    NAME.kN.epi(ctx, row, col, float* c, ldc, rows, n):   the rows x n block at c (row
+        stride ldc) = epilogue(c, loads at (row + r, col + j)), in place: once per register
+        tile of the packed path, once per row-vector (rows = 1) in the other kernels
     prologue (operand_prologue.py): NAME.kN.pro(bufs..., b) before each element's sgemm
         writes that element's slice of an operand (noalias, its own function)
     par_batch > 1 (matmul_schedule.batch_team: per-element GEMMs too small for a team):
@@ -21,8 +23,9 @@
 The sgemm itself is not emitted here: it is declared and comes from the shared
 object of sgemm_object.py, linked in by cpu.py.  The epilogue is emitted once, as
 vector code on <VL x float> (VL = the sgemm's vector width): EpiValue is the
-vector of C values, a load with column coefficient 1 is a masked vector load at
-ptr + row*rc + col (lanes < n), one with coefficient 0 a scalar load splatted.
+vector of C values, a load with column coefficient 1 is a vector load at
+ptr + row*rc + col (masked, lanes < n, at a row's partial end), one with coefficient 0
+a scalar load splatted.
 Each distinct (buffer, batch/constant offset) of the epilogue is one slot of
 the ctx array, filled at the call site for the current batch element.
 """
