@@ -225,11 +225,11 @@ def _epilogue_fn(g, k: MatmulKernel, slots):
     same speed) and one loop for a cheap epilogue, not one per case (in-process compile
     of that model: 0.30 s with every epilogue unrolled, 0.25 s so; 0.22 s with the
     per-vector callback before the tile form)."""
-    from rlxc.lowering.cpu.sgemm_kernels import masked_load, masked_store, sgemm_config
+    from rlxc.lowering.cpu.sgemm_kernels import (counted_loop, lane_mask, masked_load,
+                                                  masked_store, sgemm_config, splat)
 
     lanes = sgemmlib.vector_width(g.cpu)
     nr = sgemm_config(g.cpu).nr
-    vt = ir.VectorType(F32, lanes)
     fn = ir.Function(g.m, sgemmlib.EPI_FN, f"{g.sym}.{k.name}.epi")
     fn.linkage = "internal"
     fn.attributes.add("nounwind")
@@ -239,15 +239,7 @@ def _epilogue_fn(g, k: MatmulKernel, slots):
     table = b.bitcast(ctx, F32P.as_pointer())
     bases = [b.load(b.gep(table, [ir.Constant(I32, s)], inbounds=True))
              for s in range(len(slots))]
-    lane = ir.Constant(ir.VectorType(I64, lanes), list(range(lanes)))
     slot_of = {(id(buf), base): s for s, (buf, base) in enumerate(slots)}
-
-    def lane_mask(b, m):   # lanes < m
-        nv = b.insert_element(ir.Constant(ir.VectorType(I64, lanes), ir.Undefined), m,
-                              ir.Constant(I32, 0))
-        nv = b.shuffle_vector(nv, ir.Constant(ir.VectorType(I64, lanes), ir.Undefined),
-                              ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
-        return b.icmp_signed("<", lane, nv)
 
     def apply(b, p, row, col, mask):
         """c[p .. p + VL) (lanes in mask) = epilogue at (row, col)."""
@@ -275,11 +267,7 @@ def _epilogue_fn(g, k: MatmulKernel, slots):
                         _prefetch_next_tile(b, q, rc, g.cpu)
                     r = masked_load(b, q, lanes, mask)
                 else:
-                    s = b.load(q)
-                    r = b.shuffle_vector(b.insert_element(ir.Constant(vt, ir.Undefined), s,
-                                                          ir.Constant(I32, 0)),
-                                         ir.Constant(vt, ir.Undefined),
-                                         ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
+                    r = splat(b, b.load(q), lanes)
             elif isinstance(e, Op):
                 r = emit_op(b, e, [ev(a) for a in e.args])
             else:
@@ -288,21 +276,8 @@ def _epilogue_fn(g, k: MatmulKernel, slots):
             return r
         masked_store(b, ev(k.epilogue), p, mask)
 
-    def row_loop(b, body, tag):
-        head, run, done = (fn.append_basic_block(f"{tag}.{x}") for x in ("head", "run", "done"))
-        pre = b.block
-        b.branch(head)
-        b.position_at_end(head)
-        r = b.phi(I64, name=f"{tag}.r")
-        r.add_incoming(c64(0), pre)
-        b.cbranch(b.icmp_signed("<", r, rows), run, done)
-        b.position_at_end(run)
-        body(b, r, b.gep(c, [b.mul(r, ldc)], inbounds=True), b.add(row0, r))
-        r.add_incoming(b.add(r, c64(1)), b.block)
-        b.branch(head)
-        b.position_at_end(done)
-
-    def full_row(b, r, crow, row):
+    def full_row(b, r):
+        crow, row = b.gep(c, [b.mul(r, ldc)], inbounds=True), b.add(row0, r)
         for v in range(nr // lanes):
             apply(b, b.gep(crow, [c64(v * lanes)], inbounds=True), row,
                   b.add(col0, c64(v * lanes)), None)
@@ -312,27 +287,19 @@ def _epilogue_fn(g, k: MatmulKernel, slots):
         costs compile time); a row's last vector masked when partial (AVX2's masked
         stores on every vector cost W4's train step 15%)."""
         nvec = b.sdiv(b.add(n, c64(lanes - 1)), c64(lanes))
-        head, run, done = (fn.append_basic_block(f"flat.{x}") for x in ("head", "run", "done"))
-        pre = b.block
-        b.branch(head)
-        b.position_at_end(head)
-        t = b.phi(I64, name="flat.t")
-        t.add_incoming(c64(0), pre)
-        b.cbranch(b.icmp_signed("<", t, b.mul(rows, nvec)), run, done)
-        b.position_at_end(run)
-        r, j = b.udiv(t, nvec), b.urem(t, nvec)
-        c0 = b.mul(j, c64(lanes))
-        p, row, col = (b.gep(c, [b.add(b.mul(r, ldc), c0)], inbounds=True), b.add(row0, r),
-                       b.add(col0, c0))
-        left = b.sub(n, c0)
-        with b.if_else(b.icmp_signed(">=", left, c64(lanes)), likely=True) as (tf, tp):
-            with tf:
-                apply(b, p, row, col, None)
-            with tp:
-                apply(b, p, row, col, lane_mask(b, left))
-        t.add_incoming(b.add(t, c64(1)), b.block)
-        b.branch(head)
-        b.position_at_end(done)
+
+        def one(b, t):
+            r, j = b.udiv(t, nvec), b.urem(t, nvec)
+            c0 = b.mul(j, c64(lanes))
+            p, row, col = (b.gep(c, [b.add(b.mul(r, ldc), c0)], inbounds=True),
+                           b.add(row0, r), b.add(col0, c0))
+            left = b.sub(n, c0)
+            with b.if_else(b.icmp_signed(">=", left, c64(lanes)), likely=True) as (tf, tp):
+                with tf:
+                    apply(b, p, row, col, None)
+                with tp:
+                    apply(b, p, row, col, lane_mask(b, 0, left, lanes))
+        counted_loop(b, c64(0), b.mul(rows, nvec), 1, one, "flat")
 
     cheap = all(not isinstance(e, Op) or e.op in CHEAP_EPI_OPS for e in walk_expr(k.epilogue))
     if cheap:
@@ -340,7 +307,7 @@ def _epilogue_fn(g, k: MatmulKernel, slots):
     else:
         with b.if_else(b.icmp_signed("==", n, c64(nr)), likely=True) as (t, o):
             with t:
-                row_loop(b, full_row, "full")
+                counted_loop(b, c64(0), rows, 1, full_row, "full")
             with o:
                 flat(b)
     b.ret_void()

@@ -114,17 +114,26 @@ def vector_width(cpu: str = "native") -> int:
 _slots: dict = {}
 
 
+def _at_entry(b: ir.IRBuilder, key, make):
+    """make(t), emitted once per function at the start of its entry block (t: a builder
+    there) and cached under `key`: the hooks are emitted at every store of C, what they
+    need once is computed once.  A value (or a tuple's first) of another function is
+    stale."""
+    key = (id(b.function), *key)
+    got = _slots.get(key)
+    first = got[0] if isinstance(got, tuple) else got
+    if got is None or first.parent.parent is not b.function:
+        entry = b.function.entry_basic_block
+        t = ir.IRBuilder(entry)
+        if entry.instructions:
+            t.position_before(entry.instructions[0])
+        got = _slots[key] = make(t)
+    return got
+
+
 def _entry_slot(b: ir.IRBuilder, ty):
     """One stack slot per function for the epilogue vector (the hook is emitted many times)."""
-    key = (id(b.function), str(ty))
-    slot = _slots.get(key)
-    if slot is None or slot.parent.parent is not b.function:
-        entry = b.function.entry_basic_block
-        tmp = ir.IRBuilder(entry)
-        if entry.instructions:
-            tmp.position_before(entry.instructions[0])
-        slot = _slots[key] = tmp.alloca(ty)
-    return slot
+    return _at_entry(b, (str(ty),), lambda t: t.alloca(ty))
 
 
 BUILTIN_BIAS, BUILTIN_BIAS_RELU = 1, 2   # epi "function pointers" that are built-in epilogues
@@ -154,16 +163,8 @@ def _callback_hook(b, row, col, vec, lanes, mask, args):
 
 def _tile_use(b, args):
     """i1: the tile form of the epilogue applies (a real callback, not a built-in code)."""
-    key = (id(b.function), "called")
-    got = _slots.get(key)
-    if got is None or got.parent.parent is not b.function:
-        entry = b.function.entry_basic_block
-        t = ir.IRBuilder(entry)
-        if entry.instructions:
-            t.position_before(entry.instructions[0])
-        got = _slots[key] = t.icmp_unsigned(">=", t.ptrtoint(args[0], I64),
-                                            ir.Constant(I64, BUILTIN_MAX))
-    return got
+    return _at_entry(b, ("called",), lambda t: t.icmp_unsigned(
+        ">=", t.ptrtoint(args[0], I64), ir.Constant(I64, BUILTIN_MAX)))
 
 
 def _tile_call(b, row0, col0, c, ldc, rows, n, args):
@@ -179,13 +180,7 @@ def _builtin_setup(b, fnp, ctx, vt):
     """(is a built-in code, the bias row, the splat lower bound) for the function being
     emitted, computed once at its entry (the hook is emitted at every store of C).
     ctx[0] is read even for a real callback (ctx has at least one slot), never used."""
-    key = (id(b.function), "builtin", str(vt))
-    got = _slots.get(key)
-    if got is None or got[0].parent.parent is not b.function:
-        entry = b.function.entry_basic_block
-        t = ir.IRBuilder(entry)
-        if entry.instructions:
-            t.position_before(entry.instructions[0])
+    def make(t):
         code = t.ptrtoint(fnp, I64)
         is_builtin = t.icmp_unsigned("<", code, ir.Constant(I64, BUILTIN_MAX))
         bias = t.load(t.bitcast(ctx, F32.as_pointer().as_pointer()))
@@ -195,8 +190,8 @@ def _builtin_setup(b, fnp, ctx, vt):
             t.insert_element(ir.Constant(vt, ir.Undefined), lo, ir.Constant(I32, 0)),
             ir.Constant(vt, ir.Undefined), ir.Constant(ir.VectorType(I32, vt.count),
                                                        [0] * vt.count))
-        got = _slots[key] = (is_builtin, bias, lov)
-    return got
+        return is_builtin, bias, lov
+    return _at_entry(b, ("builtin", str(vt)), make)
 
 
 def _call_hook(b, vec, lanes, mask, fnp, ctx, row, col):
