@@ -51,7 +51,7 @@ def test_team_shares_one_packed_b(tmp_path_factory, cpu):
     M, N, K = 2048, 200, 700
     assert sgemm.dyn_ok(M, N, K, cfg) and N <= cfg.nc
     per = sgemm.sgemm_workspace_floats(M, N, K, 1, config=cfg)
-    a_part = -(-min(cfg.mc, M) * min(cfg.kc, K) // 16) * 16 + 16
+    a_part = -(-min(cfg.mc, M) * min(cfg.kc_for(M), K) // 16) * 16 + 16
     rng = np.random.default_rng(3)
     for _ in range(3):
         A, B = rng.standard_normal((M, K), np.float32), rng.standard_normal((K, N), np.float32)

@@ -31,14 +31,20 @@ def test_register_tile_per_isa():
 
 
 @pytest.mark.parametrize("caches, isa, want", [
-    (CacheInfo(48 * K, 12, 2 * M, 150 * M, "t"), "avx512", (160, 288, 4096)),   # Sapphire Rapids
-    (CacheInfo(32 * K, 8, 512 * K, 4 * M, "t"), "avx2", (256, 256, 4080)),      # Zen 3
-    (CacheInfo(32 * K, 8, 256 * K, 2560 * K, "t"), "avx2", (256, 128, 2544)),   # Haswell
-    (CacheInfo(32 * K, 8, 1 * M, 16 * M, "t"), "avx512", (512, 252, 4096)),     # Zen 4
+    (CacheInfo(48 * K, 12, 2 * M, 150 * M, "t"), "avx512", (160, 288, 4096, 512)),   # SPR
+    (CacheInfo(32 * K, 8, 512 * K, 4 * M, "t"), "avx2", (256, 256, 4080, 256)),      # Zen 3
+    (CacheInfo(32 * K, 8, 256 * K, 2560 * K, "t"), "avx2", (256, 128, 2544, 256)),   # Haswell
+    (CacheInfo(32 * K, 8, 1 * M, 16 * M, "t"), "avx512", (512, 252, 4096, 512)),     # Zen 4
+    (CacheInfo(48 * K, 12, 512 * K, 2 * M, "t"), "avx512", (160, 288, 3264, 160)),   # ICL client
 ])
 def test_blocking_follows_the_caches(caches, isa, want):
     cfg = sg.derive_config(sg.ISAS[isa], caches)
-    assert (cfg.kc, cfg.mc, cfg.nc) == want
+    assert (cfg.kc, cfg.mc, cfg.nc, cfg.kc_for(sg.KC_DEEP_MIN_M)) == want
+    assert cfg.kc_for(sg.KC_DEEP_MIN_M - 1) == cfg.kc
+    # the deep K block keeps the A block within half of L2 (ICL client's 512 KiB: no)
+    assert cfg.mc * cfg.kc_for(sg.KC_DEEP_MIN_M) * 4 <= caches.l2 // 2
+    # an explicit kc (tuning, tests) is every call's K block
+    assert sg.derive_config(sg.ISAS[isa], caches, kc=64).kc_for(4096) == 64
     # the model's invariants: B micro-panel within L1d (or, where L1d cannot hold
     # KC_MIN rows of it, streamed from L2 at the deepest kc), A block within half of L2
     if cfg.kc < sg.KC_MAX:
@@ -212,7 +218,8 @@ def test_every_named_cpu_gets_a_valid_config():
                                        else caches.l2 // 2), name
         assert cfg.mc == cfg.mr or cfg.mc * cfg.kc * 4 <= caches.l2 // 2, name
         assert cfg.mc % cfg.mr == 0 and cfg.nc % cfg.nr == 0 and cfg.nr % cfg.vl == 0, name
-        assert sg.KC_MIN <= cfg.kc <= sg.KC_MAX, name
+        assert sg.KC_MIN <= cfg.kc <= cfg.kc_for(1 << 20) <= sg.KC_MAX, name
+        assert cfg.mc == cfg.mr or cfg.mc * cfg.kc_for(1 << 20) * 4 <= caches.l2 // 2, name
         assert cfg.dyn_b_floats * 4 <= 8 * M, name
     p = sg.sgemm_config("x86-64-v3")
     assert (p.isa, p.mr, p.nr) == ("avx2", 4, 24)

@@ -125,7 +125,7 @@ def emit_dyn(module, name, cfg: SgemmConfig, micros, micro_da, pack_a, pack_b,
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     cur = b.alloca(I64, name="cur.jc")
     b.store(c64(-1), cur)
-    k_end, n_kb, kcb = balanced_k_blocks(b, K, cfg)   # the K blocks of seq
+    k_end, n_kb, kcb = balanced_k_blocks(b, K, cfg, M)   # the K blocks of seq
     shared = shared_ok(b, N, n_kb, cfg)
     with b.if_then(shared):
         _emit_shared_pack(b, cfg, pack_b, B, rsb, csb, K, N, kcb, n_kb, Bs, counter, nt)

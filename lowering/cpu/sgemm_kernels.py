@@ -186,6 +186,10 @@ class SgemmConfig:
     pack_b_panel: bool = True  # M <= mc, not coop: pack B a panel at a time before its tiles
     pack_b_prefetch: int = 2  # ... prefetching the next panel: 0 off, else the locality
                               # (2: prefetcht1, into L2; 3: prefetcht0, into L1)
+    # K block of calls with at least KC_DEEP_MIN_M rows (0: kc).  Deep blocks pass over C
+    # fewer times; at such sizes that outweighs a B micro-panel that no longer fits the L1d
+    # (derive_config)
+    kc_deep: int = 0
 
     def __post_init__(self):
         bad = []
@@ -195,14 +199,18 @@ class SgemmConfig:
             bad.append(f"mc={self.mc} is not a multiple of mr={self.mr}")
         if self.nc % self.nr:
             bad.append(f"nc={self.nc} is not a multiple of nr={self.nr}")
-        if min(self.mr, self.kc, self.unroll) < 1:
-            bad.append("mr, kc and unroll must be >= 1")
+        if min(self.mr, self.kc, self.unroll) < 1 or self.kc_deep < 0:
+            bad.append("mr, kc and unroll must be >= 1 (kc_deep >= 0)")
         if bad:
             raise ValueError("SgemmConfig: " + "; ".join(bad))
 
     @property
     def nv(self) -> int:
         return self.nr // self.vl
+
+    def kc_for(self, m: int) -> int:
+        """The K block of a call (or seq block) of ``m`` rows."""
+        return self.kc_deep if self.kc_deep and m >= KC_DEEP_MIN_M else self.kc
 
 
 # --------------------------------------------------------------------------
@@ -233,6 +241,7 @@ MC_MAX = 288                # rows of A per L2 block: more did not help on a 2 M
 NC_MAX = 4096
 DYN_MIN_ROWS = 64           # rows per item of the dynamic row split, at least
 DYN_MIN_M = 256             # ... which runs for M >= this (smaller M: the static split)
+KC_DEEP_MIN_M = 256         # calls of at least this many rows take SgemmConfig.kc_deep
 DYN_COLS_MIN_M = 32         # the dynamic column split (SgemmConfig.dyn_cols) for M >= this
                             # (and unit-stride A rows, which its items read in place)
 
@@ -275,7 +284,11 @@ def derive_config(isa: VectorIsa, caches, **overrides) -> SgemmConfig:
           the next block share the rest); a multiple of mr, at most MC_MAX;
       nc  the packed B block (kc x nc) fits this core's share of L3; a multiple of nr,
           at most NC_MAX.
-    Sapphire Rapids (48 KiB/12-way L1d, 2 MiB L2), AVX-512 6x64: kc 160, mc 288, nc 4096;
+    kc_deep  calls of KC_DEEP_MIN_M rows and more take KC_MAX with the AVX-512 tile, where
+          the A block still fits half of L2 (they pass over C fewer times, which outweighs
+          B streaming from L2: see the measurements below).
+    Sapphire Rapids (48 KiB/12-way L1d, 2 MiB L2), AVX-512 6x64: kc 160 (512 from 256
+    rows), mc 288, nc 4096;
     Zen 3 (32 KiB/8-way, 512 KiB), AVX2 4x24: kc 256, mc 256, nc 4080; Haswell (256 KiB
     L2): kc 256, mc 128, nc 2544; Zen 4 (32 KiB/8-way, 1 MiB, 16 MiB L3 per core),
     AVX-512 6x64: the L1d holds under KC_MIN rows of B, so kc 512 (B from L2), mc 252,
@@ -301,10 +314,21 @@ def derive_config(isa: VectorIsa, caches, **overrides) -> SgemmConfig:
     # B packed row by row: enough rows per step that a panel's run is whole 64-byte lines
     # (AVX2's 24-float rows: 2; Zen 4, 2 threads, 1024^3 and W3/W10-like shapes: 1.0-1.3%
     # faster in the dynamic split, one thread and AVX-512 unchanged)
-    cfg = SgemmConfig(isa.name, isa.vl, mr, nr, kc=kc, mc=mc, nc=nc,
+    # deep K blocks for calls of KC_DEEP_MIN_M rows and more, with the wide AVX-512 tile:
+    # kc 512 against 160 on Sapphire Rapids-class Intel (48 KiB L1d, 2 MiB L2), 2 threads:
+    # 1024^3 0.84 of the time, 2048x256x1024 0.92, 512^3 0.92, 256x512x1024 0.90,
+    # 256x1024x2048 1.01, 1024x256x256 1.05 (one block of 256 against two of 128); 1 thread
+    # 1024^3 0.87.  Not below that: W3's 128x512x784 ran 1.08 (B from L2 for few tiles).
+    # AVX2 (4x24, Intel and Zen 4): kc 384-512 no faster on 1024^3, so no deep blocks.  The
+    # A block at the deep kc must still fit half of L2 (not on a 512 KiB L2)
+    deep = isa.regs > 16 and not isa.lane_fma and mc * KC_MAX * 4 <= caches.l2 // 2
+    kc_deep = KC_MAX if deep and kc < KC_MAX else 0
+    cfg = SgemmConfig(isa.name, isa.vl, mr, nr, kc=kc, mc=mc, nc=nc, kc_deep=kc_deep,
                       pack_b_rows=64 // math.gcd(nr * 4, 64),
                       direct_a_edge=bool(nr & (nr - 1)),
                       dyn_tail=4 if isa.regs <= 16 else 1, dyn_direct_a=isa.regs > 16)
+    if "kc" in overrides and "kc_deep" not in overrides:
+        overrides = {**overrides, "kc_deep": 0}   # an explicit kc is every call's K block
     return dataclasses.replace(cfg, **overrides) if overrides else cfg
 
 
@@ -351,7 +375,7 @@ def sgemm_params(cpu: str = "native") -> dict:
 
     cfg, caches = sgemm_config(cpu), cache_info(cpu)
     return {"cpu": resolve_target(cpu)[1], "isa": cfg.isa, "tile": f"{cfg.mr}x{cfg.nr}",
-            "kc": cfg.kc, "mc": cfg.mc, "nc": cfg.nc,
+            "kc": cfg.kc, "kc_deep": cfg.kc_for(KC_DEEP_MIN_M), "mc": cfg.mc, "nc": cfg.nc,
             "caches": {"l1d": caches.l1d, "l1d_ways": caches.l1d_ways, "l2": caches.l2,
                        "l3_per_core": caches.l3, "source": caches.source}}
 
@@ -359,7 +383,9 @@ def sgemm_params(cpu: str = "native") -> dict:
 def describe_params(p: dict) -> str:
     """One line for `rlxc compile -v`."""
     c = p["caches"]
-    return (f"sgemm for {p['cpu']}: {p['isa']} {p['tile']} tile, kc={p['kc']} mc={p['mc']} "
+    deep = p.get("kc_deep", p["kc"])
+    kc = f"kc={p['kc']}" + (f" (M >= {KC_DEEP_MIN_M}: {deep})" if deep != p["kc"] else "")
+    return (f"sgemm for {p['cpu']}: {p['isa']} {p['tile']} tile, {kc} mc={p['mc']} "
             f"nc={p['nc']} (L1d {c['l1d'] >> 10} KiB/{c['l1d_ways']}-way, L2 {c['l2'] >> 10} KiB,"
             f" L3 {c['l3_per_core'] >> 10} KiB/core from {c['source']})")
 
@@ -374,7 +400,7 @@ def _rup(x: int, m: int) -> int:
 
 
 def _per_thread_floats(M: int, N: int, K: int, cfg: SgemmConfig) -> int:
-    kc = max(1, min(cfg.kc, K))
+    kc = max(1, min(cfg.kc_for(M), K))
     mc = min(cfg.mc, _rup(max(M, 1), cfg.mr))
     nc = min(cfg.nc, _rup(max(N, 1), cfg.nr))
     kb = max(K, 1) if dyn_ok(M, N, K, cfg) else kc   # the dynamic split packs all of K
@@ -1266,18 +1292,28 @@ def _dispatch_width(b, n_rem, margs, variants, vl: int) -> None:
     b.position_at_end(done)
 
 
-def balanced_k_blocks(b: ir.IRBuilder, K, cfg: SgemmConfig):
-    """(k_end, n_kblocks, kcb): the K blocks of seq and sgemm_dyn.  K = 0 still runs one
-    (empty) block (k_end = max(K, 1)); n_kblocks = ceil(k_end / KC) blocks of kcb =
-    ceil(k_end / n_kblocks) rounded up to the k unroll, at most KC: balanced (784 = 4 x
-    196, not 3 x 256 + 16), since a thin last block would pay a full pass of C loads and
-    stores for a few rank-1 updates."""
-    KC, UN = cfg.kc, cfg.unroll
+def _emit_kc(b: ir.IRBuilder, M, cfg: SgemmConfig):
+    """IR twin of cfg.kc_for(M): KC of a call (or seq block) of M rows (i64)."""
+    if not cfg.kc_deep or cfg.kc_deep == cfg.kc:
+        return _c64(cfg.kc)
+    return b.select(b.icmp_signed(">=", M, _c64(KC_DEEP_MIN_M)), _c64(cfg.kc_deep),
+                    _c64(cfg.kc))
+
+
+def balanced_k_blocks(b: ir.IRBuilder, K, cfg: SgemmConfig, M):
+    """(k_end, n_kblocks, kcb): the K blocks of seq and sgemm_dyn for M rows.  K = 0 still
+    runs one (empty) block (k_end = max(K, 1)); n_kblocks = ceil(k_end / KC) blocks of kcb
+    = ceil(k_end / n_kblocks) rounded up to the k unroll, at most KC (cfg.kc_for(M)):
+    balanced (784 = 4 x 196, not 3 x 256 + 16), since a thin last block would pay a full
+    pass of C loads and stores for a few rank-1 updates.  Every caller passes the M its
+    workspace slot was sized for or less (seq: its rows of the call), so a deep KC always
+    finds room for its blocks (kc_for grows with M)."""
+    KC, UN = _emit_kc(b, M, cfg), cfg.unroll
     k_end = _smax(b, K, _c64(1))
-    n_kblocks = b.sdiv(b.add(k_end, _c64(KC - 1)), _c64(KC))
+    n_kblocks = b.sdiv(b.add(k_end, b.sub(KC, _c64(1))), KC)
     kcb = b.sdiv(b.add(k_end, b.sub(n_kblocks, _c64(1))), n_kblocks)
     kcb = b.mul(b.sdiv(b.add(kcb, _c64(UN - 1)), _c64(UN)), _c64(UN))
-    return k_end, n_kblocks, _smin(b, kcb, _c64(KC))
+    return k_end, n_kblocks, _smin(b, kcb, KC)
 
 
 def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
@@ -1338,7 +1374,9 @@ def _emit_seq(module, name, cfg: SgemmConfig, micros, pack_a, pack_b, epi_types,
             b.call(narrow, [M, N, K, A, rsa, B, rsb, csb, C, ldc, acc, Bp0, row0, col0,
                             *epi_args])
             b.ret_void()
-    k_end, n_kblocks, kcb = balanced_k_blocks(b, K, cfg)
+    # a team that shares its B blocks (coop) must agree on them: the shallow KC for all,
+    # whatever rows each thread has (seq's slot holds either)
+    k_end, n_kblocks, kcb = balanced_k_blocks(b, K, cfg, b.select(coop, _c64(0), M))
     tid64, nt64 = b.sext(tid, I64), b.sext(nt, I64)
     # panelwise (one M block, not coop): B is packed one micro-panel at a time just
     # before its tiles, into one slot that stays in L1, while the next panel's source
@@ -1511,7 +1549,7 @@ def _emit_dyn_ok(b, M, N, K, cfg: SgemmConfig):
 def _emit_ws_per_thread(b, M, N, K, cfg: SgemmConfig):
     """IR twin of _per_thread_floats (keep in sync)."""
     rup = functools.partial(_rup_ir, b)
-    kc = _smax(b, _c64(1), _smin(b, _c64(cfg.kc), K))
+    kc = _smax(b, _c64(1), _smin(b, _emit_kc(b, M, cfg), K))
     mc = _smin(b, _c64(cfg.mc), rup(_smax(b, M, _c64(1)), cfg.mr))
     nc = _smin(b, _c64(cfg.nc), rup(_smax(b, N, _c64(1)), cfg.nr))
     a_part = b.add(rup(b.mul(mc, kc), 16), _c64(16))
