@@ -41,6 +41,8 @@ def test_kc_for_the_rows():
     cfg = sgemm.sgemm_config("x86-64-v3", kc=16, kc_deep=48)
     assert [cfg.kc_for(m) for m in (1, DEEP - 1, DEEP, 4096)] == [16, 16, 48, 48]
     assert sgemm.sgemm_config("x86-64-v3", kc=16).kc_for(4096) == 16
+    with pytest.raises(ValueError, match="kc_deep=8 is neither 0 nor >= kc=16"):
+        sgemm.sgemm_config("x86-64-v3", kc=16, kc_deep=8)
     small = sgemm.sgemm_workspace_floats(DEEP - 1, 64, 1000, 1, config=cfg)
     big = sgemm.sgemm_workspace_floats(DEEP, 64, 1000, 1, config=cfg)
     assert big > small   # the A part of a deep call holds mc x 48

@@ -25,7 +25,8 @@
                                   row of C; variants for 2..VL columns)
          otherwise the GotoBLAS/BLIS loop nest:
          for jc in N by NC:                         (B block: L3)
-           for pc in K by KC:                       (at least once, so K=0 works)
+           for pc in K by KC:                       (at least once, so K=0 works; KC is
+                                                     kc, kc_deep from KC_DEEP_MIN_M rows)
              pack_b  B[pc:pc+kc, jc:jc+nc] → Bp   KC×NR micro-panels, zero padded
                      (row split with share_b: each thread packs 1/nt of the
                       panels into a shared, double-buffered Bp; one team
@@ -199,8 +200,12 @@ class SgemmConfig:
             bad.append(f"mc={self.mc} is not a multiple of mr={self.mr}")
         if self.nc % self.nr:
             bad.append(f"nc={self.nc} is not a multiple of nr={self.nr}")
-        if min(self.mr, self.kc, self.unroll) < 1 or self.kc_deep < 0:
-            bad.append("mr, kc and unroll must be >= 1 (kc_deep >= 0)")
+        if min(self.mr, self.kc, self.unroll) < 1:
+            bad.append("mr, kc and unroll must be >= 1")
+        if self.kc_deep and self.kc_deep < self.kc:
+            # the workspace of a call is sized by its M, a seq block of fewer rows takes
+            # kc: kc_for must grow with the rows
+            bad.append(f"kc_deep={self.kc_deep} is neither 0 nor >= kc={self.kc}")
         if bad:
             raise ValueError("SgemmConfig: " + "; ".join(bad))
 
