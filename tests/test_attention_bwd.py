@@ -22,7 +22,9 @@ from rlxc.dialect import attention_bwd as AB
 from rlxc.dialect.autodiff import grad_module
 from rlxc.dialect.interpreter import interpret
 from rlxc.dialect.module import get_func
+from rlxc.lowering.cpu.attention_bwd import bwd_geometry
 from rlxc.lowering.cpu.driver import compile_cpu, emit_loops
+from rlxc.lowering.cpu.target import host_has_avx512
 from rlxc.runtime.cpu import CpuExecutor, CpuLibrary
 
 from test_attention import qkv
@@ -143,15 +145,22 @@ def test_fused_ops_against_finite_differences(mask, softcap):
         np.testing.assert_allclose(g, fd, rtol=1e-5, atol=1e-7)
 
 
-def test_avx2_build():
-    """x86-64-v3: 8 lanes (16-lane tiles of keys and queries, other D splits)."""
-    size = (1, 2, 21, 19, 24)
+@pytest.mark.parametrize("cpu,D", [("x86-64-v3", 24), ("x86-64-v3", 56), ("x86-64-v3", 64),
+                                   pytest.param("native", 128, marks=pytest.mark.skipif(
+                                       not host_has_avx512(), reason="no AVX-512 here"))])
+def test_avx2_build(cpu, D):
+    """x86-64-v3: 8 lanes (32-lane tiles of keys and queries, other D splits), 2-row tiles
+    whose accumulate loops take D in chunks (bwd_geometry: D 24 one chunk of 3 vectors, 56
+    chunks of 5 and 2, 64 two of 4); AVX-512 D 128: 4-row tiles, two chunks of 4."""
+    assert bwd_geometry(D, 8 if cpu != "native" else 16) == {
+        24: (2, 3), 56: (2, 5), 64: (2, 4), 128: (4, 4)}[D]
+    size = (1, 2, 21, 19, D)
     masks = ["causal", ("sliding", 5), RNG.uniform(size=(1, 1, 21, 19)) < 0.6]
-    f = _multi(size, masks, 1.5, name="bwd_avx2")
+    f = _multi(size, masks, 1.5, name=f"bwd_{D}")
     wrt = _wrt(masks)
     g = f.grad(wrt)
     arrays = _arrays(size, masks)
-    art = compile_cpu(g.module, "attn_bwd_avx2", cpu="x86-64-v3")
+    art = compile_cpu(g.module, f"attn_bwd_{D}", cpu=cpu)
     got = CpuExecutor(CpuLibrary(art.so_path, art.metadata())).run(
         [arrays[n] for n in f.input_names()])
     want = g.run_on("interp", **arrays)

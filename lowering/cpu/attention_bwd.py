@@ -41,17 +41,35 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rlxc.dialect.types import shape_of
-from rlxc.lowering.cpu.attention_kernel import (NV, QB, attention_kernels, geometry,
-                                                mask_strides, operand_buffer, pack_transposed)
+from rlxc.lowering.cpu.attention_kernel import (NV, QB, attention_kernels, fwd_geometry,
+                                                geometry, mask_strides, operand_buffer,
+                                                pack_transposed)
 from rlxc.lowering.cpu.loops import Buffer
 
 ATTENTION_OPS = ("rlx.attention", "rlx.attention_lse")
 
 
+BWD_R_MAX = 4   # most rows per backward register tile
+
+
+def bwd_geometry(D: int, vl: int) -> tuple[int, int]:
+    """(R, DC): register-tile rows of both kernels and the D chunk (in vectors) of their
+    accumulate loops.  Each loop keeps at most R x NV score vectors (S, dP) or R x DC
+    accumulators live: the forward's R (score phase: R x NV + NV + 1 registers), at most
+    BWD_R_MAX, and DC with R x DC + DC + 1 registers (32 zmm, D = 64: R 4, DC 4 = all of
+    D; 16 ymm: R 2, DC 4 of D's 8 vectors, where one row per tile (R 1, every k / q / dO
+    row loaded for one row's FMAs) ran load-bound)."""
+    dw, dv, r, _, _ = fwd_geometry(D, vl)
+    r = min(r, BWD_R_MAX)
+    regs = 32 if vl == 16 else 16
+    dc = max(1, min(dv, (regs - 1) // (r + 1)))
+    even = max(x for x in range(1, dc + 1) if dv % x == 0)
+    return r, (even if 2 * even >= dc else dc)   # equal chunks where they stay wide
+
+
 def bwd_rows(D: int, vl: int) -> int:
-    """Register-tile rows of both kernels: the forward's R (each loop of the kernels keeps
-    at most R x NV score or R x DV accumulator vectors live, as the forward's)."""
-    return geometry(D, vl)[2]
+    """Register-tile rows of both kernels (bwd_geometry)."""
+    return bwd_geometry(D, vl)[0]
 
 
 @dataclass(eq=False)
@@ -191,4 +209,4 @@ def attention_bwd_kernels(bl, v, op, what):
 
 
 __all__ = ["AttentionDqKernel", "AttentionDkvKernel", "attention_pair_kernels",
-           "attention_bwd_kernels", "bwd_rows"]
+           "attention_bwd_kernels", "bwd_geometry", "bwd_rows"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import llvmlite.ir as ir
 
-from rlxc.lowering.cpu.attention_bwd import bwd_rows
+from rlxc.lowering.cpu.attention_bwd import bwd_geometry
 from rlxc.lowering.cpu.attention_codegen import (F32, I8, I32, NEG_INF, allowed, c64,
                                                  exp_nonpos, fconst, fma, fma_rows, hreduce,
                                                  kernel_function, mask_lanes, smax, smin, splat, unary,
@@ -100,12 +100,17 @@ def _lane_ok(b, k, mask, bh, rows, lane0, iota, lanes_are_queries):
 
 def _accumulate(b, k, bh, acc, stack, local, w, src, t0, n, cn):
     """acc[r] += sum_{c < cn} w[r, c] src[bh, t0 + c] (src rows of D floats, n per bh): the
-    block's accumulators of the tile's R rows, loaded from and stored back to `stack`."""
-    D, DW = k.D, geometry(k.D, k.vl)[0]
-    _load_acc(b, acc, stack, local, D, DW)
-    fma_rows(b, acc, w, src, lambda b, c: b.add(b.mul(bh, c64(n * D)),
-                                                b.mul(b.add(t0, c), c64(D))), cn, NV * k.vl, DW)
-    _store_acc(b, acc, stack, local, D, DW)
+    block's accumulators of the tile's R rows, loaded from and stored back to `stack`, D in
+    chunks of DC vectors (bwd_geometry; acc holds R x DC allocas)."""
+    D, DW, DV = k.D, *geometry(k.D, k.vl)[:2]
+    DC = len(acc[0])
+    for d0 in range(0, DV, DC):
+        part = [row[:min(DC, DV - d0)] for row in acc]
+        _load_acc(b, part, stack, local, D, DW, d0)
+        fma_rows(b, part, w, src, lambda b, c, d0=d0: b.add(
+            b.add(b.mul(bh, c64(n * D)), b.mul(b.add(t0, c), c64(D))), c64(d0 * DW)),
+            cn, NV * k.vl, DW)
+        _store_acc(b, part, stack, local, D, DW, d0)
 
 
 def _grad_tile(b, k, S, DP, lse, delta, ok_fn, P_out, G_out, masked):
@@ -137,7 +142,7 @@ def _grad_tile(b, k, S, DP, lse, delta, ok_fn, P_out, G_out, masked):
 
 def _state(b, R, DW, DV, vl, names):
     """Register-tile allocas (SROA turns them into phis): per name R x DV accumulators of
-    DW lanes ("acc:") or R x NV score vectors."""
+    DW lanes ("acc": DV = bwd_geometry's DC) or R x NV score vectors."""
     out = {}
     for n in names:
         w, cnt = (DW, DV) if n.startswith("acc") else (vl, NV)
@@ -171,29 +176,30 @@ def _stack(b, R, KT, name):
 
 # ---------------------------------------------------------------- dq
 
-def _load_acc(b, acc, base, local, D, DW):
-    """acc[r][d] = base[local[r] * D + d * DW] (the block's accumulators on the stack)."""
+def _load_acc(b, acc, base, local, D, DW, d0=0):
+    """acc[r][d] = base[local[r] * D + (d0 + d) * DW] (the block's accumulators on the
+    stack, vectors d0... of each row)."""
     for r, row in enumerate(acc):
         for d, a in enumerate(row):
-            b.store(vload(b, base, b.add(b.mul(local[r], c64(D)), c64(d * DW)), DW), a)
+            b.store(vload(b, base, b.add(b.mul(local[r], c64(D)), c64((d0 + d) * DW)), DW), a)
 
 
-def _store_acc(b, acc, base, local, D, DW):
+def _store_acc(b, acc, base, local, D, DW, d0=0):
     for r, row in enumerate(acc):
         for d, a in enumerate(row):
-            vstore(b, base, b.add(b.mul(local[r], c64(D)), c64(d * DW)), b.load(a), DW)
+            vstore(b, base, b.add(b.mul(local[r], c64(D)), c64((d0 + d) * DW)), b.load(a), DW)
 
 
 def emit_dq(g, k):
     vl, D, Sq, Sk, Skp, Sqp = k.vl, k.D, k.Sq, k.Sk, k.Skp, k.Sqp
     KT = NV * vl
     DW, DV, _ = geometry(D, vl)
-    R = bwd_rows(D, vl)
+    R, DC = bwd_geometry(D, vl)
     fn, b = _function(g, k, 9)
     q, kt, vt, kk, o, do, L, lp, dp = fn.args[:9]
     mask = fn.args[9] if k.mask else None
     out, lo, hi = fn.args[-3:]
-    st = _state(b, R, DW, DV, vl, ["acc_dq", "s", "dp"])
+    st = _state(b, R, DW, DC, vl, ["acc_dq", "s", "dp"])
     DQ, S, DPt = st["acc_dq"], st["s"], st["dp"]
     Gf = _stack(b, R, KT, "g")
     accs = _stack(b, QB, D, "dq")            # the block's dQ rows (L1-resident)
@@ -313,12 +319,12 @@ def emit_dkv(g, k):
     vl, D, Sq, Sk, Skp, Sqp = k.vl, k.D, k.Sq, k.Sk, k.Skp, k.Sqp
     KT = NV * vl
     DW, DV, _ = geometry(D, vl)
-    R = bwd_rows(D, vl)
+    R, DC = bwd_geometry(D, vl)
     fn, b = _function(g, k, 8)
     kt, qt, dot, vv, q, do, lp, dp = fn.args[:8]
     mask = fn.args[8] if k.mask else None
     out, lo, hi = fn.args[-3:]
-    st = _state(b, R, DW, DV, vl, ["acc_dk", "acc_dv", "s", "dp"])
+    st = _state(b, R, DW, DC, vl, ["acc_dk", "acc_dv", "s", "dp"])
     DK, DVa, S, DPt = st["acc_dk"], st["acc_dv"], st["s"], st["dp"]
     Pf, Gf = _stack(b, R, KT, "p"), _stack(b, R, KT, "g")
     dks, dvs = _stack(b, QB, D, "dk"), _stack(b, QB, D, "dv")   # the block's keys
