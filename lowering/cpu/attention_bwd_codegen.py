@@ -140,12 +140,12 @@ def _grad_tile(b, k, S, DP, lse, delta, ok_fn, P_out, G_out, masked):
             vstore(b, G_out, off, gr, vl)
 
 
-def _state(b, R, DW, DV, vl, names):
-    """Register-tile allocas (SROA turns them into phis): per name R x DV accumulators of
-    DW lanes ("acc": DV = bwd_geometry's DC) or R x NV score vectors."""
+def _state(b, R, DW, DC, vl, names):
+    """Register-tile allocas (SROA turns them into phis): per name R x DC accumulators of
+    DW lanes ("acc": one D chunk, bwd_geometry) or R x NV score vectors."""
     out = {}
     for n in names:
-        w, cnt = (DW, DV) if n.startswith("acc") else (vl, NV)
+        w, cnt = (DW, DC) if n.startswith("acc") else (vl, NV)
         out[n] = [[b.alloca(vt(w), name=f"{n}{r}_{d}") for d in range(cnt)] for r in range(R)]
     return out
 
