@@ -41,9 +41,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rlxc.dialect.types import shape_of
-from rlxc.lowering.cpu.attention_kernel import (NV, QB, attention_kernels, fwd_geometry,
-                                                geometry, mask_strides, operand_buffer,
-                                                pack_transposed)
+from rlxc.lowering.cpu.attention_kernel import (NV, QB, attention_kernels, d_chunk,
+                                                fwd_geometry, geometry, mask_strides,
+                                                operand_buffer, pack_transposed)
 from rlxc.lowering.cpu.loops import Buffer
 
 ATTENTION_OPS = ("rlx.attention", "rlx.attention_lse")
@@ -59,10 +59,9 @@ def bwd_geometry(D: int, vl: int) -> tuple[int, int]:
     BWD_R_MAX, and DC with R x DC + DC + 1 registers (32 zmm, D = 64: R 4, DC 4 = all of
     D; 16 ymm: R 2, DC 4 of D's 8 vectors, where one row per tile (R 1, every k / q / dO
     row loaded for one row's FMAs) ran load-bound)."""
-    dw, dv, r, _, _ = fwd_geometry(D, vl)
+    _, dv, r, _, _ = fwd_geometry(D, vl)
     r = min(r, BWD_R_MAX)
-    regs = 32 if vl == 16 else 16
-    dc = max(1, min(dv, (regs - 1) // (r + 1)))
+    dc = d_chunk(dv, r, vl)
     even = max(x for x in range(1, dc + 1) if dv % x == 0)
     return r, (even if 2 * even >= dc else dc)   # equal chunks where they stay wide
 

@@ -88,10 +88,18 @@ def fwd_geometry(D: int, vl: int):
     R x DC + DC + 1 vectors fit (32 zmm: R = 6, DC = 4; 16 ymm: R = 2, DC = 5); QBF
     query rows per work item, a multiple of R near QB."""
     dw, dv, _ = geometry(D, vl)
-    regs = 32 if vl == 16 else 16
-    r = max(1, min(FWD_R_MAX, (regs - NV - 1) // NV))
-    dc = max(1, min(dv, (regs - 1) // (r + 1)))
-    return dw, dv, r, dc, r * -(-QB // r)
+    r = max(1, min(FWD_R_MAX, (_regs(vl) - NV - 1) // NV))
+    return dw, dv, r, d_chunk(dv, r, vl), r * -(-QB // r)
+
+
+def _regs(vl: int) -> int:
+    return 32 if vl == 16 else 16
+
+
+def d_chunk(dv: int, r: int, vl: int) -> int:
+    """Vectors of D per chunk of an accumulate loop over r rows: R x DC accumulators, DC
+    loaded vectors and one broadcast fit the register file (R x DC + DC + 1)."""
+    return max(1, min(dv, (_regs(vl) - 1) // (r + 1)))
 
 
 @dataclass(eq=False)
