@@ -297,6 +297,20 @@ def main(argv=None):
             print(f"{r['threads']} thread, by thread CPU time (robust to other load): rlxc "
                   f"{a['cpu_median_gflops']:.1f}  numpy {n['cpu_median_gflops']:.1f}  ratio "
                   f"{a['cpu_median_gflops'] / n['cpu_median_gflops']:.3f}")
+    try:   # the ceiling of these figures (benchmarks/fma_peak.py), in this process
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import fma_peak
+        cpu = "x86-64-v3" if args.cpu == "portable" else args.cpu
+        peaks = {t: fma_peak.measure(cpu, t)[0] for t in sorted({r["threads"] for r in rows})}
+        cells = []
+        for r in rows:
+            p = peaks[r["threads"]]
+            cells.append(f"{r['threads']} thread(s) {p:.0f} GFLOP/s (rlxc median "
+                         f"{r['rlxc']['median_gflops'] / p:.0%}, numpy "
+                         f"{r['numpy']['median_gflops'] / p:.0%})")
+        print("FMA peak at rlxc's width (median of 5): " + ", ".join(cells))
+    except Exception as e:  # noqa: BLE001  (no cc: the ratios stand without it)
+        print(f"FMA peak: not measured ({type(e).__name__}: {e})")
     load = os.getloadavg()[0]
     if load > 0.5:
         print(f"note: 1-min load average {load:.1f} on {os.cpu_count()} cores while measuring "

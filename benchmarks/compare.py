@@ -70,7 +70,9 @@ call, or the mean of k back-to-back calls when one call is shorter than
 (OpenBLAS keeps a core busy for ~0.11 s after each threaded call, libgomp
 and Eigen a few ms) do not steal the next one's cores.  The table shows the
 median over >= 20 samples and the min beside it, and peer/rlxc ratios of
-medians (> 1: rlxc is faster).  Thread counts are set to the same N
+medians (> 1: rlxc is faster); W2 and W3 also as GFLOP/s and as a percentage of the
+float32 FMA peak at the width of rlxc's build (benchmarks/fma_peak.py, measured in the
+header: how much any of them could still gain on this machine).  Thread counts are set to the same N
 (--threads, default 2) for every library: rlxc (RLXC_NUM_THREADS, OpenMP),
 NumPy's BLAS (threadpoolctl), PyTorch (torch.set_num_threads), XLA (its pool
 is sized by the CPU affinity mask; with N = 1 the Eigen pool is switched off
@@ -742,7 +744,13 @@ def w3(args):
         return make
     impls["torch"] = tch(False)
     impls["torch.compile"] = tch(True)
-    return impls, dict(rtol=1e-4, atol=1e-5), {}
+    return impls, dict(rtol=1e-4, atol=1e-5), {"flops": mlp_flops()}
+
+
+def mlp_flops() -> int:
+    """The MLP forward's GEMM flops (2 x batch x in x out per layer; the bias, ReLU and
+    loss add about 0.1% more)."""
+    return sum(2 * BATCH * a * b for a, b in zip(SIZES, SIZES[1:]))
 
 
 LR = 0.01
@@ -1402,11 +1410,14 @@ def verdicts(key, res):
     return out
 
 
-def print_table(results, w7, args):
+def print_table(results, w7, args, peak=None):
+    """peak: the FMA peak in GFLOP/s at the run's thread count (fma_peak_line), which the
+    GFLOP/s of a workload with a flop count are given as a percentage of."""
     cols = list(IMPLS)
     print()
     print(f"median (min) per call; ratio = peer median / rlxc median (> 1: rlxc faster); "
-          f"{args.threads} threads each, {args.runs} samples")
+          f"{args.threads} threads each, {args.runs} samples" +
+          (f"; GFLOP/s (% of the {peak:.0f} GFLOP/s FMA peak)" if peak else ""))
     head = f"{'':4} {'workload':36}" + "".join(f"{c:>24}" for c in cols)
     print(head)
     print("-" * len(head))
@@ -1424,7 +1435,8 @@ def print_table(results, w7, args):
             cells.append(f"{fmt_t(med)} ({fmt_t(mn)})")
             ratios.append("" if c == "rlxc" else f"{med / base:.2f}x")
             if "flops" in res["info"]:
-                gflops.append(f"{res['info']['flops'] / med / 1e9:.0f} GFLOP/s")
+                g = res['info']['flops'] / med / 1e9
+                gflops.append(f"{g:.0f} GFLOP/s" + (f" ({100 * g / peak:.0f}%)" if peak else ""))
         print(f"{key:4} {res['title'][:36]:36}" + "".join(f"{x:>24}" for x in cells))
         print(f"{'':41}" + "".join(f"{x:>24}" for x in ratios))
         if "flops" in res["info"]:
@@ -1465,6 +1477,26 @@ def print_table(results, w7, args):
     if w7 is not None:
         for impl, n in w7["notes"].items():
             print(f"  W7 {impl}: {n}")
+
+
+FLOP_WORKLOADS = ("W2", "W3")   # the workloads whose info has a flop count (GFLOP/s)
+
+
+def fma_peak_line(cpu: str, threads: int):
+    """(peak GFLOP/s on `threads` threads, the median of fma_peak's runs, or None; header
+    line): the float32 FMA peak at the vector width of rlxc's sgemm for `cpu`
+    (benchmarks/fma_peak.py), which the AVX2 peers of --peer-isa avx2 share."""
+    if HERE not in sys.path:
+        sys.path.insert(0, HERE)
+    try:
+        import fma_peak
+        vl, g = fma_peak.summary(cpu, threads)
+    except Exception as e:  # noqa: BLE001  (a missing cc: the ratios stand without it)
+        return None, f"FMA peak: not measured ({type(e).__name__}: {str(e).splitlines()[0]})"
+    per = ", ".join(f"{t} thread{'s' if t > 1 else ''} {m:.0f} (best {b:.0f})"
+                    for t, (m, b) in g.items())
+    return g[max(g)][0], (f"FMA peak ({fma_peak.width_name(vl)}, the width of rlxc --cpu "
+                          f"{cpu}): {per} GFLOP/s (benchmarks/fma_peak.py: median of 5)")
 
 
 def torch_info(torch) -> str:
@@ -1577,6 +1609,10 @@ def main(argv=None) -> int:
             print(f"torch: {torch_info(_MODS['torch'])}")
         for line in peer_isa_report(args):
             print(line, flush=True)
+        peak = None
+        if any(k in FLOP_WORKLOADS for k in only):
+            peak, line = fma_peak_line(cpu, args.threads)
+            print(line, flush=True)
         for key in only:
             if key == "W7":
                 continue
@@ -1593,7 +1629,7 @@ def main(argv=None) -> int:
         print("running W7 (fresh processes) ...", flush=True)
         w7 = run_w7(args)
     _ = np
-    print_table(results, w7, args)
+    print_table(results, w7, args, peak)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"results": results, "w7": w7, "args": vars(args)}, f, indent=1,
