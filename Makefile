@@ -26,20 +26,22 @@ demo: $(STAMP)
 	$(VPY) examples/demo.py
 	$(VPY) examples/train_mlp.py
 
-bench: $(STAMP)
+# the benchmarks run on the prebuilt sgemm of the current sources (W7's "first use"
+# measures an install; a stale prebuild, after a change to the sgemm, would time its build)
+bench: prebuild
 	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(VPY) benchmarks/compare.py
 
 # W2, W3, W4, W8 against the peers, 20 samples each: under 3 minutes, for every perf change.
 # An AVX2 build against AVX2 peers on an AVX-512 host: make bench-quick BENCH_CPU=znver3 PEER_ISA=avx2
 BENCH_CPU ?= native
 PEER_ISA ?= native
-bench-quick: $(STAMP)
+bench-quick: prebuild
 	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(VPY) benchmarks/compare.py \
 	    --only W2,W3,W4,W8 --runs 20 --warmup 2 --no-compile \
 	    --cpu $(BENCH_CPU) --peer-isa $(PEER_ISA)
 
 # compile time: W4's train step and a 20-layer residual MLP value_and_grad vs jax.jit
-bench-compile: $(STAMP)
+bench-compile: prebuild
 	$(VPY) benchmarks/bench_compile.py
 
 clean:

@@ -15,6 +15,9 @@ ROUNDS=${2:-2}
 OUT=${OUT:-/tmp/rlxc-bench}
 WL=${WL:-W1,W2,W3,W4,W6,W8,W9,W10,W11}   # W10, W11: issue 15's transformer workloads
 mkdir -p "$OUT"
+# the sgemm objects of the current sources, as an install builds them (else W7's "first
+# use" times their build; an intact object is kept)
+"$PY" -m rlxc.lowering.cpu.sgemm_object > "$OUT/prebuild.txt" 2>&1
 uptime > "$OUT/uptime-start.txt"
 run() {  # name, extra compare.py options
     name=$1; shift
