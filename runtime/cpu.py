@@ -43,8 +43,10 @@ there first), else every 16 * EXPLORE calls.  A narrow verdict not yet re-checke
 calls, and a re-try burst whose calls all beat the current count takes the lead at
 once with a fresh window (its older calls came from other conditions).  Results do not
 depend on the choice (split reductions have a fixed chunk count).  A library
-whose kernels never fork is not governed.  RLXC_ADAPTIVE_THREADS=0 always
-uses the maximum.
+whose kernels never fork is not governed.  While the team wins clearly and nothing
+looks wrong, only 1 call in STEADY_SAMPLE is recorded (and every call as slow as one
+thread's median): the bookkeeping is Python that runs right after the kernels.
+RLXC_ADAPTIVE_THREADS=0 always uses the maximum.
 
 Thread safety: every Python thread gets its own pointer arrays and its own
 workspace (threading.local), so concurrent calls of one library from several
@@ -96,6 +98,11 @@ TEAM_BURST = 3    # consecutive calls when the team is tried (the first one warm
 BURST_WIN = 2     # recorded calls of a re-try burst that, all beating the current count by
                   # its bar, hand the other count the lead at once (ThreadGovernor._burst_wins)
 IDLE_COLD = 2e-3  # a call this long after the previous one ended finds threads and caches cold
+STEADY_SAMPLE = 16  # while the team wins clearly and shows nothing wrong (the re-tries spaced
+                    # EXPLORE * 16 apart), 1 call in STEADY_SAMPLE is recorded, and every
+                    # call as slow as one thread's median: the bookkeeping runs right after
+                    # the kernels have filled the caches, where it took 10-45 us a call
+                    # (W3 on SPR: 2-4% of the call)
 
 
 def _offending_index(lib, frame, kind: str, index: int, bound: int) -> str:
@@ -140,7 +147,10 @@ class ThreadGovernor:
     whether it starts cold, after setting the library's count when it changes);
     `end(token)` records how long the call took and re-decides.  Cheap on the call
     path: a counter, a compare and two perf_counter reads; the medians are recomputed
-    only in `end`.
+    only in `end`, after every 4th recorded call.  In the steady state (the team wins
+    clearly, nothing wrong seen) `end` records 1 call in STEADY_SAMPLE and every call as
+    slow as one thread's median (`alarm`): right after a large kernel the caches hold its
+    data, and the bookkeeping cost 10-45 us a call there (W3 on SPR).
 
     The team is judged warm: a team call right after a one-thread call finds the
     team's threads asleep (they stop spinning soon after a region) and pays their
@@ -163,7 +173,7 @@ class ThreadGovernor:
 
     __slots__ = ("_set", "nmax", "_cell", "calls", "hist", "seen", "adaptive", "_fixed",
                  "best", "other", "every", "lost", "ready", "ones", "prev", "last_end", "cold",
-                 "burst")
+                 "burst", "alarm")
 
     def __init__(self, setter, n: int, parallel: bool = True, cell: list | None = None):
         """`setter(n)` sets the library's thread count; `cell` ([count last set]) is shared
@@ -190,6 +200,7 @@ class ThreadGovernor:
         self.last_end = None
         self.cold = False
         self.burst = ()  # (time, cold) entries of the current re-try burst of `other`
+        self.alarm = 0.0  # > 0 in the steady state: a team call this slow is recorded
         self._apply(n)
         self._fixed = (not self.adaptive or self._set is None or n == 1 or
                        (n == 0 and _cores() <= 1))
@@ -231,6 +242,8 @@ class ThreadGovernor:
         if self._fixed:
             return
         prev, self.prev = self.prev, n
+        if dt < self.alarm and n == self.best and self.calls % STEADY_SAMPLE:
+            return  # the steady state (STEADY_SAMPLE): an unremarkable call is not recorded
         nmax, hist = self.hist  # one snapshot: configure may replace it meanwhile
         h = hist.get(n)
         if h is None:
@@ -272,6 +285,7 @@ class ThreadGovernor:
         # such a verdict must be re-checked soon, a confirmed one rarely.  When the other
         # count's latest time would win, soon again (until its median flips or it loses).
         last1, lastn = one[-1][0], many[-1][0]
+        alarm = 0.0
         if (lastn < bar * t1) if best == 1 else (tn >= bar * last1):
             every = 2 * TEAM_BURST
         elif self.lost == 0 and ratio < CLEAR_WIN:
@@ -295,7 +309,8 @@ class ThreadGovernor:
                 # re-tries every EXPLORE-64 calls cost W3 (the team 2x faster, 68 calls
                 # in compare.py) a one-thread call in 3 of its 20 samples.
                 every = EXPLORE << 4
-        self.every = every
+                alarm = t1
+        self.every, self.alarm = every, alarm
         self.best, self.other = best, (1 if best != 1 else nmax)
 
     def _burst_wins(self, n: int, entry, hist: dict) -> bool:
@@ -322,6 +337,7 @@ class ThreadGovernor:
         hist[n] = burst[-WINDOW:]
         self.burst = ()
         self.lost = 0
+        self.alarm = 0.0
         self.best, self.other, self.every = n, best, EXPLORE
         return True
 

@@ -294,6 +294,30 @@ def test_a_clearly_winning_team_is_re_tried_on_evidence_only():
     assert used[first + 40:].count(1) > 0.9 * len(used[first + 40:]), "".join(map(str, used))
 
 
+def test_a_steady_team_records_one_call_in_steady_sample_and_every_slow_one():
+    """Once the team wins clearly and shows nothing wrong, an unremarkable call is not
+    recorded (the bookkeeping ran 10-45 us after each W3 call, with the kernels' data in
+    the caches); one as slow as one thread's median is, at once."""
+    from rlxc.runtime.cpu import STEADY_SAMPLE
+
+    gov = ThreadGovernor(lambda n: None, 2)
+    _drive(gov, {1: 2e-3, 2: 1e-3}, 400)
+    assert gov.alarm > 1.5e-3 and gov.best == 2
+    records, last = 0, gov.hist[1][2]
+    for _ in range(10 * STEADY_SAMPLE):
+        _drive(gov, {1: 2e-3, 2: 1e-3}, 1)
+        records += gov.hist[1][2] is not last
+        last = gov.hist[1][2]
+    assert 8 <= records <= 10 + 2, records   # (+ the re-try's cold team call, if one fell here)
+    while True:
+        n, _t0, cold = gov.begin()
+        if n == 2 and gov.calls % STEADY_SAMPLE:
+            break
+        gov.end((n, time.perf_counter() - (1e-3 if n == 2 else 2e-3), cold))
+    gov.end((2, time.perf_counter() - 2.5e-3, cold))
+    assert gov.hist[1][2][-1][0] >= 2.5e-3
+
+
 def test_a_team_slow_while_it_was_learned_takes_over_once_its_re_try_wins():
     """compare.py's W9 on Zen 4: the team's learning calls ran slow (4.8 ms against one
     thread's 4.3 ms: the machine was busier then), afterwards it took 2.6 ms.
