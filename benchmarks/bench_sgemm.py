@@ -300,8 +300,7 @@ def main(argv=None):
     try:   # the ceiling of these figures (benchmarks/fma_peak.py), in this process
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import fma_peak
-        cpu = "x86-64-v3" if args.cpu == "portable" else args.cpu
-        peaks = {t: fma_peak.measure(cpu, t)[0] for t in sorted({r["threads"] for r in rows})}
+        peaks = {t: fma_peak.measure(args.cpu, t)[0] for t in sorted({r["threads"] for r in rows})}
         cells = []
         for r in rows:
             p = peaks[r["threads"]]

@@ -103,9 +103,10 @@ def build(cpu: str = "native", vl: int | None = None):
             total = b.fadd(total, b.fpext(b.extract_element(o, ir.Constant(ir.IntType(32), lane)),
                                           f64))
     b.ret(total)
-    folder = tempfile.mkdtemp(prefix="rlxc-fma-peak-")
-    path = target.build_shared([m], os.path.join(folder, "fma_peak.so"), cpu, 3, extra_libs=())
-    lib = ctypes.CDLL(path)
+    with tempfile.TemporaryDirectory(prefix="rlxc-fma-peak-") as folder:
+        # loaded, the library outlives its file (the mapping stays)
+        lib = ctypes.CDLL(target.build_shared([m], os.path.join(folder, "fma_peak.so"), cpu,
+                                              3, extra_libs=()))
     f = lib.rlxc_fma_peak
     f.argtypes, f.restype = [ctypes.c_int64, ctypes.c_float, ctypes.c_float], ctypes.c_double
     _LIBS[key] = (f, n, vl)
@@ -175,7 +176,9 @@ def main(argv=None) -> int:
     ap.add_argument("--vl", type=int, default=None, help="floats per vector (default: the "
                     "width of rlxc's sgemm for --cpu)")
     args = ap.parse_args(argv)
-    cpu = "x86-64-v3" if args.cpu == "portable" else args.cpu
+    from rlxc.lowering.artifact.isa import PORTABLE_CPU
+
+    cpu = PORTABLE_CPU if args.cpu == "portable" else args.cpu
     _, _, vl = build(cpu, args.vl)
     for t in [int(x) for x in args.threads.split(",") if x.strip()]:
         med, best = measure(cpu, t, vl)
