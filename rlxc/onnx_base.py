@@ -58,6 +58,16 @@ def static(v, what: str) -> np.ndarray:
                           f"initializer or computed from static shapes), not a runtime tensor")
 
 
+def axis_of(a, rank: int, what: str) -> int:
+    """An ONNX axis attribute or input in [-rank, rank) as its index; outside, an error
+    naming it (ONNX rejects such a model; wrapping it around would run another axis)."""
+    a = int(a)
+    if not -rank <= a < rank:
+        raise OnnxImportError(f"{what} {a} is out of range for a rank-{rank} tensor "
+                              f"(valid: {-rank} to {rank - 1})")
+    return a % rank
+
+
 def is_static(*vs) -> bool:
     return all(v is None or isinstance(v, np.ndarray) for v in vs)
 

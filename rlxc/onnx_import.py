@@ -120,6 +120,32 @@ def check_supported(model, opset: int) -> None:
         raise UnsupportedOnnxOp(bad)
 
 
+def check_schema(node, label: str, opset: int) -> None:
+    """The node against its operator's ONNX schema at the model's opset: enough inputs
+    and every required attribute, so that a malformed node (a MaxPool without
+    kernel_shape, a one-input Gemm) is named here rather than failing inside its rule."""
+    from onnx import defs
+
+    try:
+        schema = defs.get_schema(node.op_type, opset, "")
+    except Exception:   # no schema at this opset (check_supported listed what it could)
+        return
+    given = len(node.input)
+    while given and not node.input[given - 1]:
+        given -= 1          # trailing "" inputs are omitted optional ones
+    if given < schema.min_input:
+        raise OnnxImportError(f"node {label!r} ({node.op_type}): {given} input(s), opset "
+                              f"{opset} needs at least {schema.min_input}")
+    if given > schema.max_input:
+        raise OnnxImportError(f"node {label!r} ({node.op_type}): {given} inputs, opset "
+                              f"{opset} takes at most {schema.max_input}")
+    have = {a.name for a in node.attribute}
+    for name, a in schema.attributes.items():
+        if a.required and name not in have:
+            raise OnnxImportError(f"node {label!r} ({node.op_type}): the required attribute "
+                                  f"{name!r} is missing (opset {opset})")
+
+
 def _input_shape(vi, overrides: dict) -> tuple[tuple, str]:
     tt = vi.type.tensor_type
     if not vi.type.HasField("tensor_type"):
@@ -210,6 +236,7 @@ def from_onnx(model, name: str | None = None, input_shapes: dict | None = None):
                                       f"{missing[0]!r} is not a graph input, initializer or "
                                       "output of an earlier node (nodes must be in "
                                       "topological order)")
+            check_schema(node, node_label(node, i), opset)
             ins = [env[x] if x else None for x in node.input]
             rule = RULES[node.op_type]
             try:
@@ -217,7 +244,7 @@ def from_onnx(model, name: str | None = None, input_shapes: dict | None = None):
             except OnnxImportError as e:
                 raise OnnxImportError(f"node {node_label(node, i)!r} ({node.op_type}): {e}") \
                     from None
-            except (ValueError, TypeError, IndexError, NotImplementedError) as e:
+            except (ValueError, TypeError, IndexError, KeyError, NotImplementedError) as e:
                 raise OnnxImportError(f"node {node_label(node, i)!r} ({node.op_type}): "
                                       f"{type(e).__name__}: {e}") from e
             outs = outs if isinstance(outs, (list, tuple)) else [outs]

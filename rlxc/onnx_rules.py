@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from .onnx_base import Ctx, Rule, ints_of, is_static, attr_text, tensors, static  # noqa: F401
-from .onnx_base import shape_array
+from .onnx_base import axis_of, shape_array
 from .onnx_import import ONNX_DTYPES, OnnxImportError, tensor_array
 from .onnx_rules_nn import (batch_norm, batch_norm_unsupported, conv,
                             conv_transpose, conv_transpose_unsupported, global_pool,
@@ -256,8 +256,12 @@ def reduction(kind: str, axes_input_from: int):
         axes = _reduce_axes(cx, node, ins, at, cx.opset >= axes_input_from)
         keep = bool(at.get("keepdims", 1))
         x = ins[0]
-        if axes == ():
-            return x
+        if axes == ():   # noop_with_empty_axes: no reduction, but the elementwise step
+            if kind in ("sum", "mean", "max", "min", "prod", "log_sum_exp"):
+                return x   # (log of exp: x itself)
+            x = cx.T(x)
+            return {"sum_square": lambda: x * x, "l1": x.abs, "l2": x.abs,
+                    "log_sum": x.log}[kind]()
         if isinstance(x, np.ndarray):
             npf = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min,
                    "prod": np.prod}.get(kind)
@@ -282,22 +286,23 @@ def reduction(kind: str, axes_input_from: int):
 
 
 def arg_reduce(kind: str):
-    """ArgMax/ArgMin as plain ops: the first (or last) index where x equals its max/min."""
+    """ArgMax/ArgMin: the first index of the max/min (Tensor.argmax/argmin: a NaN is the
+    extreme, as in NumPy and ONNX's reference), or with select_last_index the last one."""
     def fn(cx, node, ins, at):
         x = cx.T(ins[0])
-        axis = int(at.get("axis", 0)) % max(x.ndim, 1)
-        keep, last = bool(at.get("keepdims", 1)), bool(at.get("select_last_index", 0))
+        axis = axis_of(at.get("axis", 0), x.ndim, "axis")
+        keep = bool(at.get("keepdims", 1))
+        if not at.get("select_last_index", 0):
+            return getattr(x, "arg" + kind)(axis, keepdims=keep).cast("i64")
         n = x.shape[axis]
-        ext = (x.max if kind == "max" else x.min)(axis, keepdims=True).stop_gradient()
-        hit = x.stop_gradient() == ext
+        xs = x.stop_gradient()
+        hit = xs == getattr(xs, kind)(axis, keepdims=True)
+        if x.dtype in ("f32", "f64"):
+            hit = hit | (xs != xs)   # max/min propagate a NaN: then only the NaNs hit
         shape = [1] * x.ndim
         shape[axis] = n
-        idx = cx.s.constant(np.arange(n, dtype=np.float32).reshape(shape))
-        if last:
-            r = hit.where(idx, -1.0).max(axis, keepdims=keep)
-        else:
-            r = hit.where(idx, float(n)).min(axis, keepdims=keep)
-        return r.cast("i64")
+        idx = cx.s.constant(np.arange(n, dtype=np.int64).reshape(shape), "i64")
+        return hit.where(idx, -1).max(axis, keepdims=keep)
     return Rule(fn)
 
 
@@ -306,7 +311,7 @@ def _softmax_like(method: str):
         x = cx.T(ins[0])
         if cx.opset >= 13:
             return getattr(x, method)(int(at.get("axis", -1)))
-        axis = int(at.get("axis", 1)) % x.ndim   # opset < 13: over the flattened tail
+        axis = axis_of(at.get("axis", 1), x.ndim, "axis")  # opset < 13: the flattened tail
         y = x.reshape(math.prod(x.shape[:axis]), -1)
         return getattr(y, method)(-1).reshape(x.shape)
     return Rule(fn)
@@ -360,7 +365,7 @@ def _squeeze(cx, node, ins, at):
     axes = _axes_arg(cx, ins, at)
     if axes is None:
         axes = [i for i, d in enumerate(x.shape) if d == 1]
-    axes = sorted(a % r for a in axes)
+    axes = sorted(axis_of(a, r, "axis") for a in axes)
     shp = tuple(d for i, d in enumerate(x.shape) if i not in axes)
     return x.reshape(shp) if not isinstance(x, np.ndarray) or shp else x.reshape(())
 
@@ -369,7 +374,9 @@ def _unsqueeze(cx, node, ins, at):
     x = ins[0]
     axes = _axes_arg(cx, ins, at)
     r = len(x.shape) + len(axes)
-    axes = sorted(a % r for a in axes)
+    axes = sorted(axis_of(a, r, "axis") for a in axes)
+    if len(set(axes)) != len(axes):
+        raise OnnxImportError(f"Unsqueeze's axes {axes} repeat an axis")
     shp, it = [], iter(x.shape)
     for i in range(r):
         shp.append(1 if i in axes else next(it))
@@ -384,13 +391,13 @@ def _concat(cx, node, ins, at):
     from rlxc.tensor import concat
 
     ts = tensors(cx, *vals)
-    return concat(ts, axis % ts[0].ndim)
+    return concat(ts, axis_of(axis, ts[0].ndim, "axis"))
 
 
 def _split(cx, node, ins, at):
     x = ins[0]
     r = len(x.shape)
-    axis = int(at.get("axis", 0)) % r
+    axis = axis_of(at.get("axis", 0), r, "axis")
     n = x.shape[axis]
     if len(ins) > 1 and ins[1] is not None:
         sizes = ints_of(static(ins[1], "Split's split input"))
@@ -415,7 +422,16 @@ def _slice_key(shape, starts, ends, axes, steps):
     for st, en, ax, sp in zip(starts, ends, axes, steps):
         if sp == 0:
             raise OnnxImportError("Slice step 0")
-        ax = ax % len(shape)
+        ax = axis_of(ax, len(shape), "Slice's axis")
+        if isinstance(shape[ax], str):
+            # a dynamic (dim_param) axis: only the whole of it, as exporters write a no-op
+            # slice ([0, INT64_MAX) with step 1); a part of it would need sizes computed
+            # from the symbol
+            if sp == 1 and st in (0, -2 ** 63) and en >= 2 ** 31 - 1:
+                continue
+            raise OnnxImportError(f"Slice [{st}:{en}:{sp}] of axis {ax}, the dynamic "
+                                  f"dimension {shape[ax]!r}: only the whole axis can be "
+                                  "sliced; give its size with input_shapes=")
         a, b, c = slice(st, en, sp).indices(shape[ax])
         if c < 0 and b < 0:
             b = None   # runs to the start: -1 would mean "the last element"
@@ -445,10 +461,11 @@ def _gather(cx, node, ins, at):
     if is_static(data, idx):
         return np.asarray(np.take(data, idx, axis=axis), data.dtype)  # (a SymDim stays 0-d)
     data = cx.T(data)
+    axis = axis_of(axis, data.ndim, "axis")
     if isinstance(idx, np.ndarray) and idx.ndim == 0:
         i = int(idx)
-        return data.take(np.asarray([i]), axis % data.ndim).squeeze(axis % data.ndim)
-    return data.take(idx, axis % data.ndim)
+        return data.take(np.asarray([i]), axis).squeeze(axis)
+    return data.take(idx, axis)
 
 
 def _expand(cx, node, ins, at):
@@ -488,7 +505,8 @@ def _pad(cx, node, ins, at):
     k = len(axes)
     lo, hi = [0] * r, [0] * r
     for i, a in enumerate(axes):
-        lo[a % r], hi[a % r] = pads[i], pads[i + k]
+        a = axis_of(a, r, "Pad's axis")
+        lo[a], hi[a] = pads[i], pads[i + k]
     # negative pads crop
     if any(p < 0 for p in lo + hi):
         key = tuple(slice(-l if l < 0 else 0, d + h if h < 0 else d)

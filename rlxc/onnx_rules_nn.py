@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .onnx_base import Rule, ints_of, attr_text, static
+from .onnx_base import Rule, axis_of, ints_of, attr_text, static
 from .onnx_import import OnnxImportError
 
 # -- normalization ---------------------------------------------------------------------------
@@ -44,7 +44,7 @@ def layer_norm_unsupported(node, at, opset):
 
 def layer_norm(cx, node, ins, at):
     x = cx.T(ins[0])
-    axis = int(at.get("axis", -1)) % x.ndim
+    axis = axis_of(at.get("axis", -1), x.ndim, "axis")
     w = cx.T(ins[1], x) if len(ins) > 1 and ins[1] is not None else None
     b = cx.T(ins[2], x) if len(ins) > 2 and ins[2] is not None else None
     return x.layer_norm(tuple(range(axis, x.ndim)), float(at.get("epsilon", 1e-5)), w, b)
@@ -201,11 +201,14 @@ def global_pool(kind):
     return Rule(fn)
 
 
-def _resize_scales(x_shape, ins, axes=None):
-    scales = ins[2] if len(ins) > 2 and ins[2] is not None else None
-    sizes = ins[3] if len(ins) > 3 and ins[3] is not None else None
+def _resize_scales(x_shape, ins, opset: int, axes=None):
+    def opt(i):
+        return ins[i] if len(ins) > i and ins[i] is not None else None
+    # Resize-10's inputs are (X, scales); from opset 11 (X, roi, scales, sizes)
+    scales, sizes = (opt(1), None) if opset < 11 else (opt(2), opt(3))
     r = len(x_shape)
-    axes = [a % r for a in axes] if axes is not None else list(range(r))
+    axes = [axis_of(a, r, "Resize's axis") for a in axes] if axes is not None else \
+        list(range(r))
     if sizes is not None and static(sizes, "Resize's sizes").size:
         given = [float(o) / x_shape[a] for o, a in zip(ints_of(sizes), axes)]
     else:
@@ -221,7 +224,7 @@ def _resize_scales(x_shape, ins, axes=None):
 
 def resize(cx, node, ins, at):
     x = cx.T(ins[0])
-    fs = _resize_scales(x.shape, ins, at.get("axes"))
+    fs = _resize_scales(x.shape, ins, cx.opset, at.get("axes"))
     if all(f == 1 for f in fs):
         return x
     inter = tuple(v for d in x.shape for v in (d, 1))

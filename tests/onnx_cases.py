@@ -96,9 +96,16 @@ CASES = [
         N("ReduceProd", ["x", "axm"], "rp", keepdims=0),
         N("ReduceSum", ["x", "empty"], "noop", noop_with_empty_axes=1),
         N("ReduceL2", ["x", "ax1"], "l2"), N("ReduceLogSumExp", ["x", "axm"], "lse"),
-        N("ReduceSumSquare", ["x", "ax1"], "ss"), N("ReduceL1", ["x", "ax1"], "l1")],
-     {"x": X}, {"ax1": i64(1), "axm": i64(-1, 0), "empty": np.zeros(0, np.int64)},
-     [(n, F) for n in ("rs", "rm", "rmax_all", "rmin", "rp", "noop", "l2", "lse", "ss", "l1")]),
+        N("ReduceSumSquare", ["x", "ax1"], "ss"), N("ReduceL1", ["x", "ax1"], "l1"),
+        # no axes with noop_with_empty_axes: no reduction, but the elementwise step
+        N("ReduceSumSquare", ["x", "empty"], "nss", noop_with_empty_axes=1),
+        N("ReduceL1", ["x"], "nl1", noop_with_empty_axes=1),
+        N("ReduceL2", ["x"], "nl2", noop_with_empty_axes=1),
+        N("ReduceLogSum", ["xp"], "nls", noop_with_empty_axes=1)],
+     {"x": X, "xp": r(2, 3, 4, lo=0.5)},
+     {"ax1": i64(1), "axm": i64(-1, 0), "empty": np.zeros(0, np.int64)},
+     [(n, F) for n in ("rs", "rm", "rmax_all", "rmin", "rp", "noop", "l2", "lse", "ss", "l1",
+                       "nss", "nl1", "nl2", "nls")]),
     ("reduce13_attr_axes", 13, [N("ReduceMean", ["x"], "rm", axes=[1, 2]),
                                 N("ReduceMax", ["x"], "rx", axes=[-1], keepdims=0),
                                 N("ReduceSum", ["x", "ax"], "rs")],
@@ -175,6 +182,8 @@ CASES = [
         N("Resize", ["img", "", "", "sizes"], "up2", mode="nearest")],
      {"img": IMG}, {"scales": np.array([1, 1, 2, 3], np.float32), "sizes": i64(2, 3, 12, 6)},
      [("up", F), ("up2", F)]),
+    ("resize10", 10, [N("Resize", ["img", "scales"], "up", mode="nearest")],   # (X, scales)
+     {"img": IMG}, {"scales": np.array([1, 1, 2, 3], np.float32)}, [("up", F)]),
     ("resize_axes18", 18, [
         N("Resize", ["img", "", "s2"], "up", mode="nearest", axes=[-1, 2],
           coordinate_transformation_mode="asymmetric", nearest_mode="floor")],

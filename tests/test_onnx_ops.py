@@ -191,6 +191,80 @@ def test_dangling_names_are_named():
         rlxc.from_onnx(m)
 
 
+
+def test_argmax_argmin_with_nan_pick_the_nan_as_numpy():
+    """A NaN is the extreme (Tensor.argmax, np.argmax, onnx.reference); never an index
+    outside [0, n) (the NaN made x == max false everywhere before)."""
+    x = np.array([[1.0, np.nan, 3.0, np.nan], [4.0, 2.0, 4.0, 0.5]], np.float32)
+    xi = h.make_tensor_value_info("x", TP.FLOAT, (2, 4))
+    outs = ["amax", "amin", "alast", "ilast"]
+    m = _model([h.make_node("ArgMax", ["x"], ["amax"], axis=1, keepdims=0),
+                h.make_node("ArgMin", ["x"], ["amin"], axis=-1, keepdims=0),
+                h.make_node("ArgMax", ["x"], ["alast"], axis=1, keepdims=0,
+                            select_last_index=1),
+                h.make_node("ArgMin", ["x"], ["ilast"], axis=1, keepdims=1,
+                            select_last_index=1)],
+               [xi], [h.make_tensor_value_info(o, TP.INT64, None) for o in outs], opset=13)
+    got = rlxc.from_onnx(m).run(x=x)
+    np.testing.assert_array_equal(got[0], [1, 0])
+    np.testing.assert_array_equal(got[1], [1, 3])
+    np.testing.assert_array_equal(got[2], [3, 2])
+    np.testing.assert_array_equal(got[3], [[3], [3]])
+    assert all(g.dtype == np.int64 for g in got)
+
+
+@pytest.mark.parametrize("node, rank", [
+    (h.make_node("Concat", ["x", "x"], ["y"], axis=5), 2),
+    (h.make_node("Softmax", ["x"], ["y"], axis=4), 2),
+    (h.make_node("ArgMax", ["x"], ["y"], axis=3), 2),
+    (h.make_node("Split", ["x"], ["y", "z"], axis=-3), 2),
+    (h.make_node("Squeeze", ["x"], ["y"], axes=[2]), 2),
+    (h.make_node("Unsqueeze", ["x"], ["y"], axes=[4]), 2),
+    (h.make_node("Gather", ["x", "i"], ["y"], axis=2), 2),
+])
+def test_out_of_range_axis_is_an_import_error(node, rank):
+    """ONNX rejects these (onnxruntime too); wrapping them around would run another axis."""
+    x = h.make_tensor_value_info("x", TP.FLOAT, (2, 3))
+    m = _model([node], [x], [h.make_tensor_value_info("y", TP.FLOAT, None)],
+               [nh.from_array(np.zeros(1, np.int64), "i")], opset=11)
+    with pytest.raises(OnnxImportError, match=r"axis -?\d+ is out of range for a rank-\d"):
+        rlxc.from_onnx(m)
+
+
+@pytest.mark.parametrize("node, opset, match", [
+    (h.make_node("MaxPool", ["x"], ["y"], name="pool1"), 17,
+     r"node 'pool1' \(MaxPool\): the required attribute 'kernel_shape' is missing"),
+    (h.make_node("Gemm", ["x"], ["y"]), 17, r"\(Gemm\): 1 input\(s\), opset 17 needs at least 2"),
+    (h.make_node("Unsqueeze", ["x"], ["y"]), 11, r"required attribute 'axes' is missing"),
+    (h.make_node("Relu", ["x", "x"], ["y"]), 17, r"\(Relu\): 2 inputs, opset 17 takes at most 1"),
+])
+def test_malformed_nodes_are_named_against_the_schema(node, opset, match):
+    x = h.make_tensor_value_info("x", TP.FLOAT, (1, 1, 4, 4))
+    m = _model([node], [x], [h.make_tensor_value_info("y", TP.FLOAT, None)], opset=opset)
+    with pytest.raises(OnnxImportError, match=match):
+        rlxc.from_onnx(m)
+
+
+def test_slice_of_a_dynamic_axis():
+    """The whole axis (the no-op slice exporters write) passes; a part of it is named."""
+    x = h.make_tensor_value_info("x", TP.FLOAT, ("N", 4))
+
+    def model(start, end, axis):
+        inits = [nh.from_array(np.array([start], np.int64), "st"),
+                 nh.from_array(np.array([end], np.int64), "en"),
+                 nh.from_array(np.array([axis], np.int64), "ax")]
+        return _model([h.make_node("Slice", ["x", "st", "en", "ax"], ["y"])], [x],
+                      [h.make_tensor_value_info("y", TP.FLOAT, None)], inits, opset=13)
+
+    xv = np.arange(12, dtype=np.float32).reshape(3, 4)
+    f = rlxc.from_onnx(model(0, 2 ** 63 - 1, 0))
+    assert f.input_shape_of("x") == ("N", 4)
+    np.testing.assert_array_equal(f.run(x=xv)[0], xv)
+    np.testing.assert_array_equal(rlxc.from_onnx(model(1, 3, 1)).run(x=xv)[0], xv[:, 1:3])
+    with pytest.raises(OnnxImportError, match=r"Slice \[1:.*\] of axis 0, the dynamic "
+                                              r"dimension 'N': only the whole axis"):
+        rlxc.from_onnx(model(1, 2 ** 63 - 1, 0))
+
 # -- pool gradients through the explicit-padding path (asymmetric pads, ceil_mode) --------
 def _np_pool(x, kind, k, s, lo, hi, ceil, count_pads):
     """NumPy MaxPool/AveragePool (ONNX semantics, window by window) and its VJP."""
