@@ -7,7 +7,8 @@ checks; f64 tensors always in float64; NaN and inf propagate as IEEE says.
 The edge cases NumPy leaves undefined or decides differently follow the rules
 written once in lowering/shared/scalar.py (its header): float -> int casts
 truncate and saturate (NaN -> 0); integer division truncates and saturates,
-x / 0 = 0; integer pow is the f64 pow cast the same way; maximum/minimum order
+x / 0 = 0; integer pow is exact and wraps (a negative exponent: 1 / x ** -y truncated);
+maximum/minimum order
 -0 < +0; sign keeps +-0.
 """
 from __future__ import annotations
@@ -84,7 +85,16 @@ def _div(a, b):
 def _pow(a, b):
     if a.dtype.kind not in "iu":
         return np.power(a, b)
-    return float_to_int(np.power(a.astype(np.float64), b.astype(np.float64)), a.dtype)
+    a, b = np.broadcast_arrays(a, b)
+    neg = b < 0
+    e = np.where(neg, 0, b).astype(a.dtype)
+    r, base = np.ones_like(a), a.copy()
+    for _ in range(a.dtype.itemsize * 8 - 1):     # square and multiply, wrapping (NumPy)
+        r = np.where(e & 1, r * base, r)
+        base = base * base
+        e = e >> 1
+    inv = np.where(a == 1, 1, np.where(a == -1, np.where(b & 1, -1, 1), 0))
+    return np.where(neg, inv, r).astype(a.dtype)
 
 
 def _extremum(fn, neg_zero_wins):

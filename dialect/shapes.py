@@ -496,8 +496,10 @@ def _infer_concat(types, axis):
     total = 0
     for t in types:
         s = t.shape
-        if len(s) != len(s0) or any(a != b for i, (a, b) in enumerate(zip(s, s0)) if i != axis) \
-                or t.dtype != types[0].dtype:
+        if t.dtype != types[0].dtype:
+            raise ShapeError(f"concat: dtypes differ: {types[0].dtype} {s0} and {t.dtype} {s}; "
+                             "use .cast()")
+        if len(s) != len(s0) or any(a != b for i, (a, b) in enumerate(zip(s, s0)) if i != axis):
             raise ShapeError(f"concat: {s} does not match {s0} outside axis {axis}")
         if sd.is_sym(s[axis]) and len(types) > 1:
             raise ShapeError(f"concat: along {sd.describe(s[axis])} (axis {axis} of {s}): "

@@ -241,7 +241,7 @@ class Tensor:
             if other.scope is not self.scope:
                 raise ValueError(f"{what}: tensors come from different scopes")
             return other
-        if isinstance(other, (numbers.Number, np.number, bool)):
+        if isinstance(other, (numbers.Number, np.number, np.bool_, bool)):
             return None  # scalar: handled by the caller as a splat
         if isinstance(other, (np.ndarray, list, tuple)):
             a = np.asarray(other)
@@ -255,9 +255,12 @@ class Tensor:
         `other` was on the left); a Python scalar becomes a broadcast rank-0 constant."""
         o = self._lift(other, what)
         if o is None:
-            if self.dtype not in FLOAT_DTYPES and not float(other).is_integer():
-                raise TypeError(f"{what}: float scalar {other} with {self.dtype} tensor")
-            o = self.scope._splat(other, self.shape, self.dtype)
+            if self.dtype == "i1" and not isinstance(other, (bool, np.bool_)):
+                # a mask in arithmetic counts as 0/1 (NumPy): with a Python int as i32, with
+                # a float as f32 (`mask + 1`, `mask * 0.5`)
+                dt = "f32" if isinstance(other, (float, np.floating)) else "i32"
+                return self.cast(dt)._pair(what, other, swap)
+            o = self._scalar(other, what)
         elif "i1" in (o.dtype, self.dtype) and o.dtype != self.dtype:
             # a mask meets numbers: it counts as 0/1 of their dtype (x * (y == x), NumPy)
             if o.dtype == "i1":
@@ -270,6 +273,22 @@ class Tensor:
         shp = broadcast_shapes(a.shape, b.shape, what)
         return a.broadcast_to(shp), b.broadcast_to(shp)
 
+    def _scalar(self, value, what: str) -> "Tensor":
+        """A Python scalar as a splat of this tensor's dtype, or an error where that would
+        change its value (NumPy 2 raises the same): a non-integer float with an integer
+        tensor, an integer outside the dtype's range (never wrapped around), a number other
+        than 0/1 with a mask."""
+        dt = self.dtype
+        if dt not in FLOAT_DTYPES:
+            if not isinstance(value, (numbers.Integral, np.integer)) and \
+                    not float(value).is_integer():
+                raise TypeError(f"{what}: float scalar {value} with {dt} tensor")
+            lo, hi = _int_limits(dt)
+            if not lo <= int(value) <= hi:
+                raise OverflowError(f"{what}: Python integer {int(value)} out of bounds for "
+                                    f"{dt} ({lo} .. {hi})")
+        return self.scope._splat(value, self.shape, dt)
+
     def _binary(self, op: str, other, swap=False) -> "Tensor":
         return self.scope.emit(op, list(self._pair(op, other, swap)))
 
@@ -277,10 +296,25 @@ class Tensor:
         """Elementwise comparison -> i1 mask. An integer tensor against a non-integer
         number compares exactly in f64 (`arange(3) < 2.5`), as NumPy does."""
         x = self
-        if isinstance(other, (numbers.Real, np.number)) and not isinstance(other, bool) and \
-                self.dtype not in FLOAT_DTYPES and self.dtype != "i1" and \
-                not float(other).is_integer():
-            x = self.cast("f64")
+        if isinstance(other, (numbers.Real, np.number)) and \
+                not isinstance(other, (bool, np.bool_)):
+            if x.dtype == "i1":
+                x = x.cast("i32")   # a mask against a number counts as 0/1 (NumPy)
+            if x.dtype not in FLOAT_DTYPES:
+                if not isinstance(other, (numbers.Integral, np.integer)) and \
+                        not float(other).is_integer():
+                    x = x.cast("f64")   # 2.5, inf, NaN: exactly in f64
+                else:
+                    lo, hi = _int_limits(x.dtype)
+                    v = int(other)
+                    if not lo <= v <= hi:
+                        # beyond the dtype's range every element compares alike (NumPy 2):
+                        # the answer for its nearest bound, never the wrapped-around number
+                        r = hi if v > hi else lo
+                        a, b = (v, r) if swap else (r, v)
+                        res = {"rlx.eq": a == b, "rlx.ne": a != b, "rlx.lt": a < b,
+                               "rlx.le": a <= b, "rlx.gt": a > b, "rlx.ge": a >= b}[op]
+                        return self.scope._splat(res, self.shape, "i1")
         return x._binary(op, other, swap)
 
     def __add__(self, o): return self._binary("rlx.add", o)
@@ -295,6 +329,9 @@ class Tensor:
     def __pow__(self, o):
         if isinstance(o, numbers.Number) and o == 2:
             return self * self  # exact, cheaper, and differentiable at 0
+        if self.dtype in INT_DTYPES and isinstance(o, (numbers.Real, np.number)) and o < 0:
+            raise ValueError(f"**: integers to negative integer powers ({o}) are not allowed "
+                             "(NumPy); cast to a float dtype")
         return self._binary("rlx.pow", o)
 
     def __rpow__(self, o): return self._binary("rlx.pow", o, swap=True)
@@ -331,14 +368,14 @@ class Tensor:
     def _logic(self, op, o, what):
         if self.dtype != "i1":
             raise TypeError(f"{what}: needs i1 masks (from comparisons), got {self.dtype}")
-        return self._binary(op, o)
+        return self._binary(op, _truth(o, what))
 
     def __and__(self, o): return self._logic("rlx.mul", o, "&")
     def __rand__(self, o): return self._logic("rlx.mul", o, "&")
     def __or__(self, o):
         if self.dtype != "i1":
             raise TypeError(f"|: needs i1 masks (from comparisons), got {self.dtype}")
-        a, b = self._pair("|", o)
+        a, b = self._pair("|", _truth(o, "|"))
         return ~(~a & ~b)  # and/not only: every backend has them on i1
 
     def __ror__(self, o): return self | o
@@ -472,11 +509,21 @@ class Tensor:
         ax = normalize_axes(axes, self.ndim, name)
         return self.scope.emit(f"rlx.{name}", [self], axes=ax, keepdims=bool(keepdims))
 
-    def sum(self, axes=None, keepdims=False): return self._reduce("sum", axes, keepdims)
-    def mean(self, axes=None, keepdims=False): return self._reduce("mean", axes, keepdims)
+    def _counts(self) -> "Tensor":
+        return self.cast("i32") if self.dtype == "i1" else self
+
+    # NumPy's dtypes: a mask's sum/prod count in i32 (its max/min stay masks), the mean of
+    # integers or a mask is f64
+    def sum(self, axes=None, keepdims=False): return self._counts()._reduce("sum", axes, keepdims)
+
+    def mean(self, axes=None, keepdims=False):
+        x = self if self.dtype in FLOAT_DTYPES else self.cast("f64")
+        return x._reduce("mean", axes, keepdims)
+
     def max(self, axes=None, keepdims=False): return self._reduce("max", axes, keepdims)
     def min(self, axes=None, keepdims=False): return self._reduce("min", axes, keepdims)
-    def prod(self, axes=None, keepdims=False): return self._reduce("prod", axes, keepdims)
+    def prod(self, axes=None, keepdims=False):
+        return self._counts()._reduce("prod", axes, keepdims)
 
     # -- linear algebra ----------------------------------------------------
     def matmul(self, other) -> "Tensor":
@@ -639,15 +686,24 @@ class Tensor:
         """log(sum(exp(x))) shifted by the row max m; a non-finite m shifts by 0 instead
         (JAX's rule), so a row holding +inf gives +inf and an all -inf row -inf, not the
         NaN of inf - inf. Rows that are finite, or hold some -inf, keep finite gradients."""
+        self._nonempty(axis, "logsumexp")
         m = self.max(axis, keepdims=True).stop_gradient()
         m = where(m.abs() < float("inf"), m, 0.0)
         r = (self - m).exp().sum(axis, keepdims=True).log() + m
         return r if keepdims else r.squeeze(normalize_axes(axis, self.ndim, "logsumexp"))
 
+    def _nonempty(self, axis, what: str) -> None:
+        """The error for a row op over an empty axis names the op called, not its max."""
+        for a in normalize_axes(axis, self.ndim, what):
+            if self.shape[a] == 0:
+                raise ShapeError(f"{what}: axis {a} of {self.shape} is empty")
+
     def log_softmax(self, axis=-1) -> "Tensor":
+        self._nonempty(axis, "log_softmax")
         return self - self.logsumexp(axis, keepdims=True)
 
     def softmax(self, axis=-1) -> "Tensor":
+        self._nonempty(axis, "softmax")
         m = self.max(axis, keepdims=True).stop_gradient()
         e = (self - m).exp()
         return e / e.sum(axis, keepdims=True)
@@ -730,7 +786,26 @@ class Tensor:
 
 def _as_tensor(x, like: Tensor, what: str) -> Tensor:
     t = like._lift(x, what)
-    return t if t is not None else like.scope._splat(x, like.shape, like.dtype)
+    if t is not None:
+        return t
+    return like._scalar(_truth(x, what) if like.dtype == "i1" else x, what)
+
+
+def _int_limits(dtype: str) -> tuple[int, int]:
+    """The range of an integer dtype (i1: a mask, 0 .. 1)."""
+    if dtype == "i1":
+        return 0, 1
+    i = np.iinfo(np.dtype({"i32": np.int32, "i64": np.int64, "u32": np.uint32}[dtype]))
+    return int(i.min), int(i.max)
+
+
+def _truth(o, what: str):
+    """A mask's operand: a Tensor, or a scalar that is a truth value (bool, 0 or 1)."""
+    if isinstance(o, (numbers.Number, np.number)) and not isinstance(o, (bool, np.bool_)):
+        if o not in (0, 1):
+            raise TypeError(f"{what}: a mask combines with masks or True/False, not {o!r}")
+        return bool(o)
+    return o
 
 
 def where(cond: Tensor, a, b) -> Tensor:
@@ -764,7 +839,7 @@ def concat(tensors, axis: int = 0) -> Tensor:
 
 def _comparable(o) -> bool:
     """What `==` / `!=` compare elementwise; anything else falls back to Python's identity."""
-    return isinstance(o, (Tensor, numbers.Number, np.number, np.ndarray, list, tuple))
+    return isinstance(o, (Tensor, numbers.Number, np.number, np.bool_, np.ndarray, list, tuple))
 
 
 MAX_BYTES = 2 ** 63 - 1  # byte sizes are signed 64-bit in the lowering and the runtime

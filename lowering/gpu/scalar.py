@@ -3,7 +3,7 @@
     GPU_RULES = shared.scalar.LOWER_RULES, with
           │ rlx.pow  exp(y*log|x|) with NumPy's sign/NaN rules (gpu/mathlib.pow_): the
           │          NVPTX backend has no lowering for @llvm.pow (no libm on the device);
-          │          float32 and float64
+          │          float32 and float64 (integers: the shared int_pow)
           ▼
     gpu/expr.py applies a rule per lane (one register each); the reductions in
     gpu/kernels.py use the shared `combine` and `identity`
@@ -26,7 +26,7 @@ TARGET = "GPU lowering"
 
 def _pow(c, x, y):
     if c.dtype not in ("f32", "f64"):
-        raise NotImplementedError(f"{TARGET}: rlx.pow on {c.dtype} (GPU pow is float only)")
+        return shared.int_pow(c.b, x, y, x.type)   # exact integer pow: the CPU's rule
     return gpu_math.emit(c.b, "pow", x, y)
 
 

@@ -37,8 +37,10 @@ through the CPU, the GPU emulator and the interpreter):
                  exp(y*log|x|) in float64, rounded once (correctly rounded but for float64's
                  ~2^-44 error; no libm call, vectorized), float64 libm pow; GPU
                  exp(y*log|x|) in the type itself; a few constant exponents are products
-                 and square roots (_POW_CONST); integers: computed in f64, then cast
-                 like a float -> int cast (2 ** -1 = 0, 0 ** -1 = INT_MAX)
+                 and square roots (_POW_CONST); integers: exact, by squaring, wrapping
+                 like NumPy's; a negative exponent gives the quotient truncated toward
+                 zero, 1 / x ** -y (1 ** -y = 1, (-1) ** -y = +-1, else 0; 0 ** -y = 0),
+                 where NumPy raises (the tracer raises for a constant negative exponent)
   cast           float -> int truncates toward zero and saturates to the type's range,
                  NaN -> 0 (llvm.fptosi.sat); float/int -> i1 is x != 0 (NaN -> 1);
                  i1 -> number is 0/1; int narrowing keeps the low bits; f64 -> f32
@@ -298,9 +300,28 @@ def _pow(b, x, y, dt, flags=(), wide=True):
         if wide and pow_exp_log_path(dt, k):   # vectorizes (libm's powf: one call per lane)
             return pow_exp_log(b, x, y, wide=F64)
         return b.call(intrinsic(b, "llvm.pow", ty, 2), [x, y])
-    fty = _like(ty, F64)
-    r = b.call(intrinsic(b, "llvm.pow", fty, 2), [b.sitofp(x, fty), b.sitofp(y, fty)])
-    return _fptosi(b, r, ty)
+    return int_pow(b, x, y, ty)
+
+
+def int_pow(b, x, y, ty):
+    """x ** y on integers (header): square-and-multiply over the exponent's bits, with
+    selects (no branches, so it vectorizes; a constant exponent folds to its products)."""
+    bits = (ty.element if isinstance(ty, ir.VectorType) else ty).width
+    zero, one = const(ty, 0), const(ty, 1)
+    neg = b.icmp_signed("<", y, zero)
+    e = b.select(neg, zero, y)
+    r, base = one, x
+    for i in range(bits - 1):           # the sign bit is handled by `neg`
+        bit = b.icmp_signed("!=", b.and_(e, const(ty, 1 << i)), zero)
+        r = b.select(bit, b.mul(r, base), r)
+        if i < bits - 2:
+            base = b.mul(base, base)
+    # y < 0: 1 / x ** -y truncated: 1 for x = 1, (-1) ** y for x = -1, else 0
+    odd = b.icmp_signed("!=", b.and_(y, one), zero)
+    m1 = b.select(odd, const(ty, -1), one)
+    inv = b.select(b.icmp_signed("==", x, one), one,
+                   b.select(b.icmp_signed("==", x, const(ty, -1)), m1, zero))
+    return b.select(neg, inv, r)
 
 
 def _rem(b, x, y, dt, flags=()):
