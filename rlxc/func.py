@@ -205,7 +205,10 @@ class Func:
         return {n: self._bound[n] for n in self.param_names() if n in self._bound}
 
     def init_params(self, fn) -> "Func":
-        """Bind every param to `fn(name, dims)`."""
+        """Bind every param to `fn(name, dims)` (to bind arrays you have, with_params)."""
+        if not callable(fn):
+            raise TypeError(f"init_params: expects a function fn(name, dims) -> array, got "
+                            f"{type(fn).__name__}; bind a dict of arrays with with_params")
         return self.with_params({n: fn(n, self.param_shape_of(n)) for n in self.param_names()})
 
     def init_randn(self, seed: int, stddev: float) -> "Func":

@@ -31,7 +31,7 @@ import threading
 import numpy as np
 
 from . import cuda_steps
-from .errors import ArtifactError, RlxError
+from .errors import ArtifactError, NameLookupError, RlxError
 from .signature import NP_DTYPES, coerce
 
 __all__ = ["CudaError", "CudaUnavailable", "available", "unavailable_reason", "driver",
@@ -640,13 +640,17 @@ class CudaProgram(LoadedProgram):
             drv.memcpy_htod(self.ptr[a["buffer"]], src.ctypes.data, x.nbytes, s)
 
     def set_params(self, params: dict) -> None:
-        """Upload params by name now (they stay resident)."""
+        """Upload params by name now (they stay resident); every entry is checked first,
+        so a bad one uploads none."""
         names = {a["name"]: i for i, a in enumerate(self.meta["args"]) if a["kind"] == "param"}
+        ready = []
         for k, v in params.items():
             if k not in names:
-                raise KeyError(f"{self.name}: unknown param {k!r}; valid: {sorted(names)}")
+                raise NameLookupError(f"{self.name}: unknown param {k!r}; valid: "
+                                      f"{sorted(names)}")
             a = self.meta["args"][names[k]]
-            x = coerce("param", k, v, tuple(a["shape"]), a["dtype"])
+            ready.append((k, a, coerce("param", k, v, tuple(a["shape"]), a["dtype"])))
+        for k, a, x in ready:
             self.driver.memcpy_htod(self.ptr[a["buffer"]], x.ctypes.data, x.nbytes, self.stream)
             self._resident[names[k]] = x
         self.driver.stream_synchronize(self.stream)

@@ -630,8 +630,14 @@ class CompiledModule:
         self._impl.set_param(i, t, coerce("param", name, data, t.shape, t.dtype))
 
     def set_params(self, params: dict) -> None:
+        """set_param for each entry; every name, shape and dtype is checked first, so a bad
+        entry leaves all params as they were."""
+        ready = []
         for k, v in params.items():
-            self.set_param(k, v)
+            i, t = self._param(k)
+            ready.append((i, t, coerce("param", k, v, t.shape, t.dtype)))
+        for i, t, a in ready:
+            self._impl.set_param(i, t, a)
 
     def get_param(self, name: str) -> np.ndarray:
         """A copy of param `name` as held by this module (after training steps, too)."""

@@ -43,12 +43,11 @@ def coerce(kind: str, name: str, value, shape, dtype: str) -> np.ndarray:
             a = a.reshape(shape)
         else:
             raise ShapeError(f"{kind} {name!r} expects shape {shape}, got {a.shape}")
-    if dtype in ("i32",) and a.dtype.kind in "iu" and a.size and \
-            (a.max() > np.iinfo(np.int32).max or a.min() < np.iinfo(np.int32).min):
-        raise ValueError(f"{kind} {name!r}: values do not fit in i32")
-    if dtype == "u32" and a.dtype.kind in "iu" and a.size and \
-            (int(a.max()) > 0xFFFFFFFF or int(a.min()) < 0):
-        raise ValueError(f"{kind} {name!r}: values do not fit in u32 (0 .. 2**32 - 1)")
+    if dtype in ("i32", "i64", "u32") and a.dtype.kind in "iu" and a.size:
+        lim = np.iinfo(want)
+        if int(a.max()) > lim.max or int(a.min()) < lim.min:
+            raise ValueError(f"{kind} {name!r}: values do not fit in {dtype} "
+                             f"({lim.min} .. {lim.max})")
     if a.dtype != want or not a.flags.c_contiguous:
         a = np.ascontiguousarray(a, dtype=want)
     return a

@@ -129,6 +129,12 @@ def test_unset_params_and_set_param(arts):
     assert m.unset_params() == ["b"]
     with pytest.raises(NameLookupError, match='param "b" is not set'):
         m.get_param("b")
+    with pytest.raises(NameLookupError, match=r"unknown param 'typo'"):
+        m.set_params({"b": f.params()["b"].ravel(), "typo": np.zeros(1)})
+    assert m.unset_params() == ["b"]   # checked before anything is set: b stays unset
+    with pytest.raises(ShapeError, match=r"param 'w' expects shape"):
+        m.set_params({"b": f.params()["b"].ravel(), "w": np.zeros(4)})
+    assert m.unset_params() == ["b"]
     m.set_params({"b": f.params()["b"].ravel()})
     _close(m.run(**d), f.run_on("interp", **d))
     np.testing.assert_array_equal(m.get_param("w"), f.params()["w"])

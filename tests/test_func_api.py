@@ -50,6 +50,9 @@ def test_mlir_round_trip_and_from_module():
 def test_init_params():
     f = rlxc.Func("mlp", _mlp).init_params(lambda n, d: np.full(d, 0.5))
     assert np.all(f.param_binding("b") == 0.5)
+    with pytest.raises(TypeError, match=r"init_params: expects a function fn\(name, dims\).*"
+                                        r"with_params"):
+        rlxc.Func("mlp", _mlp).init_params({"b": np.zeros(3)})
 
 
 def _splitmix_reference(seed, count):
