@@ -203,8 +203,10 @@ def _attention_derived_jvp(b, op, ts):  # dialect/attention_bwd.py: by expansion
 
 # ---------------------------------------------------------------- the transforms
 
-def jvp_module(module: ModuleOp, tangent_for: list[str], what: str = "rlx-jvp") -> ModuleOp:
-    """A new module with inputs `tangent_<name>` appended, returning [primals..., tangents...]."""
+def jvp_module(module: ModuleOp, tangent_for: list[str], what: str = "rlx-jvp",
+               sum_first: bool = False) -> ModuleOp:
+    """A new module with inputs `tangent_<name>` appended, returning [primals..., tangents...]
+    (`sum_first`: output 0's tangent summed to a scalar, hvp's <grad, v>)."""
     from .control_ad import JVP_CONTROL
     module = module.clone()
     f = get_func(module)
@@ -253,16 +255,21 @@ def jvp_module(module: ModuleOp, tangent_for: list[str], what: str = "rlx-jvp") 
         t = rule(b, op, ts)
         if t is not None:
             tan[r] = t
-    touts = [tan[o].v if o in tan else b.zeros_like(b.wrap(o)).v for o in outs]
-    set_outputs(f, block, list(outs) + touts)
+    touts = [tan[o] if o in tan else b.zeros_like(b.wrap(o)) for o in outs]
+    if sum_first and touts and len(touts[0].shape):
+        touts[0] = b.reduce("sum", touts[0], tuple(range(len(touts[0].shape))))
+    set_outputs(f, block, list(outs) + [t.v for t in touts])
     return module
 
 
 def hvp_module(module: ModuleOp, wrt: list[str]) -> ModuleOp:
     """Forward-over-reverse: inputs `tangent_<name>` added; outputs
-    [loss, grads..., <grad, v>, Hv...] (v = the tangents, in `wrt` order)."""
+    [loss, grads..., <grad, v>, Hv...] (v = the tangents, in `wrt` order).  A loss that is
+    not a scalar is summed for the derivatives, as grad does: <grad, v> is the scalar
+    sum of its tangent."""
     resolve_names(get_func(module), list(wrt), "rlx-hvp")
-    return jvp_module(grad_module(module, list(wrt), True), list(wrt), "rlx-hvp")
+    return jvp_module(grad_module(module, list(wrt), True), list(wrt), "rlx-hvp",
+                      sum_first=True)
 
 
 @dataclass(frozen=True)

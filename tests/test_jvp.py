@@ -189,6 +189,20 @@ def test_func_jvp_and_hvp():
     np.testing.assert_allclose(hv, -np.sin(x * w) * x * x * v, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("dev", ["interp", "cpu"])
+def test_hvp_of_a_vector_output_is_of_its_sum(dev):
+    """grad sums a non-scalar first output; hvp's <grad, v> is then that sum's directional
+    derivative, a scalar (it was the output-shaped J v)."""
+    f = rlxc.Func("cube", lambda s: s.input("x", (3,)) ** 3)
+    x, v = np.array([1.0, 2.0, 3.0], np.float32), np.array([1.0, 0.5, -1.0], np.float32)
+    y, g, gv, hv = f.hvp(["x"]).run_on(dev, x=x, tangent_x=v)
+    np.testing.assert_allclose(y, x ** 3)
+    np.testing.assert_allclose(g, 3 * x ** 2)
+    assert np.shape(gv) == ()
+    np.testing.assert_allclose(gv, np.sum(3 * x ** 2 * v), rtol=1e-6)
+    np.testing.assert_allclose(hv, 6 * x * v, rtol=1e-6)
+
+
 def test_zero_tangents_are_not_materialised():
     def build(s):
         x, y = s.input("x", (3,)), s.input("y", (3,))
