@@ -212,8 +212,8 @@ def _advanced(x, items):
     dt = "i64" if total >= 2 ** 31 or any(a.dtype == "i64" for a in runtime) else "i32"
     npdt = np.int64 if dt == "i64" else np.int32
     strides = [numel(dims[k + 1:]) for k in range(len(dims))]
-    const = np.zeros(B, np.int64)
-    terms = []
+    const = np.zeros((), np.int64)   # the constant arrays' part (static shapes; B may hold
+    terms = []                       # a symbol when an index Tensor has one)
     for a, d, st, axis in zip(idx, dims, strides, orig):
         if not isinstance(a, Tensor):
             bad = (a < -d) | (a >= d)
@@ -236,7 +236,7 @@ def _advanced(x, items):
         if const.any():
             flat = flat + x.scope.constant(const.astype(npdt), dt)
     else:
-        flat = x.scope.constant(const.astype(npdt), dt)
+        flat = x.scope.constant(np.broadcast_to(const, B).astype(npdt), dt)
     x = x.reshape(x.shape[:a0] + (total,) + x.shape[a0 + len(dims):])
     return x.gather_raw(flat, a0, _label(shape0, orig))
 

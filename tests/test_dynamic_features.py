@@ -337,3 +337,17 @@ def test_distributed_trainer_with_a_dynamic_batch_is_a_clear_error():
             f.trainer(rlxc.optim.SGD(0.1), comm=init(), device="cpu", **kw)
     tr = f.specialize(B=4).trainer(rlxc.optim.SGD(0.1), comm=init(), device="cpu")
     assert np.isfinite(tr.step({"x": np.ones((4, 3), np.float32)}))
+
+
+@pytest.mark.parametrize("dev", ["cpu", "interp"])
+def test_indexing_with_an_index_tensor_of_dynamic_length(dev):
+    """x[i] with i of shape (B,), alone and beside a constant array (which broadcasts into
+    B): the constant part of the flat index no longer builds a NumPy array of shape B."""
+    x = np.arange(36, dtype=np.float32).reshape(9, 4)
+    f = rlxc.Func("dynidx", lambda s: (lambda x, i: (x[i], x[i, np.array([1])]))(
+        s.input("x", (9, 4)), s.input("i", ("B",), "i32")))
+    for i in ([1, 2], [0, -1, 3, 8, 2]):
+        i = np.array(i, np.int32)
+        a, b = f.run_on(dev, x=x, i=i)
+        np.testing.assert_array_equal(a, x[i])
+        np.testing.assert_array_equal(b, x[i, np.array([1])])
