@@ -6,8 +6,6 @@ the inputs and params in declaration order, each carrying
 """
 from __future__ import annotations
 
-import numpy as np
-
 from xdsl.context import Context
 from xdsl.dialects import builtin, func
 from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, ModuleOp, StringAttr
@@ -17,7 +15,7 @@ from xdsl.printer import Printer
 
 from .ops import OPS, RLX, SYMBOLIC_OPS, CastOp, ConstantOp, create_op
 from .trace import KINDS, Arg, Trace  # noqa: F401  (Arg, KINDS re-exported)
-from .types import dense_value
+from .types import dense_value, hex_form
 from .types import (
     BytesAttr,
     DenseIntOrFPElementsAttr,
@@ -228,8 +226,7 @@ class _GenericPrinter(Printer):
 
     def print_attribute(self, attribute) -> None:
         if isinstance(attribute, DenseIntOrFPElementsAttr):
-            vals = dense_value(attribute)
-            if vals.dtype.kind == "f" and (vals.size > 256 or not np.all(np.isfinite(vals))):
+            if hex_form(dense_value(attribute)):
                 self.print_string(f'dense<"0x{attribute.data.data.hex().upper()}"> : ')
                 return super().print_attribute(attribute.type)
         return super().print_attribute(attribute)

@@ -68,7 +68,7 @@ from .shapes import (  # noqa: F401  (BINARY..REDUCE, normalize_axes: re-exporte
     normalize_axes,
 )
 from .symdims import DYN
-from .types import dense_attr, dense_value, dtype_of, shape_of, tensor_type, ttype
+from .types import dense_attr, dense_value, hex_form, dtype_of, shape_of, tensor_type, ttype
 
 # How each kind of op parameter is stored as an xDSL property.
 _PARAM_KINDS = {
@@ -285,11 +285,10 @@ class ConstantOp(RlxOp):
         return {}
 
     def print(self, printer) -> None:
-        """`rlx.constant dense<...> : type`. Non-finite or large float constants use
-        MLIR's hex form `dense<"0x...">` (raw little-endian bytes): exact for inf/NaN,
-        and fast to print and parse."""
-        vals = dense_value(self.value)
-        if vals.dtype.kind == "f" and (vals.size > 256 or not np.all(np.isfinite(vals))):
+        """`rlx.constant dense<...> : type`. Non-finite, large or xDSL-ambiguous float
+        constants use MLIR's hex form `dense<"0x...">` (raw little-endian bytes; types.
+        hex_form): exact for inf/NaN, and fast to print and parse."""
+        if hex_form(dense_value(self.value)):
             printer.print_string(f' dense<"0x{self.value.data.data.hex().upper()}"> : ')
             printer.print_attribute(self.value.type)
         else:

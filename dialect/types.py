@@ -106,6 +106,24 @@ def ttype(t) -> TType:
     return TType(shape_of(t), dtype_of(t))
 
 
+def hex_form(vals: np.ndarray) -> bool:
+    """Whether float constants `vals` are printed in MLIR's hex form `dense<"0x...">`
+    (raw little-endian bytes): when large (fast), non-finite (exact), or holding a value
+    that xDSL would print as an unquoted hex integer (1048576.0 in f32: its 6-digit
+    scientific form does not round-trip and %.9g has no point), which its parser reads
+    back as that integer's value (1.23e9)."""
+    if vals.dtype.kind != "f":
+        return False
+    if vals.size > 256 or not np.all(np.isfinite(vals)):
+        return True
+    digits = 9 if vals.dtype == np.float32 else 17
+    for v in vals.reshape(-1).tolist():
+        s = f"{v:.5e}"
+        if vals.dtype.type(float(s)) != v and "." not in f"{v:.{digits}g}":
+            return True
+    return False
+
+
 def dense_value(attr: DenseIntOrFPElementsAttr) -> np.ndarray:
     """The NumPy array a dense attribute holds (splats expanded)."""
     typ = attr.type
