@@ -9,6 +9,9 @@ keeps the graph small:
   select, fake_quant, cast) or a pure relayout (reshape, broadcast_to,
   transpose, slice): the rule runs on one element and the result is a splat
   of any size, stored once;
+- a float sum/mean/max/min of a splat is a splat in closed form (count x value,
+  computed in float64; the value): a dynamic mean's count sum(ones) folds at every size,
+  so a size-generic program (lowering/cpu/dynsizes.py) has the same graph at each;
 - otherwise the result has at most FOLD_LIMIT elements (and the operands at
   most INPUT_LIMIT in all, so a reduction of a huge splat is not expanded at
   compile time). broadcast_to of a
@@ -38,6 +41,19 @@ INPUT_LIMIT = 1 << 20
 _ELEMENTWISE = {n for n, c in OPS.items() if c.FAMILY in ("unary", "binary", "compare", "select")}
 _ELEMENTWISE.add("rlx.cast")
 _RELAYOUT = {"rlx.reshape", "rlx.broadcast_to", "rlx.transpose", "rlx.slice"}
+_SPLAT_REDUCE = {"rlx.sum", "rlx.mean", "rlx.max", "rlx.min"}
+
+
+def _reduce_splat(op: RlxOp, attr, n: int):
+    """A float sum/mean/max/min of the splat `attr` over n outputs: the value (float64 for
+    a sum, rounded once), or None (not a float, or nothing reduced)."""
+    src = shape_of(attr.type)
+    if dtype_of(attr.type) not in ("f32", "f64") or is_dynamic(src) or not numel(src):
+        return None
+    v = _first(attr)
+    if op.name != "rlx.sum":
+        return v
+    return np.asarray([float(v[0]) * (numel(src) // n)]).astype(v.dtype)
 
 
 def evaluate(op: RlxOp, arrays: list[np.ndarray]) -> np.ndarray:
@@ -84,6 +100,10 @@ def fold_op(op: RlxOp):
             else:
                 val = evaluate(op, [_first(a) for a in attrs])
             return _splat_attr(val[0], typ) if _finite(val) else None
+        if n > 0 and op.name in _SPLAT_REDUCE and is_splat(attrs[0]):
+            val = _reduce_splat(op, attrs[0], n)
+            if val is not None:
+                return _splat_attr(val[0], typ) if _finite(val) else None
         if n > FOLD_LIMIT or op.name == "rlx.broadcast_to" or \
                 sum(numel(shape_of(a.type)) for a in attrs) > INPUT_LIMIT:
             return None

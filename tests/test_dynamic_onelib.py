@@ -65,6 +65,29 @@ def test_new_size_no_compile_no_cache_entry(monkeypatch, tmp_path):
     assert _files(cache) == before, "a new size wrote to the compile cache"
 
 
+@pytest.mark.parametrize("k", [3, 64, 784])
+@pytest.mark.parametrize("transform", ["plain", "grad"])
+def test_full_reduction_over_a_dynamic_batch_is_one_library(k, transform):
+    """A dynamic batch's MSE: the full mean over (B, k) has B * k elements, which the
+    sampled sizes put on both sides of the f64-block and split thresholds (k = 3: 3063
+    and 6009 elements around reduce.BLOCK; k = 784: 49 or 50 chunks): a reduced symbol
+    now takes one vectorized loop at every size (reduce.py, Builder.symbol_sizes)."""
+    f = rlxc.Func(f"mse{k}", lambda s: ((s.input("x", ("B", k)) - s.input("t", ("B", k)))
+                                        ** 2).mean())
+    if transform == "grad":
+        f = f.value_and_grad(["x"])
+    ex = one_library(f, backend("cpu"))
+    assert ex is not None, FALLBACKS.get(f.ir_hash())
+    r = np.random.default_rng(k)
+    for B in (1, 7, 1000, 5003):
+        x = {n: r.standard_normal((B, k)).astype(np.float32) for n in ("x", "t")}
+        want = f.run_on("interp", **x)
+        got = ex.run(f.bind_call((), x))
+        np.testing.assert_allclose(got[0], np.mean((x["x"] - x["t"]).astype(np.float64) ** 2),
+                                   rtol=2e-5)
+        _close(got, want, f"k={k} B={B}")
+
+
 def test_workspace_grows_only_with_the_size():
     from rlxc.runtime.dyncpu import DynExecutor
 

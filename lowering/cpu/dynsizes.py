@@ -210,13 +210,15 @@ def lower_dynamic(module, symbols: list, name: str, cpu: str = "native",
         raise DynamicSizeError("control flow (rlx.scan/while/if) in a size-generic CPU "
                                "program: one program per size")
     envs = samples(symbols)
+    sizes = frozenset(v for env in envs for v in env.values())
     progs = []
     for env in envs:
         try:
             mod = cleanup(specialize(module, env))
         except NotImplementedError as e:
             raise DynamicSizeError(str(e)) from None
-        progs.append(fuse_rows(build_program(mod, name, max_threads or default_threads(), cpu)))
+        progs.append(fuse_rows(build_program(mod, name, max_threads or default_threads(), cpu,
+                                             sizes)))
     shared = common([local_plan(p) for p in progs])   # the same per-thread blocks at every size
     for p in progs:
         localize(p, shared)

@@ -65,10 +65,12 @@ def _finalize(kind, acc_expr, dt, n):
 
 
 class _Ctx:
-    def __init__(self, b, kind, dt, combine, expr, red, nred):
+    def __init__(self, b, kind, dt, combine, expr, red, nred, generic=False):
         self.b, self.kind, self.dt, self.combine = b, kind, dt, combine
         self.expr, self.red, self.nred = expr, red, nred
-        self.wide = dt == "f32" and combine == "add" and nred > BLOCK
+        # a reduced dim that is a symbol (generic): no f64 blocks, whose count
+        # ceil(n / BLOCK) is not linear in the sizes (vectorized f32 partial sums instead)
+        self.wide = dt == "f32" and combine == "add" and nred > BLOCK and not generic
         self.f64 = dt == "f32" and combine == "mul"  # products: every step in f64
         if self.f64:
             self.expr = Op("cast", (expr,), "f64")
@@ -150,7 +152,11 @@ def build_reduction(b, v, op, what):
     inner = [u for i, (u, r) in enumerate(zip(lv, isred)) if not r and i > last]
     work = _prod(shp) * (1 + cost(expr))
     par = work >= PAR_MIN_WORK
-    cx = _Ctx(b, kind, dt, combine, expr, red, nred)
+    # size-generic programs (dynsizes.py): a reduced dim of a sample size may be a symbol,
+    # and the blocks and chunks below are counted by ceil(n / size), which is not linear
+    # in it: such a reduction runs as one vectorized loop (a dynamic batch's MSE)
+    generic = any(shp[a] in getattr(b, "symbol_sizes", ()) for a in axes)
+    cx = _Ctx(b, kind, dt, combine, expr, red, nred, generic)
     adt = "f64" if cx.wide or cx.f64 else dt
 
     if inner:  # buffer mode: accumulate in the output
@@ -167,7 +173,7 @@ def build_reduction(b, v, op, what):
                gen)
         return
 
-    if not outer and red and nred >= SPLIT_MIN and red[0].extent >= 2:
+    if not outer and red and nred >= SPLIT_MIN and red[0].extent >= 2 and not generic:
         _split(b, cx, out, off, what, work, gen, adt)
         return
     jam = _jam(outer, cx, _lanes(getattr(b, "cpu", "native")), par)

@@ -169,12 +169,17 @@ def _idx(vars_):
 
 
 class Builder:
-    def __init__(self, module, name: str, sgemm_threads: int = 1, cpu: str = "native"):
+    def __init__(self, module, name: str, sgemm_threads: int = 1, cpu: str = "native",
+                 symbol_sizes: frozenset = frozenset()):
         from rlxc.dialect.module import signature
 
         self.plan = Plan(module)
         self.name = name
         self.cpu = cpu
+        # the sample sizes of a size-generic program's symbols (dynsizes.py; empty for a
+        # static program): a dim of one of these sizes may be a symbol, so a schedule
+        # choice must not depend on it (reduce.py)
+        self.symbol_sizes = symbol_sizes
         self.sgemm_threads = sgemm_threads
         self.args = signature(self.plan.func)
         self.bufs: dict = {}
@@ -383,7 +388,8 @@ class Builder:
         return matmul_kernel(self, c, op, out, what, epilogue_root)
 
 
-def build_program(module, name: str, sgemm_threads: int = 1, cpu: str = "native") -> Program:
+def build_program(module, name: str, sgemm_threads: int = 1, cpu: str = "native",
+                  symbol_sizes: frozenset = frozenset()) -> Program:
     from rlxc.dialect.attention import expand_module
     from rlxc.lowering.cpu.matvec import rewrite_small_matmuls
     from rlxc.lowering.shared.empty import rewrite_empty
@@ -396,7 +402,8 @@ def build_program(module, name: str, sgemm_threads: int = 1, cpu: str = "native"
     # rlx.attention: the fused kernel where it covers the op, else query-blocked
     # matmul-softmax-matmul
     module = expand_module(module, keep=covers)
-    return Builder(rewrite_small_matmuls(rewrite_empty(module)), name, sgemm_threads, cpu).build()
+    return Builder(rewrite_small_matmuls(rewrite_empty(module)), name, sgemm_threads, cpu,
+                   symbol_sizes).build()
 
 
 __all__ = ["build_program", "Builder", "collapse", "nest", "identity", "cost", "map_expr"]

@@ -63,3 +63,37 @@ builtin.module {
     func.return %1, %3 : tensor<2xf32>, tensor<2xf32>
   }
 }
+// -----
+
+// RUN: constant-fold
+// a float sum/mean/max/min of a splat folds in closed form at any size (a dynamic mean's
+// count, sum(ones), at every sampled size); an integer one of more than INPUT_LIMIT stays.
+builtin.module {
+  func.func @splatred() -> (tensor<f32>, tensor<1024xf32>, tensor<f64>, tensor<f32>, tensor<i32>) {
+    %0 = rlx.constant dense<1.000000e+00> : tensor<2048x1024xf32>
+    %1 = rlx.sum %0 axes = [0, 1] : tensor<2048x1024xf32> -> tensor<f32>
+    %2 = rlx.constant dense<2.500000e-01> : tensor<2048x1024xf32>
+    %3 = rlx.mean %2 axes = [0] : tensor<2048x1024xf32> -> tensor<1024xf32>
+    %4 = rlx.constant dense<-3.000000e+00> : tensor<4096x512xf64>
+    %5 = rlx.max %4 axes = [0, 1] : tensor<4096x512xf64> -> tensor<f64>
+    %6 = rlx.sum %2 axes = [0, 1] : tensor<2048x1024xf32> -> tensor<f32>
+    %7 = rlx.constant dense<1> : tensor<2048x1024xi32>
+    %8 = rlx.sum %7 axes = [0, 1] : tensor<2048x1024xi32> -> tensor<i32>
+    func.return %1, %3, %5, %6, %8 : tensor<f32>, tensor<1024xf32>, tensor<f64>, tensor<f32>, tensor<i32>
+  }
+}
+// CHECK:
+builtin.module {
+  func.func @splatred() -> (tensor<f32>, tensor<1024xf32>, tensor<f64>, tensor<f32>, tensor<i32>) {
+    %0 = rlx.constant dense<"0x0000803F"> : tensor<2048x1024xf32>
+    %1 = rlx.constant dense<"0x0000004A"> : tensor<f32>
+    %2 = rlx.constant dense<"0x0000803E"> : tensor<2048x1024xf32>
+    %3 = rlx.constant dense<"0x0000803E"> : tensor<1024xf32>
+    %4 = rlx.constant dense<"0x00000000000008C0"> : tensor<4096x512xf64>
+    %5 = rlx.constant dense<-3.000000e+00> : tensor<f64>
+    %6 = rlx.constant dense<5.242880e+05> : tensor<f32>
+    %7 = rlx.constant dense<1> : tensor<2048x1024xi32>
+    %8 = rlx.sum %7 axes = [0, 1] : tensor<2048x1024xi32> -> tensor<i32>
+    func.return %1, %3, %5, %6, %8 : tensor<f32>, tensor<1024xf32>, tensor<f64>, tensor<f32>, tensor<i32>
+  }
+}
