@@ -229,6 +229,38 @@ def test_matmul_configs_chosen():
     assert choose_config(8, 16, 1) == "S"
 
 
+@pytest.mark.parametrize("dtype", ["f64", "i32", "i64"])
+def test_emulated_matmul_of_other_dtypes(dtype):
+    """The tiled GEMM in float64 and the integers (scalar loads; integers multiply-add and
+    wrap): odd edges, a transposed operand read in place, a broadcast batch, and an f64
+    attention whose backward expands to matmuls; the PTX assembles where ptxas is."""
+    from rlxc.lowering.gpu import nvptx
+
+    npdt = {"f64": np.float64, "i32": np.int32, "i64": np.int64}[dtype]
+    r = np.random.default_rng(3)
+
+    def arr(*shape):
+        a = r.standard_normal(shape) if dtype == "f64" else r.integers(-50, 50, shape)
+        return a.astype(npdt)
+
+    def build(s):
+        a, b = s.input("a", (37, 19), dtype), s.input("b", (19, 70), dtype)
+        c, d = s.input("c", (3, 5, 9), dtype), s.input("d", (9, 6), dtype)
+        return [a @ b, (b.T @ a.T), c @ d, a[:5] @ b[:, :1]]
+
+    f = rlxc.Func(f"mm_{dtype}", build)
+    inputs = {"a": arr(37, 19), "b": arr(19, 70), "c": arr(3, 5, 9), "d": arr(9, 6)}
+    _check(f, inputs, rtol=1e-12, atol=1e-9)
+    gpu_driver.compile_cuda(f.module, ptxas=nvptx.find_ptxas() or False)
+    if dtype == "f64":
+        def att(s):
+            q, k, v = (s.input(n, (1, 2, 5, 8), "f64") for n in "qkv")
+            return rlxc.attention(q, k, v, mask="causal").sum()
+        g = rlxc.Func("att64", att).value_and_grad(["q", "k", "v"])
+        _check(g, {n: r.standard_normal((1, 2, 5, 8)) for n in "qkv"}, rtol=1e-10,
+               atol=1e-12)
+
+
 def mlp_func(batch=64, d_in=32, hidden=64, classes=10):
     def build(s):
         x = s.input("x", (batch, d_in))

@@ -1,4 +1,5 @@
-"""Tiled shared-memory SGEMM kernel with register blocking and a fused epilogue.
+"""Tiled shared-memory GEMM kernel with register blocking and a fused epilogue (float32;
+float64 and integers with scalar loads).
 
     C[z, m, n] = epilogue( sum_k A[z, m, k] * B[z, k, n] )     (NumPy matmul, batched)
       grid  = (ceil(N/BN), ceil(M/BM), batch)      block = (BM/TM)·(BN/TN) threads
@@ -42,6 +43,10 @@ from rlxc.lowering.gpu.simt import c32
 
 F32 = ir.FloatType()
 V4 = ir.VectorType(F32, 4)
+# element types: float32 takes 16-byte vector loads; float64 and the integers (8 and 4
+# bytes, e.g. an f64 attention's expansion, an i32 index product) scalar ones, and
+# multiply-adds instead of FMAs for the integers
+ELEM = {"f32": F32, "f64": ir.DoubleType(), "i32": ir.IntType(32), "i64": ir.IntType(64)}
 
 CONFIGS = {"L": (128, 128, 8, 8, 8), "M": (64, 64, 8, 4, 4), "S": (32, 32, 8, 4, 4)}
 
@@ -90,14 +95,15 @@ class _Operand:
             if shp[j] != 1:
                 self.batch_strides[j + nb - rb] = st[j]
 
-    def vector_mode(self, BX, BK):
-        """'k' or 'x' (the dim threads/vectors run along) and the vector width."""
+    def vector_mode(self, BX, BK, vectors=True):
+        """'k' or 'x' (the dim threads/vectors run along) and the vector width (1 without
+        `vectors`: not float32)."""
         others = [s for s in self.batch_strides if s]
         if self.sk == 1 and self.K > 1:
-            ok = self.K % 4 == 0 and self.sx % 4 == 0 and BK % 4 == 0
+            ok = vectors and self.K % 4 == 0 and self.sx % 4 == 0 and BK % 4 == 0
             return "k", 4 if ok and all(s % 4 == 0 for s in others) else 1
         if self.sx == 1:
-            ok = self.X % 4 == 0 and self.sk % 4 == 0 and BX % 4 == 0
+            ok = vectors and self.X % 4 == 0 and self.sk % 4 == 0 and BX % 4 == 0
             return "x", 4 if ok and all(s % 4 == 0 for s in others) else 1
         return "x", 1
 
@@ -106,9 +112,11 @@ def gen_matmul(mod, plan, k, target, setup, make_launch):
     op = k.heavy
     a_v, b_v = op.operands
     out = op.results[0]
-    if dtype_of(out.type) != "f32":
-        raise NotImplementedError(f"GPU lowering: rlx.matmul on {dtype_of(out.type)} "
-                                  "(float32 only)")
+    dt = dtype_of(out.type)
+    if dt not in ELEM:
+        raise NotImplementedError(f"GPU lowering: rlx.matmul on {dt} (f32, f64, i32, i64)")
+    ET, f32 = ELEM[dt], dt == "f32"
+    zero = ir.Constant(ET, 0.0 if dt[0] == "f" else 0)
     sa, sb = shape_of(a_v.type), shape_of(b_v.type)
     M, K, N = sa[-2], sa[-1], sb[-1]
     bs = broadcast_shapes(sa[:-2], sb[:-2])
@@ -118,7 +126,10 @@ def gen_matmul(mod, plan, k, target, setup, make_launch):
                                   "(grid.z is at most 65535)")
     dyn = getattr(plan, "dims", None) is not None   # size-generic (dynplan.py): M, N,
     # K and batch may be sizes; the tile config must not depend on them
-    BM, BN, BK, TM, TN = CONFIGS["M" if dyn else choose_config(M, N, batch)]
+    cfg = "M" if dyn else choose_config(M, N, batch)
+    if not f32 and cfg == "L":
+        cfg = "M"    # 8x8 accumulators of 8 bytes would spill
+    BM, BN, BK, TM, TN = CONFIGS[cfg]
     threads = (BM // TM) * (BN // TN)
     A, B = _Operand(a_v, True, bs), _Operand(b_v, False, bs)
     if dyn:
@@ -135,12 +146,12 @@ def gen_matmul(mod, plan, k, target, setup, make_launch):
     c = ctx.const
     root = k.root
 
-    modeA, vwA = A.vector_mode(BM, BK)
-    modeB, vwB = B.vector_mode(BN, BK)
+    modeA, vwA = A.vector_mode(BM, BK, f32)
+    modeB, vwB = B.vector_mode(BN, BK, f32)
     LDA = BM + (4 if modeA == "k" else 0)
     LDB = BN + (4 if modeB == "k" else 0)
-    As = sm.shared(F32, 2 * BK * LDA, "As")
-    Bs = sm.shared(F32, 2 * BK * LDB, "Bs")
+    As = sm.shared(ET, 2 * BK * LDA, "As")
+    Bs = sm.shared(ET, 2 * BK * LDB, "Bs")
 
     def ext(v):
         return sm.b.zext(v, it) if it.width > 32 else v
@@ -164,9 +175,9 @@ def gen_matmul(mod, plan, k, target, setup, make_launch):
 
     nA, cntA = loads_per_thread(BM, vwA)
     nB, cntB = loads_per_thread(BN, vwB)
-    regA = [sm.reg(V4 if vwA == 4 else F32, f"pa{j}") for j in range(cntA)]
-    regB = [sm.reg(V4 if vwB == 4 else F32, f"pb{j}") for j in range(cntB)]
-    acc = [[sm.reg(F32, f"acc{i}_{j}") for j in range(TN)] for i in range(TM)]
+    regA = [sm.reg(V4 if vwA == 4 else ET, f"pa{j}") for j in range(cntA)]
+    regB = [sm.reg(V4 if vwB == 4 else ET, f"pb{j}") for j in range(cntB)]
+    acc = [[sm.reg(ET, f"acc{i}_{j}") for j in range(TN)] for i in range(TM)]
 
     def tile_coords(j, nvec, BX, mode, vw):
         """(x_local, k_local, valid-thread predicate or None) of this thread's j-th vector."""
@@ -194,13 +205,13 @@ def gen_matmul(mod, plan, k, target, setup, make_launch):
                 ok = b.and_(ok, pred)
             off = b.add(boff, b.add(b.mul(gx, c(opnd.sx)), b.mul(gk, c(opnd.sk))))
             off = b.select(ok, off, c(0))
-            p = b.gep(ptr, [E.gep_index(ctx, off)], source_etype=F32)
+            p = b.gep(ptr, [E.gep_index(ctx, off)], source_etype=ET)
             if vw == 4:
                 val = b.load(p, typ=V4, align=16)
                 val = b.select(ok, val, ir.Constant(V4, [0.0] * 4))
             else:
-                val = b.load(p, typ=F32)
-                val = b.select(ok, val, ir.Constant(F32, 0.0))
+                val = b.load(p, typ=ET)
+                val = b.select(ok, val, zero)
             sm.set(regs[j], val)
 
     def shared_store(S, LD, regs, cnt, nvec, BX, mode, vw, stage):
@@ -212,7 +223,7 @@ def gen_matmul(mod, plan, k, target, setup, make_launch):
 
             def put():
                 if vw == 4 and mode == "x":
-                    p = b.gep(S, [b.add(base, b.add(b.mul(kl, c32(LD)), xl))], source_etype=F32)
+                    p = b.gep(S, [b.add(base, b.add(b.mul(kl, c32(LD)), xl))], source_etype=ET)
                     b.store(val, p, align=16)
                     return
                 for e in range(vw):
@@ -220,7 +231,7 @@ def gen_matmul(mod, plan, k, target, setup, make_launch):
                     xe, ke = (xl, b.add(kl, c32(e))) if mode == "k" else (b.add(xl, c32(e)), kl)
                     if vw == 1:
                         xe, ke = xl, kl
-                    p = b.gep(S, [b.add(base, b.add(b.mul(ke, c32(LD)), xe))], source_etype=F32)
+                    p = b.gep(S, [b.add(base, b.add(b.mul(ke, c32(LD)), xe))], source_etype=ET)
                     b.store(x, p)
             if pred is not None:
                 with b.if_then(pred):
@@ -254,7 +265,7 @@ def gen_matmul(mod, plan, k, target, setup, make_launch):
     # ---- prologue
     for row in acc:
         for r in row:
-            sm.set(r, ir.Constant(F32, 0.0))
+            sm.set(r, zero)
     if nk > 0:
         global_load(A, regA, cntA, nA, BM, modeA, vwA, block_x0(1, BM), c32(0))
         global_load(B, regB, cntB, nB, BN, modeB, vwB, block_x0(0, BN), c32(0))
@@ -276,20 +287,28 @@ def gen_matmul(mod, plan, k, target, setup, make_launch):
             bbase = b.mul(stage, c32(BK * LDB))
             rows, cols = rows_cols()
             accv = [[sm.get(r) for r in row] for row in acc]
+            def four(S, i):
+                """Elements i..i+3 of shared array S: one 16-byte load for float32."""
+                p = b.gep(S, [i], source_etype=ET)
+                if f32:
+                    vec = b.load(p, typ=V4, align=16)
+                    return [b.extract_element(vec, c32(e)) for e in range(4)]
+                return [b.load(b.gep(S, [b.add(i, c32(e))], source_etype=ET), typ=ET)
+                        for e in range(4)]
+
             for kk in range(BK):
                 av, bv = [], []
                 for g in range(gm):
-                    p = b.gep(As, [b.add(abase, b.add(c32(kk * LDA), rows[g]))], source_etype=F32)
-                    vec = b.load(p, typ=V4, align=16)
-                    av += [b.extract_element(vec, c32(e)) for e in range(4)]
+                    av += four(As, b.add(abase, b.add(c32(kk * LDA), rows[g])))
                 for g in range(gn):
-                    p = b.gep(Bs, [b.add(bbase, b.add(c32(kk * LDB), cols[g]))], source_etype=F32)
-                    vec = b.load(p, typ=V4, align=16)
-                    bv += [b.extract_element(vec, c32(e)) for e in range(4)]
+                    bv += four(Bs, b.add(bbase, b.add(c32(kk * LDB), cols[g])))
                 for i in range(TM):
                     for j in range(TN):
-                        accv[i][j] = gpu_math.intrinsic(b, "llvm.fma.f32", F32,
-                                                          [av[i], bv[j], accv[i][j]])
+                        if dt[0] == "f":
+                            accv[i][j] = gpu_math.intrinsic(b, f"llvm.fma.{dt}", ET,
+                                                              [av[i], bv[j], accv[i][j]])
+                        else:   # integers wrap, as the CPU's and the interpreter's
+                            accv[i][j] = b.add(b.mul(av[i], bv[j]), accv[i][j])
             for i in range(TM):
                 for j in range(TN):
                     sm.set(acc[i][j], accv[i][j])
@@ -309,7 +328,7 @@ def gen_matmul(mod, plan, k, target, setup, make_launch):
     if bs:
         zi = E.Index(ctx, bs, linear=ext(sm.ctaid(2)))
         zdims = [zi.dim(j) for j in range(len(bs))]
-    lanes = 4 if (N % 4 == 0 and E.vectorizable(plan, root, hooks={out})) else 1
+    lanes = 4 if (f32 and N % 4 == 0 and E.vectorizable(plan, root, hooks={out})) else 1
     for g in range(gm):
         for i in range(4):
             ri = g * 4 + i
