@@ -265,3 +265,27 @@ def test_gpu_programs_use_the_disk_cache(cache, emulated_gpu):
         np.testing.assert_allclose(B.cuda_program(f).run([x])[0], _want(), rtol=1e-6)
     assert B.STATS["compiles"] == c0 + 2
     assert any("dropped entry" in str(w.message) for w in caught)
+
+
+def test_links_are_reproducible(tmp_path):
+    """The linker names the base version definition after the soname, else after the
+    output path (a random `.tmp-pPID-*` name in the cache): two builds of the same code
+    differed, and concurrent compiles of one Func each left a payload in the cache.  The
+    soname is now the file name, or a digest of the objects for a temporary one."""
+    import shutil
+
+    from rlxc.lowering.cpu import target
+
+    ir = ('define i32 @f(i32 %x) {\n  %y = add i32 %x, 1\n  ret i32 %y\n}\n'
+          '@g = weak global i32 0\n')
+    obj = target.emit_object(target.compile_ir(ir))
+    a = target.link_shared([obj], str(tmp_path / ".tmp-p1-aaaa.so"))
+    b = target.link_shared([obj], str(tmp_path / ".tmp-p2-bbbbbbbb.so"))
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        assert fa.read() == fb.read()
+    lib = target.link_shared([obj], str(tmp_path / "libmodel.so"))
+    if shutil.which("readelf"):
+        out = subprocess.run(["readelf", "-d", lib], capture_output=True, text=True).stdout
+        assert "Library soname: [libmodel.so]" in out
+        out = subprocess.run(["readelf", "-d", a], capture_output=True, text=True).stdout
+        assert "Library soname: [rlxc-" in out and ".tmp" not in out

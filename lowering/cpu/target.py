@@ -474,6 +474,23 @@ def fast_linker_flags(cpu: str = "native") -> tuple:
     return ("-fuse-ld=gold",) if shutil.which("ld.gold") else ()
 
 
+def _soname(out_path: str, objects: list[bytes]) -> str:
+    """The library's DT_SONAME: its file name, or for a temporary one (the compile cache
+    builds under `.tmp-pPID-*`) a digest of the objects.  Without one the linker names
+    the base version definition after the output path, here a random temporary file, so
+    two builds of the same code differed and concurrent compiles of one Func left one
+    content-addressed payload each in the cache."""
+    base = os.path.basename(out_path)
+    if not base.startswith(".tmp"):
+        return base
+    import hashlib
+
+    h = hashlib.sha256()
+    for o in objects:
+        h.update(hashlib.sha256(o).digest())
+    return f"rlxc-{h.hexdigest()[:16]}.so"
+
+
 def link_shared(objects: list[bytes], out_path: str, extra_libs=("gomp",),
                 cpu: str = "native", extra_flags=()) -> str:
     """Link object-file bytes into the shared library ``out_path``.
@@ -481,7 +498,8 @@ def link_shared(objects: list[bytes], out_path: str, extra_libs=("gomp",),
     Uses the system ``cc -shared``; ``"gomp"`` in ``extra_libs`` adds
     ``-fopenmp`` (which links libgomp and its dependencies), other names become
     ``-lNAME``; ``-lm`` is always added, then ``extra_flags`` (e.g. a version
-    script for the artifact writer).  The library is written to a temporary
+    script for the artifact writer) and the soname (_soname, so that builds are
+    reproducible).  The library is written to a temporary
     file next to ``out_path`` and renamed into place, so a concurrent loader
     never sees a half-written file.  Raises RuntimeError with cc's stderr on
     failure.  Returns the absolute output path."""
@@ -499,7 +517,8 @@ def link_shared(objects: list[bytes], out_path: str, extra_libs=("gomp",),
                 libs.append(f"-l{lib}")
         fd, tmp_out = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(out_path), dir=out_dir)
         os.close(fd)
-        cmd = [cc, "-shared", "-fPIC", "-o", tmp_out, *obj_paths, *libs, "-lm", *extra_flags]
+        cmd = [cc, "-shared", "-fPIC", "-o", tmp_out, *obj_paths, *libs, "-lm", *extra_flags,
+               f"-Wl,-soname,{_soname(out_path, objects)}"]
         try:
             proc = None
             fast = fast_linker_flags(cpu)
