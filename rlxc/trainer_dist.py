@@ -62,6 +62,35 @@ def setup(tr, params: dict, slots: dict, batch_size):
     return params, slots
 
 
+def _layout(tr, f, opt, aprog, params, dtypes) -> list:
+    """What every rank's trainer must agree on before its collectives: the params (names,
+    shapes, dtypes), the optimizer and its state slots, and the gradient's length."""
+    return [("params", [(n, tuple(np.shape(params[n])), np.dtype(dtypes[n]).name)
+                        for n in f.param_names()]),
+            ("optimizer", type(opt).__name__),
+            ("slots", [(p, s, tuple(opt.slot_shape(s, np.shape(params[p]))))
+                       for p, s in aprog.slot_args]),
+            ("wrt", list(aprog.wrt)),
+            ("max_grad_norm", tr.max_grad_norm)]
+
+
+def _same_layout(comm, mine: list) -> None:
+    """Every rank gets every rank's layout (one allgather), so all of them raise alike
+    when one differs, instead of mismatched broadcasts that truncate or go unnoticed."""
+    every = comm.allgather(mine)
+    for r, theirs in enumerate(every):
+        if theirs != every[0]:
+            for (what, a), (_, b) in zip(every[0], theirs):
+                if a == b:
+                    continue
+                if isinstance(a, list) and isinstance(b, list):
+                    pairs = [(x, y) for x, y in zip(a, b) if x != y]
+                    a, b = pairs[0] if pairs else (f"{len(a)} entries", f"{len(b)} entries")
+                raise ValueError(f"trainer(comm=...): rank {r} builds a different trainer "
+                                 f"than rank 0: {what} {b!r} vs {a!r} (every rank must build "
+                                 "the same Func, optimizer and options)")
+
+
 def build(tr, params: dict, slots: dict) -> None:
     from .train import optimizer_structure
     from .split_engine import SplitEngine
@@ -73,6 +102,7 @@ def build(tr, params: dict, slots: dict) -> None:
     tr._prog, tr._gprog = aprog, gprog
     tr._structure = optimizer_structure(opt)
     dtypes = tr._param_dtypes()
+    _same_layout(comm, _layout(tr, f, opt, aprog, params, dtypes))
     # rank 0's params and slots (at creation and on every rebuild or load): ranks
     # start identical even if they were initialized differently
     params = {n: comm.bcast_(np.array(params[n], dtypes[n], copy=True))

@@ -112,6 +112,17 @@ def test_failing_rank_stops_the_job(tmp_path, mode):
     assert not (tmp_path / "params.safetensors").exists()
 
 
+def test_ranks_building_different_trainers_is_a_clear_error(tmp_path):
+    """Rank 1 builds its trainer with SGD, rank 0 with Adam: rank 0's slot broadcasts went
+    unmatched and the job finished with params that differ; now every rank compares the
+    layouts (one allgather) and raises, naming what differs."""
+    p, _ = run_mpi([WORKER, "mismatch", "adam", "64", "3", str(tmp_path)], timeout=120)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0, out
+    assert "rank 1 builds a different trainer than rank 0: optimizer 'SGD' vs 'Adam'" in out
+    assert not (tmp_path / "params.safetensors").exists()
+
+
 def test_train_ddp_example_two_ranks(tmp_path):
     """examples/train_ddp.py on 2 ranks: trains the digits MLP (accuracy > 0.9 checked
     by the script) and writes one checkpoint."""

@@ -71,6 +71,8 @@ def main(mode, opt_name, global_batch, steps, out, model="mlp"):
     lo, hi = shard_bounds(global_batch, comm.size, comm.rank)
     # every rank starts from different params: the broadcast from rank 0 must win
     f = MODELS[model](hi - lo).init_randn(seed=0 if comm.rank == 0 else 100 + comm.rank, stddev=0.3)
+    if mode == "mismatch" and comm.rank == 1:   # another optimizer than rank 0's
+        opt_name = "sgd" if opt_name != "sgd" else "adam"
     opt, clip = make_opt(opt_name)
     tr = f.trainer(opt, max_grad_norm=clip, comm=comm)
     losses = []
