@@ -80,6 +80,12 @@ def _pair(a, ta: str, b, tb: str, keep: set):
 
 def einsum(eq: str, xs: list):
     terms, out = _parse(eq, [x.ndim for x in xs])
+    if any(isinstance(d, str) for x in xs for d in x.shape):
+        # a dynamic (dim_param) letter: the pairwise matmul below merges letters by reshape,
+        # which a symbol cannot take part in; rlxc.einsum contracts without merging
+        from .einsum_op import einsum as traced_einsum
+
+        return traced_einsum(",".join(terms) + "->" + out, *xs)
     xs = list(xs)
     for i in range(len(xs)):   # letters only this operand has and the output lacks: sum
         others = set(out).union(*(set(t) for j, t in enumerate(terms) if j != i))

@@ -37,14 +37,19 @@ def unary(method: str, np_fn=None):
 
 
 def _int_div(a, b):
-    """ONNX integer Div truncates toward zero (NumPy's // floors)."""
+    """ONNX integer Div truncates toward zero (NumPy's // floors).  Static operands (0-d
+    ones give NumPy scalars, not arrays) stay NumPy; a shape holding a dynamic dim is an
+    object array, whose SymDim refuses the arithmetic by name."""
     q = a // b
     fix = ((a % b) != 0) & ((a < 0) ^ (b < 0))
-    return fix.where(q + 1, q) if not isinstance(q, np.ndarray) else np.where(fix, q + 1, q)
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return np.asarray(np.where(fix, q + 1, q))
+    return fix.where(q + 1, q)
 
 
 def _div(a, b):
-    a_int = np.asarray(a).dtype.kind in "iu" if isinstance(a, np.ndarray) else \
+    # shapes: int64 arrays, or object arrays once a dim is a symbol (onnx_base.shape_array)
+    a_int = np.asarray(a).dtype.kind in "iuO" if isinstance(a, np.ndarray) else \
         a.dtype in ("i32", "i64")
     return _int_div(a, b) if a_int else a / b
 
@@ -312,7 +317,14 @@ def _softmax_like(method: str):
         if cx.opset >= 13:
             return getattr(x, method)(int(at.get("axis", -1)))
         axis = axis_of(at.get("axis", 1), x.ndim, "axis")  # opset < 13: the flattened tail
-        y = x.reshape(math.prod(x.shape[:axis]), -1)
+        tail = x.shape[axis:]
+        if len(tail) == 1:   # one axis (what exporters write): no reshape, any leading dims
+            return getattr(x, method)(axis)
+        if any(isinstance(d, str) for d in tail):
+            raise OnnxImportError(f"{node.op_type} (opset {cx.opset}) over the flattened axes "
+                                  f"{axis}.. of {tuple(x.shape)}: a dynamic dimension among "
+                                  "them; give its size with input_shapes=")
+        y = x.reshape(tuple(x.shape[:axis]) + (math.prod(tail),))   # leading dims kept
         return getattr(y, method)(-1).reshape(x.shape)
     return Rule(fn)
 
@@ -507,9 +519,14 @@ def _pad(cx, node, ins, at):
     for i, a in enumerate(axes):
         a = axis_of(a, r, "Pad's axis")
         lo[a], hi[a] = pads[i], pads[i + k]
+    for a, d in enumerate(x.shape):   # a dynamic (dim_param) axis passes unpadded
+        if isinstance(d, str) and (lo[a] or hi[a]):
+            raise OnnxImportError(f"Pad of axis {a}, the dynamic dimension {d!r}: only "
+                                  "static axes can be padded or cropped; give its size with "
+                                  "input_shapes=")
     # negative pads crop
     if any(p < 0 for p in lo + hi):
-        key = tuple(slice(-l if l < 0 else 0, d + h if h < 0 else d)
+        key = tuple(slice(-l if l < 0 else 0, d + h if h < 0 else d) if l or h else slice(None)
                     for l, h, d in zip(lo, hi, x.shape))
         x = x[key]
         lo, hi = [max(p, 0) for p in lo], [max(p, 0) for p in hi]
@@ -519,9 +536,12 @@ def _pad(cx, node, ins, at):
         y = x.scope.emit("rlx.pad", [x], low=tuple(lo), high=tuple(hi))
         c = 0.0 if value is None else float(np.asarray(static(value, "Pad's constant_value"))
                                                .reshape(()))
-        if c != 0.0:
-            frame = np.pad(np.zeros(x.shape, np.float32), list(zip(lo, hi)), constant_values=c)
-            y = y + cx.s.constant(frame, x.dtype)
+        if c != 0.0:   # the frame: where a padded splat of ones is 0 (any leading dims)
+            from rlxc.tensor import where
+
+            inside = x.scope.emit("rlx.pad", [cx.s._splat(1.0, x.shape, x.dtype)],
+                                  low=tuple(lo), high=tuple(hi))
+            y = where(inside == 1.0, y, c)
         return y
     npmode = {"reflect": "reflect", "edge": "edge", "wrap": "wrap"}[mode]
     for a in range(r):

@@ -201,6 +201,17 @@ def global_pool(kind):
     return Rule(fn)
 
 
+def _scale(size, dim, axis: int) -> float:
+    """Resize's factor for one axis from its output size; a dynamic (dim_param) axis only
+    at its own size (what interpolate(size=...) exports: Concat(Shape[:2], [H, W]))."""
+    if size == dim:
+        return 1.0
+    if isinstance(size, str) or isinstance(dim, str):
+        raise OnnxImportError(f"Resize of axis {axis} ({dim!r}) to {size!r}: a dynamic "
+                              "dimension can only keep its size")
+    return float(size) / dim
+
+
 def _resize_scales(x_shape, ins, opset: int, axes=None):
     def opt(i):
         return ins[i] if len(ins) > i and ins[i] is not None else None
@@ -210,7 +221,7 @@ def _resize_scales(x_shape, ins, opset: int, axes=None):
     axes = [axis_of(a, r, "Resize's axis") for a in axes] if axes is not None else \
         list(range(r))
     if sizes is not None and static(sizes, "Resize's sizes").size:
-        given = [float(o) / x_shape[a] for o, a in zip(ints_of(sizes), axes)]
+        given = [_scale(o, x_shape[a], a) for o, a in zip(ints_of(sizes), axes)]
     else:
         given = [float(v) for v in static(scales, "Resize's scales").reshape(-1)]
     fs = [1.0] * r

@@ -106,3 +106,71 @@ def test_shape_arithmetic_on_a_symbol_names_it():
     assert f.output_shapes() == [("batch", 2, 2)]
     a = np.arange(12, dtype=np.float32).reshape(3, 4)
     np.testing.assert_array_equal(f.run_on("cpu", x=a)[0], a.reshape(3, 2, 2))
+
+
+def _const(name, v, dt=np.int64):
+    return h.make_node("Constant", [], [name], value=nh.from_array(np.array(v, dt)))
+
+
+# exporter patterns on a dim_param batch (torch.onnx.export, TorchScript, opsets 11-17)
+EXPORT_CASES = {
+    # x.chunk(4, -1): Shape -> Gather -> Div (integer) -> Mul -> Slice: the shape is an
+    # object array once it holds a symbol, and its Div did float division (chunks 2,3,3,0)
+    "chunk_div": ([h.make_node("Shape", ["x"], ["s"]), _const("i", 1),
+                   h.make_node("Gather", ["s", "i"], ["d"]), _const("three", 3),
+                   h.make_node("Div", ["d", "three"], ["q"]), _const("two", 2),
+                   h.make_node("Mul", ["q", "two"], ["e"]), _const("z", [0]),
+                   h.make_node("Unsqueeze", ["e", "z"], ["ee"]), _const("ax", [1]),
+                   h.make_node("Slice", ["x", "z", "ee", "ax"], ["y"])], ["batch", 8], 13),
+    "softmax11_3d": ([h.make_node("Softmax", ["x"], ["y"], axis=2)], ["batch", 4, 8], 11),
+    "logsoftmax11": ([h.make_node("LogSoftmax", ["x"], ["y"], axis=2)],
+                     ["batch", "seq", 8], 11),
+    "pad_value": ([_const("p", [0, 0, 1, 1, 0, 0, 1, 1]), _const("v", 3.0, np.float32),
+                   h.make_node("Pad", ["x", "p", "v"], ["y"])], ["batch", 3, 4, 4], 13),
+    "pad_crop": ([_const("p", [0, 0, 0, -1, 0, 0, 0, 1]), h.make_node("Pad", ["x", "p"], ["y"])],
+                 ["batch", 3, 4, 4], 13),
+    "einsum_free": ([_const("w", np.arange(8.0), np.float32),
+                     h.make_node("Einsum", ["x", "w"], ["y"], equation="bij,j->bi")],
+                    ["batch", 5, 8], 13),
+    "resize_sizes": ([h.make_node("Shape", ["x"], ["s"]), _const("st", [0]), _const("en", [2]),
+                      _const("hw", [10, 12]), h.make_node("Slice", ["s", "st", "en"], ["s2"]),
+                      h.make_node("Concat", ["s2", "hw"], ["sz"], axis=0),
+                      h.make_node("Resize", ["x", "", "", "sz"], ["y"], mode="nearest",
+                                  coordinate_transformation_mode="asymmetric",
+                                  nearest_mode="floor")], ["batch", 3, 5, 6], 13),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EXPORT_CASES))
+def test_exporter_patterns_on_a_dynamic_batch_match_onnxruntime(case):
+    ort = pytest.importorskip("onnxruntime")
+    nodes, shape, opset = EXPORT_CASES[case]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", TP.FLOAT, shape)],
+                     [h.make_tensor_value_info("y", TP.FLOAT, None)])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", opset)])
+    m.ir_version = min(m.ir_version, 10)
+    f = rlxc.from_onnx(m)
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    for b in (2, 3):
+        xs = tuple(b if d == "batch" else 4 if d == "seq" else d for d in shape)
+        x = np.random.default_rng(b).normal(size=xs).astype(np.float32)
+        want = sess.run(None, {"x": x})[0]
+        got = f.run(x=x)[0]
+        assert got.shape == want.shape, (case, b, got.shape, want.shape)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=f"{case} b={b}")
+
+
+def test_integer_div_of_two_scalars_is_folded():
+    """Div of two 0-d static ints: NumPy's // gives a scalar, not an array, and the rule
+    took the Tensor branch (AttributeError: 'numpy.bool' object has no attribute 'where')."""
+    x = h.make_tensor_value_info("x", TP.FLOAT, (4, 8))
+    m = _model([_const("a", 9), _const("b", -2), h.make_node("Div", ["a", "b"], ["q"]),
+                _const("z", [0]), h.make_node("Unsqueeze", ["q", "z"], ["qq"]),
+                _const("four", [4]), h.make_node("Concat", ["four", "qq"], ["shp"], axis=0),
+                _const("st", [0, 0]), _const("ax", [0, 1]),
+                h.make_node("Neg", ["qq"], ["en1"]), h.make_node("Concat", ["four", "en1"],
+                                                                 ["en"], axis=0),
+                h.make_node("Slice", ["x", "st", "en", "ax"], ["y"])],
+               [x], [h.make_tensor_value_info("y", TP.FLOAT, None)])
+    xv = np.arange(32, dtype=np.float32).reshape(4, 8)
+    np.testing.assert_array_equal(rlxc.from_onnx(m).run(x=xv)[0], xv[:, :4])   # 9 / -2 = -4
