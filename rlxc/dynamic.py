@@ -115,6 +115,8 @@ class SizedJitted:
             self._bcall = mk(self._fast[2]) if mk is not None else None
 
     def run(self, *args, **inputs) -> list:
+        if args and not (len(args) == 1 and isinstance(args[0], dict)):
+            args, inputs = (), self._by_name(args, inputs)   # by position, as Jitted.run
         if self._one is not None:
             if not args and self._fast is not None and len(inputs) == len(self._fast[0]):
                 # the common call: every input by name, an ndarray of its dtype; the
@@ -159,6 +161,18 @@ class SizedJitted:
                         if a.kind == "input" or a.name in given})
 
     __call__ = run
+
+    def _by_name(self, args, inputs: dict) -> dict:
+        names = [a.name for a in self.func.signature() if a.kind == "input"]
+        if len(args) > len(names):
+            raise TypeError(f"{self.func.name}.run: {len(args)} positional inputs, expected "
+                            f"at most {len(names)} ({names})")
+        inputs = dict(inputs)
+        for n, a in zip(names, args):
+            if n in inputs:
+                raise TypeError(f"{self.func.name}.run: input {n!r} given twice")
+            inputs[n] = a
+        return inputs
 
     def set_num_threads(self, n: int) -> None:
         """Threads of every program built so far and of those built later."""

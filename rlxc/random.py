@@ -137,7 +137,11 @@ def uniform(key, shape=(), dtype: str = "f32", minval=0.0, maxval=1.0, stream: i
     """Uniform draws in [minval, maxval) of `shape` (jax.random.uniform's arguments)."""
     u = _unit(key, shape, 0, _stream(stream)).cast(_float(dtype))
     if (minval, maxval) != (0.0, 1.0):
-        u = u * (float(maxval) - float(minval)) + float(minval)
+        lo, hi = float(minval), float(maxval)
+        u = u * (hi - lo) + lo
+        npdt = np.float32 if _float(dtype) == "f32" else np.float64
+        if npdt(hi) > npdt(lo):   # u * (hi - lo) + lo can round up to hi: [lo, hi)
+            u = u.minimum(float(np.nextafter(npdt(hi), npdt(lo))))
     return u
 
 

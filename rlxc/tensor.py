@@ -323,8 +323,20 @@ class Tensor:
     def __rsub__(self, o): return self._binary("rlx.sub", o, swap=True)
     def __mul__(self, o): return self._binary("rlx.mul", o)
     def __rmul__(self, o): return self._binary("rlx.mul", o, swap=True)
-    def __truediv__(self, o): return self._binary("rlx.div", o)
-    def __rtruediv__(self, o): return self._binary("rlx.div", o, swap=True)
+    def __truediv__(self, o): return self._true_div(o, False)
+    def __rtruediv__(self, o): return self._true_div(o, True)
+
+    def _true_div(self, o, swap: bool) -> "Tensor":
+        """`/` as NumPy's true division: integers and masks divide as f64 (`i32 / 2` is
+        0.5 at 1, never the truncated 0; rlx.div on integers truncates, for `//`)."""
+        x = self
+        if x.dtype not in FLOAT_DTYPES and x.dtype != "u32":
+            x = x.cast("f64")
+            if isinstance(o, Tensor) and o.dtype not in FLOAT_DTYPES and o.dtype != "u32":
+                o = o.cast("f64")
+        elif isinstance(o, Tensor) and o.dtype in INT_DTYPES + ("i1",):
+            o = o.cast("f64") if x.dtype == "f64" else o   # float / int: the float's type
+        return x._binary("rlx.div", o, swap)
 
     def __pow__(self, o):
         if isinstance(o, numbers.Number) and o == 2:
@@ -335,7 +347,7 @@ class Tensor:
         return self._binary("rlx.pow", o)
 
     def __rpow__(self, o): return self._binary("rlx.pow", o, swap=True)
-    def __neg__(self): return self._unary("neg")
+    def __neg__(self): return self.neg()
     def __matmul__(self, o): return self.matmul(o)
 
     def __rmatmul__(self, o):
@@ -411,8 +423,8 @@ class Tensor:
             # ~2**11 beyond 2**53; the residual (a - m) - q0 * b is then small and exact
             # (wrapping arithmetic) and one more division of it corrects q0 exactly
             bs = where((b == 0) | (b == -1), 1, b)
-            q0 = (a - m) / bs
-            q = q0 + ((a - m) - q0 * bs) / bs
+            q0 = a.scope.emit("rlx.div", [a - m, bs])          # truncating integer division
+            q = q0 + a.scope.emit("rlx.div", [(a - m) - q0 * bs, bs])
             q = where(fix, q - 1, q)
             div = where(b == 0, 0, where(b == -1, 0 - a, q))
         return div.stop_gradient(), mod
@@ -440,6 +452,9 @@ class Tensor:
     def round(self, decimals: int = 0) -> "Tensor":
         """Round half to even, as np.round: `decimals` digits (scaled by 10**decimals)."""
         if decimals == 0 or self.dtype not in FLOAT_DTYPES:
+            if self.dtype in INT_DTYPES and decimals < 0:   # NumPy: to tens, hundreds, ...
+                f = 10.0 ** -int(decimals)                    # halves to even, via f64
+                return ((self.cast("f64") / f)._rounding("round") * f).cast(self.dtype)
             return self._rounding("round")
         f = 10.0 ** abs(int(decimals))
         if decimals > 0:
@@ -484,14 +499,22 @@ class Tensor:
     def gelu_tanh(self): return self._unary("gelu_tanh")
     def silu(self): return self._unary("silu")
     def softplus(self): return self._unary("softplus")
-    def abs(self): return self._unary("abs")
-    def __abs__(self): return self._unary("abs")
+    def abs(self):
+        if self.dtype in INT_DTYPES:     # integers (NumPy; abs(MIN) wraps to MIN)
+            return where(self < 0, 0 - self, self)
+        return self._unary("abs")
+
+    def __abs__(self): return self.abs()
     def sin(self): return self._unary("sin")
     def cos(self): return self._unary("cos")
-    def sign(self): return self._unary("sign")
+    def sign(self):
+        if self.dtype in INT_DTYPES:
+            return (self > 0).cast(self.dtype) - (self < 0).cast(self.dtype)
+        return self._unary("sign")
     def reciprocal(self): return self._unary("reciprocal")
     def erf(self): return self._unary("erf")
-    def neg(self): return self._unary("neg")
+    def neg(self):
+        return 0 - self if self.dtype in INT_DTYPES else self._unary("neg")
     def stop_gradient(self): return self._unary("stop_gradient")
 
     def fake_quant(self, fmt) -> "Tensor":

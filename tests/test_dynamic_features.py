@@ -351,3 +351,16 @@ def test_indexing_with_an_index_tensor_of_dynamic_length(dev):
         a, b = f.run_on(dev, x=x, i=i)
         np.testing.assert_array_equal(a, x[i])
         np.testing.assert_array_equal(b, x[i, np.array([1])])
+
+
+def test_jit_of_a_dynamic_func_takes_inputs_by_position():
+    """SizedJitted.run takes positional inputs as the static Jitted.run does."""
+    f = rlxc.Func("dynpos", lambda s: (s.input("x", ("B", 4)) * s.input("w", (4,))).sum(1))
+    j = f.jit()
+    x, w = np.ones((3, 4), np.float32), np.arange(4, dtype=np.float32)
+    np.testing.assert_array_equal(j.run(x, w)[0], np.full(3, 6.0, np.float32))
+    np.testing.assert_array_equal(j.run(x[:2], w=w)[0], np.full(2, 6.0, np.float32))
+    with pytest.raises(TypeError, match="input 'x' given twice"):
+        j.run(x, x=x)
+    with pytest.raises(TypeError, match="3 positional inputs, expected at most 2"):
+        j.run(x, w, w)

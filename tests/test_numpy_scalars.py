@@ -149,3 +149,40 @@ def test_integer_pow_compiles_for_the_gpu():
                                 s.input("c", (64,), "i32") ** 5])
     art = gpu_kernels.compile_cuda(f.module, ptxas=nvptx.find_ptxas() or False)
     assert "mul.lo.s64" in art.ptx and "mul.lo.s32" in art.ptx
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_integer_true_division_round_neg_abs_sign_follow_numpy(dev):
+    """`/` on integers and masks is NumPy's true division (f64; rlx.div truncates, for
+    `//`); round with negative decimals rounds integers to tens (halves to even); unary
+    minus, abs and sign take integers."""
+    x = np.array([-39, 38, 45, 35, 25, 1234, 0, -7], np.int32)
+    y = np.array([2, -4, 7, 3, 5, 10, 1, 2], np.int32)
+
+    def build(s):
+        a, b = s.input("x", (8,), "i32"), s.input("y", (8,), "i32")
+        m = a > 0
+        return [a / b, a / 2, 1 / b, m / 2, a.cast("i64") / 4, a.round(-1), a.round(-2),
+                a.round(1), -a, abs(a), a.sign(), a.cast("i64").abs(), a // b, a % b]
+
+    got = Func("intdiv", build).run_on(dev, x=x, y=y)
+    m = x > 0
+    want = [x / y, x / 2, 1 / y, m / 2, x.astype(np.int64) / 4, np.round(x, -1),
+            np.round(x, -2), np.round(x, 1), -x, np.abs(x), np.sign(x),
+            np.abs(x.astype(np.int64)), x // y, x % y]
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g.dtype == w.dtype, (i, g.dtype, w.dtype)
+        np.testing.assert_array_equal(g, w, err_msg=str(i))
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_uniform_stays_below_maxval(dev):
+    """u * (hi - lo) + lo rounds up to hi for some u < 1 in f32 (1000 + 0.99999994 * 1):
+    the draws are clamped into [minval, maxval), as documented."""
+    import rlxc
+
+    f = Func("unif", lambda s: rlxc.random.uniform(s.input("key", (2,), "u32"), (1 << 20,),
+                                                    minval=1000.0, maxval=1001.0))
+    (u,) = f.run_on(dev, key=np.array([7, 11], np.uint32))
+    assert u.max() < 1001.0 and u.min() >= 1000.0
+    assert (u > 1000.999).any()
