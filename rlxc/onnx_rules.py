@@ -19,6 +19,7 @@ import numpy as np
 
 from .onnx_base import Ctx, Rule, ints_of, is_static, attr_text, tensors, static  # noqa: F401
 from .onnx_base import axis_of, shape_array
+from .onnx_rules_more import MORE_RULES
 from .onnx_import import ONNX_DTYPES, OnnxImportError, tensor_array
 from .onnx_rules_nn import (batch_norm, batch_norm_unsupported, conv,
                             conv_transpose, conv_transpose_unsupported, global_pool,
@@ -662,3 +663,4 @@ RULES: dict[str, Rule] = {
     "GlobalAveragePool": global_pool("mean"), "GlobalMaxPool": global_pool("max"),
     "Resize": Rule(resize, resize_unsupported, (1, 2, 3)),
 }
+RULES.update(MORE_RULES)   # cumsum, topk, trilu, prelu, isnan/isinf, one-hot, ... (more)

@@ -254,3 +254,31 @@ def make_model(case):
     m = h.make_model(g, opset_imports=[h.make_opsetid("", opset)])
     m.ir_version = min(m.ir_version, 10)   # what onnxruntime reads
     return m
+
+# onnx_rules_more.py: what torch.onnx.export writes for cumsum, topk, triu/tril, PReLU,
+# isnan/isinf, one_hot, gather and GroupNorm/instance_norm
+_SPECIAL = np.array([[1.0, np.nan, -np.inf, 2.0], [np.inf, -1.0, 0.0, np.nan]], np.float32)
+CASES.append(
+    ("more_ops", 17, [
+        N("CumSum", ["x", "ax1"], "cs"), N("CumSum", ["x", "axm"], "csr", reverse=1),
+        N("CumSum", ["x", "ax1"], "cse", exclusive=1),
+        N("CumSum", ["x", "ax1"], "csre", exclusive=1, reverse=1),
+        N("TopK", ["t", "k2"], ["tv", "ti"], axis=1),
+        N("TopK", ["t", "k2"], ["bv", "bi"], axis=0, largest=0),
+        N("Trilu", ["x"], "up"), N("Trilu", ["x", "km1"], "lo", upper=0),
+        N("PRelu", ["x", "slope"], "pr"),
+        N("IsNaN", ["sp"], "nan"), N("IsInf", ["sp"], "inf"),
+        N("IsInf", ["sp"], "ninf", detect_positive=0),
+        N("OneHot", ["oh_i", "depth", "ohv"], "oh", axis=1),
+        N("OneHot", ["oh_i", "depth", "ohv"], "oh_last"),
+        N("GatherElements", ["x", "ge_i"], "ge", axis=1),
+        N("GatherElements", ["x", "ge_j"], "ge0", axis=0),
+        N("InstanceNormalization", ["img", "isc", "ibi"], "inorm", epsilon=1e-4)],
+     {"x": X, "t": TIES, "sp": _SPECIAL, "oh_i": i64(0, 3, -1, 2, -4), "img": IMG},
+     {"ax1": i64(1), "axm": i64(-1), "k2": i64(2), "km1": i64(-1),
+      "slope": r(4), "depth": i64(4), "ohv": np.array([-1.0, 3.0], np.float32),
+      "ge_i": np.array([[[0, 2, 1, 0], [2, -1, 0, 1]], [[1, 1, 2, 0], [0, 0, 0, 2]]], np.int64),
+      "ge_j": np.array([[[1, 0, 1, 0]]], np.int64), "isc": r(3), "ibi": r(3)},
+     [("cs", F), ("csr", F), ("cse", F), ("csre", F), ("tv", F), ("ti", I64), ("bv", F),
+      ("bi", I64), ("up", F), ("lo", F), ("pr", F), ("nan", B), ("inf", B), ("ninf", B),
+      ("oh", F), ("oh_last", F), ("ge", F), ("ge0", F), ("inorm", F)]))
