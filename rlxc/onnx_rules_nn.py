@@ -212,7 +212,9 @@ def _scale(size, dim, axis: int) -> float:
     return float(size) / dim
 
 
-def _resize_scales(x_shape, ins, opset: int, axes=None):
+def _resize_factors(x_shape, ins, opset: int, axes=None):
+    """(scale, output size) per axis: from `sizes` (scale = out / in) or `scales`
+    (out = floor(in * scale))."""
     def opt(i):
         return ins[i] if len(ins) > i and ins[i] is not None else None
     # Resize-10's inputs are (X, scales); from opset 11 (X, roi, scales, sizes)
@@ -220,22 +222,62 @@ def _resize_scales(x_shape, ins, opset: int, axes=None):
     r = len(x_shape)
     axes = [axis_of(a, r, "Resize's axis") for a in axes] if axes is not None else \
         list(range(r))
+    fs, outs = [1.0] * r, list(x_shape)
     if sizes is not None and static(sizes, "Resize's sizes").size:
-        given = [_scale(o, x_shape[a], a) for o, a in zip(ints_of(sizes), axes)]
+        for o, a in zip(ints_of(sizes), axes):   # opset 18 `axes`: these axes only
+            fs[a], outs[a] = _scale(o, x_shape[a], a), o
     else:
-        given = [float(v) for v in static(scales, "Resize's scales").reshape(-1)]
-    fs = [1.0] * r
-    for a, f in zip(axes, given):   # opset 18 `axes`: scales/sizes for these axes only
-        fs[a] = f
-    if any(not f.is_integer() or f < 1 for f in fs):
-        raise OnnxImportError(f"nearest Resize with scales {fs}: only integer upsampling "
-                              "factors are supported")
-    return [int(f) for f in fs]
+        for v, a in zip(static(scales, "Resize's scales").reshape(-1), axes):
+            fs[a] = float(v)
+            if fs[a] != 1.0:
+                if isinstance(x_shape[a], str):
+                    raise OnnxImportError(f"Resize of axis {a}, the dynamic dimension "
+                                          f"{x_shape[a]!r}: a dynamic dimension can only "
+                                          "keep its size")
+                outs[a] = int(np.floor(x_shape[a] * fs[a]))
+    return fs, outs
+
+
+def _source(n_in: int, n_out: int, scale: float, ct: str) -> np.ndarray:
+    """ONNX's coordinate transformation: the input coordinate of each output one."""
+    xo = np.arange(n_out, dtype=np.float64)
+    if ct == "align_corners":
+        return xo * ((n_in - 1) / (n_out - 1)) if n_out > 1 else np.zeros(n_out)
+    if ct == "asymmetric":
+        return xo / scale
+    if ct == "pytorch_half_pixel" and n_out == 1:
+        return np.zeros(1)
+    return (xo + 0.5) / scale - 0.5   # half_pixel
+
+
+def _linear(x, a: int, n_out: int, scale: float, ct: str):
+    """Linear interpolation along axis a: the two neighbours of each source coordinate
+    (clamped to the axis, as onnxruntime), weighted by the distance."""
+    n = x.shape[a]
+    src = np.clip(_source(n, n_out, scale, ct), 0, n - 1)
+    i0 = np.floor(src).astype(np.int64)
+    i1 = np.minimum(i0 + 1, n - 1)
+    shape = [1] * x.ndim
+    shape[a] = n_out
+    w = x.scope.constant((src - i0).reshape(shape), x.dtype)
+    x0, x1 = x.take(i0, a), x.take(i1, a)
+    return x0 + (x1 - x0) * w
 
 
 def resize(cx, node, ins, at):
     x = cx.T(ins[0])
-    fs = _resize_scales(x.shape, ins, cx.opset, at.get("axes"))
+    fs, outs = _resize_factors(x.shape, ins, cx.opset, at.get("axes"))
+    if attr_text(at.get("mode", "nearest")) == "linear":
+        ct = attr_text(at.get("coordinate_transformation_mode",   # Resize-10: asymmetric
+                              "half_pixel" if cx.opset >= 11 else "asymmetric"))
+        for a, (f, o) in enumerate(zip(fs, outs)):
+            if f != 1.0 or o != x.shape[a]:
+                x = _linear(x, a, o, f, ct)
+        return x
+    if any(not f.is_integer() or f < 1 for f in fs):
+        raise OnnxImportError(f"nearest Resize with scales {fs}: only integer upsampling "
+                              "factors are supported")
+    fs = [int(f) for f in fs]
     if all(f == 1 for f in fs):
         return x
     inter = tuple(v for d in x.shape for v in (d, 1))
@@ -246,9 +288,16 @@ def resize(cx, node, ins, at):
 
 def resize_unsupported(node, at, opset):
     mode = attr_text(at.get("mode", "nearest"))
-    if mode != "nearest":
-        return f"mode {mode!r} (only nearest)"
     ct = attr_text(at.get("coordinate_transformation_mode", "half_pixel"))
+    if at.get("antialias", 0):
+        return "antialias=1"
+    if attr_text(at.get("keep_aspect_ratio_policy", "stretch")) != "stretch":
+        return f"keep_aspect_ratio_policy {attr_text(at['keep_aspect_ratio_policy'])!r}"
+    if mode == "linear":
+        linear = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")
+        return None if ct in linear else f"linear with coordinate_transformation_mode {ct!r}"
+    if mode != "nearest":
+        return f"mode {mode!r} (nearest and linear)"
     nm = attr_text(at.get("nearest_mode", "round_prefer_floor"))
     ok = (ct == "asymmetric" and nm == "floor") or \
         (ct in ("half_pixel", "pytorch_half_pixel") and nm in ("round_prefer_floor",

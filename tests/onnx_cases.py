@@ -282,3 +282,24 @@ CASES.append(
      [("cs", F), ("csr", F), ("cse", F), ("csre", F), ("tv", F), ("ti", I64), ("bv", F),
       ("bi", I64), ("up", F), ("lo", F), ("pr", F), ("nan", B), ("inf", B), ("ninf", B),
       ("oh", F), ("oh_last", F), ("ge", F), ("ge0", F), ("inorm", F)]))
+
+# Resize mode linear (F.interpolate(mode="bilinear")): every coordinate transformation,
+# up and down, integer and fractional scales, from scales and from sizes; Resize-10
+CASES.append(
+    ("resize_linear", 13, [
+        N("Resize", ["img", "", "s2"], "hp", mode="linear"),
+        N("Resize", ["img", "", "s3"], "php", mode="linear",
+          coordinate_transformation_mode="pytorch_half_pixel"),
+        N("Resize", ["img", "", "", "sz"], "ac", mode="linear",
+          coordinate_transformation_mode="align_corners"),
+        N("Resize", ["img", "", "s3"], "asym", mode="linear",
+          coordinate_transformation_mode="asymmetric"),
+        N("Resize", ["img", "", "", "sz1"], "one", mode="linear",
+          coordinate_transformation_mode="pytorch_half_pixel")],
+     {"img": IMG},
+     {"s2": np.array([1, 1, 2, 2], np.float32), "s3": np.array([1, 1, 0.6, 1.7], np.float32),
+      "sz": i64(2, 3, 7, 5), "sz1": i64(2, 3, 1, 9)},
+     [("hp", F), ("php", F), ("ac", F), ("asym", F), ("one", F)]))
+CASES.append(
+    ("resize10_linear", 10, [N("Resize", ["img", "scales"], "up", mode="linear")],
+     {"img": IMG}, {"scales": np.array([1, 1, 1.5, 2], np.float32)}, [("up", F)]))
