@@ -8,6 +8,8 @@
     OneHot     off + (on - off) * one_hot(index (negative: from the end), depth), at `axis`
     GatherElements  data[idx at `axis`, the other dims' aranges] (advanced indexing)
     InstanceNormalization  layer_norm over the spatial dims, then scale/bias per channel
+    SoftmaxCrossEntropyLoss  log_softmax over axis 1, the labels' entries, weights,
+               ignore_index, reduction (F.cross_entropy inside a model)
 
 What torch.onnx.export writes for cumsum, topk, triu/tril (and SDPA's causal mask),
 nn.PReLU, isnan/isinf, one_hot, torch.gather and GroupNorm/instance_norm.
@@ -146,6 +148,46 @@ def _instance_norm(cx, node, ins, at):
     return y * scale.reshape(c) + bias.reshape(c)
 
 
+def _sce_loss(cx, node, ins, at):
+    """SoftmaxCrossEntropyLoss: log_softmax over axis 1, the labels' entries (a mask, never
+    a product with -inf), weights[label], ignore_index (loss and weight 0), reduced."""
+    from rlxc.tensor import where
+
+    x = cx.T(ins[0])
+    y = cx.T(ins[1])
+    if y.dtype not in ("i32", "i64"):
+        raise OnnxImportError(f"SoftmaxCrossEntropyLoss: labels of dtype {y.dtype}")
+    c = x.shape[1]
+    if isinstance(c, str):
+        raise OnnxImportError("SoftmaxCrossEntropyLoss: the class axis (1) must be static")
+    lp = x.log_softmax(1)
+    ign = at.get("ignore_index")
+    keep = (y != int(ign)) if ign is not None else None
+    ys = where(keep, y, 0) if keep is not None else y
+    iota = np.arange(c).reshape((1, c) + (1,) * (x.ndim - 2))
+    hit = ys.expand_dims(1) == cx.s.constant(iota, ys.dtype)
+    loss = -(where(hit, lp, 0.0).sum(1))
+    w = None
+    if len(ins) > 2 and ins[2] is not None:
+        w = cx.T(ins[2], x).take(ys, 0)
+    if keep is not None:
+        k = keep.cast(x.dtype)
+        w = k if w is None else w * k
+    if w is not None:
+        loss = loss * w
+    red = at.get("reduction", b"mean")
+    red = red.decode() if isinstance(red, bytes) else red
+    if red == "none":
+        out = loss
+    elif red == "sum":
+        out = loss.sum()
+    elif red == "mean":   # weighted: by the weights' sum (ignored entries weigh 0)
+        out = loss.mean() if w is None else loss.sum() / w.sum()
+    else:
+        raise OnnxImportError(f"SoftmaxCrossEntropyLoss: reduction {red!r}")
+    return [out, lp]
+
+
 MORE_RULES: dict[str, Rule] = {
     "CumSum": Rule(_cumsum, static_inputs=(1,)),
     "TopK": Rule(_topk, static_inputs=(1,)),
@@ -155,6 +197,7 @@ MORE_RULES: dict[str, Rule] = {
     "OneHot": Rule(_one_hot, static_inputs=(1, 2)),
     "GatherElements": Rule(_gather_elements),
     "InstanceNormalization": Rule(_instance_norm),
+    "SoftmaxCrossEntropyLoss": Rule(_sce_loss),
 }
 
 __all__ = ["MORE_RULES"]

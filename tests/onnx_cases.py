@@ -303,3 +303,17 @@ CASES.append(
 CASES.append(
     ("resize10_linear", 10, [N("Resize", ["img", "scales"], "up", mode="linear")],
      {"img": IMG}, {"scales": np.array([1, 1, 1.5, 2], np.float32)}, [("up", F)]))
+
+_LAB = np.array([[2, 0, 4], [1, 3, 3]], np.int64)
+CASES.append(
+    ("sce_loss", 13, [
+        N("SoftmaxCrossEntropyLoss", ["sc", "lab"], ["l_mean", "lp"]),
+        N("SoftmaxCrossEntropyLoss", ["sc", "lab"], "l_none", reduction="none"),
+        N("SoftmaxCrossEntropyLoss", ["sc", "lab", "cw"], "l_w"),
+        N("SoftmaxCrossEntropyLoss", ["sc", "lab", "cw"], "l_wi", ignore_index=3),
+        N("SoftmaxCrossEntropyLoss", ["sc", "lab"], "l_si", reduction="sum", ignore_index=0),
+        N("SoftmaxCrossEntropyLoss", ["sc2", "lab2"], "l_2d")],
+     {"sc": r(2, 5, 3), "lab": _LAB, "sc2": r(4, 5), "lab2": i64(0, 4, 2, 2)},
+     {"cw": r(5, lo=0.2)},
+     [("l_mean", F), ("lp", F), ("l_none", F), ("l_w", F), ("l_wi", F), ("l_si", F),
+      ("l_2d", F)]))
