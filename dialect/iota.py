@@ -3,8 +3,10 @@
     %i = rlx.iota size = -1 : tensor<?xi32, ["B"]>        the counters 0..B-1
 
 Only symbolic shapes need it: a static arange is a small rlx.constant (what the tracer
-emits for static dims), so the op exists only in dynamic modules and never reaches a
-backend: dialect/specialize.py turns it into that constant at the call's sizes.  The
+emits for static dims), so the op exists only in dynamic modules: dialect/specialize.py
+turns it into that constant at the call's sizes, except for the CPU's size-generic
+lowering (lowering/cpu/dynsizes.py), which keeps it and computes the counters from the
+loop index (loops.IndexValue) so that no constant holds data of the sampled sizes.  The
 interpreter evaluates it at the call's sizes.  It has no operands, so every transform
 treats it as shared (vmap clones it, grad and jvp see no active operand) and
 constant folding leaves it alone.  Users: rlxc.random's element counters and

@@ -525,7 +525,7 @@ AttentionBwdOp = _define(
 from .control import CONTROL_OPS  # noqa: E402  (rlx.scan/while/if/yield: regions)
 from .iota import IotaOp  # noqa: E402  (rlx.iota: dynamic modules only, dialect/iota.py)
 
-SYMBOLIC_OPS = {IotaOp.name: IotaOp}   # never reach a backend: specialize removes them
+SYMBOLIC_OPS = {IotaOp.name: IotaOp}   # dynamic modules only (specialize; dialect/iota.py)
 RLX = Dialect("rlx", list(OPS.values()) + list(CONTROL_OPS.values()) + [IotaOp], [])
 
 

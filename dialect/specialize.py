@@ -22,6 +22,7 @@ from xdsl.ir import Block, Region
 
 from .control import YieldOp, is_control, make_control
 from .module import finish_function, get_func, new_function, signature
+from .iota import IotaOp
 from .ops import OPS, CastOp, ConstantOp, RlxOp, create_op
 from .symdims import is_dynamic, resolve, resolve_value
 from .trace import Arg
@@ -33,19 +34,21 @@ def _static(t, sizes: dict):
     return tensor_type(resolve(shp, sizes), dtype_of(t)) if is_dynamic(shp) else t
 
 
-def specialize(module, sizes: dict):
-    """A new module: `module` with every symbol replaced by its size in `sizes`."""
+def specialize(module, sizes: dict, keep_iota: bool = False):
+    """A new module: `module` with every symbol replaced by its size in `sizes`.
+    `keep_iota`: a symbolic rlx.iota stays an op of the static size (the CPU's
+    size-generic lowering computes it; a constant would hold data of this size)."""
     f = get_func(module)
     args = [Arg(a.name, a.kind, resolve(a.shape, sizes), a.dtype) for a in signature(f)]
     mod, nf, block = new_function(f.sym_name.data, args)
     vals = dict(zip(f.args, block.args))
-    ret = _replay(f.body.block, block, vals, sizes)
+    ret = _replay(f.body.block, block, vals, sizes, keep_iota)
     finish_function(nf, block, [vals[o] for o in ret.operands])
     mod.verify()
     return mod
 
 
-def _replay(src: Block, block: Block, vals: dict, sizes: dict):
+def _replay(src: Block, block: Block, vals: dict, sizes: dict, keep_iota: bool = False):
     """Specialize the ops of `src` into `block` (`vals`: old value -> new value); returns
     `src`'s terminator (func.return or rlx.yield), not copied."""
     for op in src.ops:
@@ -55,7 +58,9 @@ def _replay(src: Block, block: Block, vals: dict, sizes: dict):
         if is_control(op):
             new = _control(op, operands, sizes)
         elif op.name == "rlx.iota":
-            new = _iota_constant(op, sizes)
+            new = _iota_constant(op, sizes) if not keep_iota else \
+                create_op(IotaOp, [], _static(op.results[0].type, sizes),
+                          size=shape_of(_static(op.results[0].type, sizes))[0])
         elif isinstance(op, ConstantOp) or not any(is_dynamic(shape_of(r.type))
                                                    for r in op.results):
             new = op.clone(value_mapper=dict(zip(op.operands, operands)))

@@ -88,6 +88,34 @@ def test_full_reduction_over_a_dynamic_batch_is_one_library(k, transform):
         _close(got, want, f"k={k} B={B}")
 
 
+@pytest.mark.parametrize("draw", ["dropout", "uniform", "normal", "bernoulli"])
+def test_random_draws_of_a_dynamic_shape_are_one_library(draw):
+    """A draw of shape (B, 6): its counters are rlx.iota, which the size-generic lowering
+    now computes (loops.IndexValue) instead of reading an arange constant of the call's
+    size, whose data differed between the sampled sizes (a per-size fallback, and rlxc
+    compile asked for --sizes).  The bits equal the per-size program's."""
+    import rlxc.random as R
+
+    def build(s):
+        x, key = s.input("x", ("B", 6)), s.input("key", (2,), "u32")
+        return {"dropout": lambda: x.dropout(0.3, key),
+                "uniform": lambda: R.uniform(key, x.shape) + x,
+                "normal": lambda: R.normal(key, x.shape) + x,
+                "bernoulli": lambda: R.bernoulli(key, 0.3, x.shape).where(x, 0.0)}[draw]()
+
+    f = rlxc.Func(f"dyn_{draw}", build)
+    ex = one_library(f, backend("cpu"))
+    assert ex is not None, FALLBACKS.get(f.ir_hash())
+    key = np.array([5, 9], np.uint32)
+    for B in (1, 7, 1000):
+        x = np.random.default_rng(B).random((B, 6)).astype(np.float32)
+        (got,) = ex.run(f.bind_call((), {"x": x, "key": key}))
+        (per_size,) = f.specialize(B=B).run_on("cpu", x=x, key=key)
+        np.testing.assert_array_equal(got, per_size)
+        np.testing.assert_allclose(got, f.run_on("interp", x=x, key=key)[0], rtol=1e-6,
+                                   atol=1e-6)
+
+
 def test_workspace_grows_only_with_the_size():
     from rlxc.runtime.dyncpu import DynExecutor
 

@@ -63,8 +63,9 @@ from rlxc.lowering.cpu import fastminmax, symint, tiles, vmap, vsum
 from rlxc.lowering.shared.scalar import (F32, I8, I32, I64, LOWER_RULES, MEM_TYPES, combine, const,
                                          cpu_rules, emit_op, vtype)
 from rlxc.lowering.shared.mathlib_ratio import fused_parts
-from rlxc.lowering.cpu.loops import (AccDecl, AccRef, CheckKernel, Const, For, InRange, Load,
-                    LoopKernel, MatmulKernel, Op, Program, Store, Update, walk, walk_expr)
+from rlxc.lowering.cpu.loops import (AccDecl, AccRef, CheckKernel, Const, For, InRange,
+                    IndexValue, Load, LoopKernel, MatmulKernel, Op, Program, Store, Update,
+                    walk, walk_expr)
 from rlxc.lowering.cpu.tuning import PAR_MIN_WORK
 
 VOID = ir.VoidType()
@@ -159,6 +160,11 @@ class Body:
         elif isinstance(e, InRange):
             i = self.index(b, e.idx, vars_)
             r = b.and_(b.icmp_signed(">=", i, c64(e.lo)), b.icmp_signed("<", i, c64(e.hi)))
+        elif isinstance(e, IndexValue):
+            i = self.index(b, e.idx, vars_)
+            t = vtype(e.dtype)
+            r = i if e.dtype == "i64" else b.trunc(i, t) if e.dtype in ("i32", "u32") else \
+                b.sitofp(i, t)
         elif isinstance(e, Op):
             r = emit_op(b, e, [self.expr(b, a, vars_, memo) for a in e.args], self.rules)
         else:

@@ -214,7 +214,7 @@ def lower_dynamic(module, symbols: list, name: str, cpu: str = "native",
     progs = []
     for env in envs:
         try:
-            mod = cleanup(specialize(module, env))
+            mod = cleanup(specialize(module, env, keep_iota=True))   # iota: computed
         except NotImplementedError as e:
             raise DynamicSizeError(str(e)) from None
         progs.append(fuse_rows(build_program(mod, name, max_threads or default_threads(), cpu,

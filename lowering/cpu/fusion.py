@@ -43,7 +43,7 @@ from rlxc.dialect.shapes import ELEMENTWISE_FAMILIES, SHAPES, ops_where  # noqa:
 from rlxc.dialect.types import dense_value, dtype_of, is_splat, numel, shape_of, splat_element
 
 from rlxc.lowering.cpu import indexing as ix
-from rlxc.lowering.cpu.loops import Buffer, Const, InRange, Load, Op
+from rlxc.lowering.cpu.loops import Buffer, Const, IndexValue, InRange, Load, Op
 
 # name sets derived from the op properties (dialect/shapes.py)
 VIEW_OPS = ops_where(lambda s: s.view)
@@ -204,6 +204,8 @@ class Gen:
             if is_splat(op.value):
                 return Const(splat_value(v), dt)
             raise AssertionError("non-splat constants are materialized")
+        if name == "rlx.iota":   # a size-generic program's counters (dialect/iota.py)
+            return IndexValue(idx[0], dt)
         if fam in ELEMENTWISE_FAMILIES:
             args = tuple(self.value(o, idx) for o in op.operands)
             for o in op.operands:

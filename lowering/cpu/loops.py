@@ -105,6 +105,14 @@ class InRange(Expr):
     dtype: str = "i1"
 
 
+@dataclass(frozen=True, eq=False)
+class IndexValue(Expr):
+    """The index `idx` itself as a number of `dtype` (rlx.iota: a size-generic program's
+    element counters, computed instead of read from a constant of the call's size)."""
+    idx: ix.Affine
+    dtype: str = "i32"
+
+
 @dataclass(eq=False)
 class Acc:
     name: str
@@ -286,7 +294,7 @@ def expr_buffers(e) -> list:
     if isinstance(e, Load):
         out.append(e.buf)
         out += affine_buffers(e.off)
-    elif isinstance(e, InRange):
+    elif isinstance(e, (InRange, IndexValue)):
         out += affine_buffers(e.idx)
     return out
 
@@ -341,6 +349,8 @@ def format_expr(e, names=None) -> str:
         return "acc"
     if isinstance(e, InRange):
         return f"({e.lo} <= {e.idx} < {e.hi})"
+    if isinstance(e, IndexValue):
+        return f"{e.dtype}({e.idx})"
     if isinstance(e, Op):
         args = ", ".join(format_expr(a) for a in e.args)
         ps = "".join(f", {k}={v}" for k, v in e.params)

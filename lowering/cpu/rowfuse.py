@@ -43,7 +43,8 @@ dynamic program's sampled sizes all fuse alike (dynsizes.py merges them kernel b
 from __future__ import annotations
 
 from rlxc.lowering.cpu import indexing as ix
-from rlxc.lowering.cpu.loops import (AccDecl, For, InRange, Load, LoopKernel, Store, Update,
+from rlxc.lowering.cpu.loops import (AccDecl, For, InRange, IndexValue, Load, LoopKernel, Store,
+                                     Update,
                                      affine_buffers, stmt_exprs, walk, walk_expr)
 from rlxc.lowering.cpu.schedule import map_expr
 
@@ -119,7 +120,7 @@ def accesses(stmts):
                 if isinstance(x, Load):
                     acc.append((x.buf, x.off, False))
                     indirect.update(affine_buffers(x.off))
-                elif isinstance(x, InRange):
+                elif isinstance(x, (InRange, IndexValue)):
                     indirect.update(affine_buffers(x.idx))
     return acc, indirect
 

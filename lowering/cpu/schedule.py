@@ -34,8 +34,8 @@ from rlxc.dialect.types import dtype_of, numel, shape_of
 
 from rlxc.lowering.cpu import indexing as ix
 from rlxc.lowering.cpu.fusion import ELEMENTWISE_FAMILIES, Gen, Plan, const_bytes, is_splat_const
-from rlxc.lowering.cpu.loops import (Buffer, CheckKernel, Const, For, InRange, Load, LoopKernel, Op, Program,
-                    Store, walk_expr)
+from rlxc.lowering.cpu.loops import (Buffer, CheckKernel, Const, For, InRange, IndexValue, Load,
+                    LoopKernel, Op, Program, Store, walk_expr)
 
 from rlxc.lowering.shared.scalar import identity as scalar_identity
 from rlxc.lowering.cpu.tuning import (BLOCK, CHUNK, MAX_CHUNKS, PAR_MIN_WORK,  # noqa: F401
@@ -66,6 +66,8 @@ def map_expr(e, mapping: dict, memo=None, rebase=None):
         r = Load(e.buf, rebase(e.buf, off) if rebase else off)
     elif isinstance(e, InRange):
         r = InRange(ix.subst(e.idx, mapping), e.lo, e.hi)
+    elif isinstance(e, IndexValue):
+        r = IndexValue(ix.subst(e.idx, mapping), e.dtype)
     elif isinstance(e, Op):
         r = Op(e.op, tuple(map_expr(a, mapping, memo, rebase) for a in e.args), e.dtype,
                e.params)
@@ -79,7 +81,7 @@ def _affines(e):
     for x in walk_expr(e):
         if isinstance(x, Load):
             yield x.off
-        elif isinstance(x, InRange):
+        elif isinstance(x, (InRange, IndexValue)):
             yield x.idx
 
 
@@ -309,7 +311,7 @@ class Builder:
                 attention_bwd_kernels(self, v, op, what)
             elif fam in ELEMENTWISE_FAMILIES or op.name in (
                     "rlx.broadcast_to", "rlx.reshape", "rlx.transpose", "rlx.slice", "rlx.pad",
-                    "rlx.gather", "rlx.fake_quant"):
+                    "rlx.gather", "rlx.fake_quant", "rlx.iota"):
                 self._map_value(v, what)
             else:
                 raise NotImplementedError(f"cpu backend: no lowering for {op.name}")
