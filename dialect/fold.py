@@ -53,7 +53,8 @@ def _reduce_splat(op: RlxOp, attr, n: int):
     v = _first(attr)
     if op.name != "rlx.sum":
         return v
-    return np.asarray([float(v[0]) * (numel(src) // n)]).astype(v.dtype)
+    with np.errstate(over="ignore"):   # an overflow to inf: _finite keeps it an op
+        return np.asarray([float(v[0]) * (numel(src) // n)]).astype(v.dtype)
 
 
 def evaluate(op: RlxOp, arrays: list[np.ndarray]) -> np.ndarray:

@@ -275,6 +275,8 @@ def reduction(kind: str, axes_input_from: int):
                 return np.asarray(npf(x, axis=axes, keepdims=keep), dtype=x.dtype)
         x = cx.T(x)
         ax = axes if axes is not None else tuple(range(x.ndim))
+        if kind == "mean" and x.dtype in ("i32", "i64"):   # ONNX keeps the type: truncated
+            return x.mean(ax, keepdims=keep).cast(x.dtype)
         if kind in ("sum", "mean", "max", "min", "prod"):
             return getattr(x, kind)(ax, keepdims=keep)
         if kind == "sum_square":

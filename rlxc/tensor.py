@@ -290,7 +290,11 @@ class Tensor:
         return self.scope._splat(value, self.shape, dt)
 
     def _binary(self, op: str, other, swap=False) -> "Tensor":
-        return self.scope.emit(op, list(self._pair(op, other, swap)))
+        a, b = self._pair(op, other, swap)
+        if op == "rlx.sub" and a.dtype == "i1":
+            raise TypeError("-: subtracting masks is not defined (NumPy); use ^ (xor) or "
+                            "cast to an integer dtype")
+        return self.scope.emit(op, [a, b])
 
     def _compare(self, op: str, other, swap=False) -> "Tensor":
         """Elementwise comparison -> i1 mask. An integer tensor against a non-integer
@@ -328,20 +332,26 @@ class Tensor:
 
     def _true_div(self, o, swap: bool) -> "Tensor":
         """`/` as NumPy's true division: integers and masks divide as f64 (`i32 / 2` is
-        0.5 at 1, never the truncated 0; rlx.div on integers truncates, for `//`)."""
+        0.5 at 1, never the truncated 0; rlx.div on integers truncates, for `//`), or as
+        the float Tensor on the other side (`mask / x`, `x.sum() / mask.sum()`)."""
         x = self
-        if x.dtype not in FLOAT_DTYPES and x.dtype != "u32":
+        numeric = INT_DTYPES + ("i1",)
+        if isinstance(o, Tensor) and o.dtype in FLOAT_DTYPES and x.dtype in numeric:
+            x = x.cast(o.dtype)                  # int or mask / float: the float's type
+        elif x.dtype in numeric:
             x = x.cast("f64")
-            if isinstance(o, Tensor) and o.dtype not in FLOAT_DTYPES and o.dtype != "u32":
+            if isinstance(o, Tensor) and o.dtype in numeric:
                 o = o.cast("f64")
-        elif isinstance(o, Tensor) and o.dtype in INT_DTYPES + ("i1",):
-            o = o.cast("f64") if x.dtype == "f64" else o   # float / int: the float's type
+        elif isinstance(o, Tensor) and o.dtype in numeric:
+            o = o.cast(x.dtype)                  # float / int or mask
         return x._binary("rlx.div", o, swap)
 
     def __pow__(self, o):
+        if self.dtype == "i1":
+            return self.cast("i32") ** o   # a mask counts as 0/1 (mask ** 2 is not a mask)
         if isinstance(o, numbers.Number) and o == 2:
             return self * self  # exact, cheaper, and differentiable at 0
-        if self.dtype in INT_DTYPES and isinstance(o, (numbers.Real, np.number)) and o < 0:
+        if self.dtype in INT_DTYPES and isinstance(o, (numbers.Integral, np.integer)) and o < 0:
             raise ValueError(f"**: integers to negative integer powers ({o}) are not allowed "
                              "(NumPy); cast to a float dtype")
         return self._binary("rlx.pow", o)
@@ -406,7 +416,8 @@ class Tensor:
     def _divmod(self, other, swap, what):
         """NumPy's divmod (npy_divmod): remainder with the sign of the divisor and the
         floor quotient, from the truncated remainder m = fmod(a, b)."""
-        self._no_bool(what)
+        if self.dtype == "i1":
+            return self.cast("i32")._divmod(other, swap, what)   # a mask counts as 0/1
         a, b = self._pair(what, other, swap)
         m = a.scope.emit("rlx.rem", [a, b])
         fix = (m != 0) & ((m < 0) != (b < 0))  # m and b of opposite signs
@@ -536,11 +547,12 @@ class Tensor:
         return self.cast("i32") if self.dtype == "i1" else self
 
     # NumPy's dtypes: a mask's sum/prod count in i32 (its max/min stay masks), the mean of
-    # integers or a mask is f64
+    # integers is f64; a mask's mean (a fraction: accuracy) is f32, the default float
     def sum(self, axes=None, keepdims=False): return self._counts()._reduce("sum", axes, keepdims)
 
     def mean(self, axes=None, keepdims=False):
-        x = self if self.dtype in FLOAT_DTYPES else self.cast("f64")
+        x = self if self.dtype in FLOAT_DTYPES else self.cast("f32" if self.dtype == "i1"
+                                                              else "f64")
         return x._reduce("mean", axes, keepdims)
 
     def max(self, axes=None, keepdims=False): return self._reduce("max", axes, keepdims)

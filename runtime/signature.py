@@ -43,7 +43,7 @@ def coerce(kind: str, name: str, value, shape, dtype: str) -> np.ndarray:
             a = a.reshape(shape)
         else:
             raise ShapeError(f"{kind} {name!r} expects shape {shape}, got {a.shape}")
-    if dtype in ("i32", "i64", "u32") and a.dtype.kind in "iu" and a.size:
+    if dtype in ("i32", "i64", "u32") and a.dtype.kind in "iu" and a.size and a.dtype != want:
         lim = np.iinfo(want)
         if int(a.max()) > lim.max or int(a.min()) < lim.min:
             raise ValueError(f"{kind} {name!r}: values do not fit in {dtype} "

@@ -317,3 +317,10 @@ CASES.append(
      {"cw": r(5, lo=0.2)},
      [("l_mean", F), ("lp", F), ("l_none", F), ("l_w", F), ("l_wi", F), ("l_si", F),
       ("l_2d", F)]))
+
+# ReduceMean keeps an integer input's type (the mean truncated), as onnxruntime
+CASES.append(
+    ("reduce_mean_int", 18, [N("ReduceMean", ["xi", "ax1"], "rmi", keepdims=0),
+                             N("ReduceMean", ["xi"], "rma")],
+     {"xi": np.array([[3, 4, 2, 5], [1, 0, 3, 3], [9, 8, 9, 9]], np.int64)},
+     {"ax1": i64(1)}, [("rmi", I64), ("rma", I64)]))

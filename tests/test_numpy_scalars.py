@@ -2,7 +2,8 @@
 
 - A mask in arithmetic counts as 0/1 (README): `mask + 1` is i32, `mask * 0.5` f32,
   `mask.sum()` / `mask.prod()` count in i32, `mask == 2` compares the 0/1 values.
-- The mean of integers or of a mask is f64 (NumPy's float64), never a truncated integer.
+- The mean of integers is f64 (NumPy's float64), never a truncated integer; a mask's mean
+  (a fraction) is f32, the default float, so it combines with f32 losses.
 - A Python scalar never wraps into an integer dtype: an integer beyond the dtype's range
   raises OverflowError in arithmetic (NumPy 2) and compares exactly (every element alike);
   a non-integer float raises TypeError in arithmetic and `where`, and compares in f64.
@@ -33,7 +34,7 @@ def test_a_mask_in_arithmetic_and_reductions_counts_as_0_1(dev):
 
     got = Func("masks", build).run_on(dev, x=x)
     m = x > 1.5
-    want = [np.int32(3), np.array([3], np.int32), np.float64(0.6),
+    want = [np.int32(3), np.array([3], np.int32), np.float32(0.6),
             (m + 1).astype(np.int32), (m * 2).astype(np.int32), (1 - m.astype(np.int32)),
             (m * 0.5).astype(np.float32), np.int32(0), np.True_, m == 2, m == 1, m < 0.5,
             m & True, m | False, m]
@@ -186,3 +187,45 @@ def test_uniform_stays_below_maxval(dev):
     (u,) = f.run_on(dev, key=np.array([7, 11], np.uint32))
     assert u.max() < 1001.0 and u.min() >= 1000.0
     assert (u > 1000.999).any()
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_masks_with_float_tensors_powers_and_floor_division(dev):
+    """A mask (or an integer) divided by a float Tensor takes the float's type (it was a
+    TypeError once `/` of integers became f64); mask ** k and mask // k count 0/1;
+    x.sum() / mask.sum() and mask.mean() * x.sum() combine with f32."""
+    x = np.array([1.5, -2.0, 0.5, 4.0], np.float32)
+
+    def build(s):
+        t = s.input("x", (4,))
+        m = t > 0
+        return [m / t, t / m, m.cast("i32") / t, m ** 2, m ** 3, m // 2, m % 2,
+                t.sum() / m.sum(), m.mean() * t.sum()]
+
+    got = Func("maskdiv", build).run_on(dev, x=x)
+    m = x > 0
+    with np.errstate(divide="ignore"):
+        want = [(m / x).astype(np.float32), (x / m).astype(np.float32),
+                (m.astype(np.int32) / x).astype(np.float32), m.astype(np.int32) ** 2,
+                m.astype(np.int32) ** 3, m.astype(np.int32) // 2, m.astype(np.int32) % 2,
+                np.float32(x.sum() / m.sum()), np.float32(m.mean() * x.sum())]
+    for i, (g, w) in enumerate(zip(got, want)):
+        w = np.asarray(w)
+        assert g.dtype == w.dtype, (i, g.dtype, w.dtype)
+        np.testing.assert_allclose(np.asarray(g).reshape(w.shape), w, rtol=1e-6, err_msg=str(i))
+
+
+def test_subtracting_masks_is_a_type_error():
+    with pytest.raises(TypeError, match="subtracting masks is not defined"):
+        Func("msub", lambda s: (lambda m: m - m)(s.input("x", (3,)) > 0))
+    with pytest.raises(TypeError, match="float scalar -0.5 with i32"):
+        Func("ipow", lambda s: s.input("i", (3,), "i32") ** -0.5)
+
+
+def test_tall_float_product_over_rows():
+    """prod(0) of a tall f32 matrix took the row-split buffer mode with f64 product steps
+    stored into f32 partials (an LLVM type error at compile time)."""
+    x = np.ones((70000, 3), np.float32)
+    x[5, 1], x[69999, 2] = 2.0, -0.5
+    (got,) = Func("tallprod", lambda s: s.input("x", (70000, 3)).prod(0)).run(x=x)
+    np.testing.assert_array_equal(got, [1.0, 2.0, -0.5])

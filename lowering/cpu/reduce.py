@@ -308,9 +308,10 @@ def _buffer_split(b, cx, out, off, inner, what, work, gen):
     start = ix.scale(ix.var(c), cs)
     stop = ix.add(start, cs)
     poff = ix.add(ix.scale(ix.var(c), n_inner), off)
+    expr = cx.expr.args[0] if cx.f64 else cx.expr   # the partials are of dt (not f64 steps)
     body = (nest(inner, [Store(part, poff, identity(combine, dt))]) +
             [For(r0, start, stop, nest(cx.red[1:], nest(inner, [
-                Store(part, poff, cx.expr, combine)])))])
+                Store(part, poff, expr, combine)])))])
     loop = For(c, ix.ZERO, ix.const(chunks), body, parallel=True)
     b._add(LoopKernel(b._kname("reduce_rows"), what + f" ({chunks} row chunks)", [loop], work,
                       [part]), gen)
