@@ -155,6 +155,15 @@ def _setup_peer_isa(isa: str, blas_coretype=None) -> None:
     An explicit --blas-coretype wins over the ISA's OpenBLAS kernel."""
     for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):   # before NumPy loads OpenBLAS
         os.environ.pop(k, None)
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        # torch.compile's kernels, one cache per peer ISA: a capped run that reused the
+        # AVX-512 kernels of a native run before it computed W3/W4/W8 wrong (checked, so
+        # it failed loudly; with a cache of its own it is right)
+        import getpass
+        import tempfile
+
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
+            tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}_peer_{isa}")
     if isa == "avx2":
         os.environ.update(PEER_ISA_ENV)
         flags = os.environ.get("XLA_FLAGS", "")
