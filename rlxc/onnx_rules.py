@@ -585,6 +585,8 @@ def _constant_unsupported(node, at, opset):
 def _constant_of_shape(cx, node, ins, at):
     shp = ints_of(static(ins[0], "ConstantOfShape's shape"))
     v = tensor_array(at["value"]) if "value" in at else np.zeros(1, np.float32)
+    if any(isinstance(d, str) for d in shp):   # zeros_like(x) of a dynamic x: a splat
+        return cx.s._splat(v.reshape(-1)[0].item(), tuple(shp), cx.dtype_of(v))
     return np.full(shp, v.reshape(-1)[0], dtype=v.dtype)
 
 

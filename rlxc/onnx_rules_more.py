@@ -6,7 +6,8 @@
     PRelu      where(x < 0, slope * x, x)
     IsNaN      x != x;  IsInf: x == +inf / x == -inf as the detect_* attributes say
     OneHot     off + (on - off) * one_hot(index (negative: from the end), depth), at `axis`
-    GatherElements  data[idx at `axis`, the other dims' aranges] (advanced indexing)
+    GatherElements  data[idx at `axis`, the other dims' aranges] (advanced indexing;
+               static index shapes)
     InstanceNormalization  layer_norm over the spatial dims, then scale/bias per channel
     SoftmaxCrossEntropyLoss  log_softmax over axis 1, the labels' entries, weights,
                ignore_index, reduction (F.cross_entropy inside a model)
@@ -96,17 +97,17 @@ def _one_hot(cx, node, ins, at):
     i = cx.T(ins[0])
     depth = int(np.asarray(static(ins[1], "OneHot's depth")).reshape(-1)[0])
     vals = np.asarray(static(ins[2], "OneHot's values")).reshape(-1)
-    off, on = float(vals[0]), float(vals[1])
-    dt = cx.dtype_of(vals)
-    if dt not in ("f32", "f64"):
-        raise OnnxImportError(f"OneHot with {vals.dtype} values (float values only)")
+    dt = cx.dtype_of(vals)   # torch's F.one_hot writes int64 values [0, 1]
+    if dt not in ("f32", "f64", "i32", "i64"):
+        raise OnnxImportError(f"OneHot with {vals.dtype} values")
+    off, on = (float(vals[0]), float(vals[1])) if dt[0] == "f" else (int(vals[0]), int(vals[1]))
     if i.dtype not in ("i32", "i64"):
         i = i.cast("i64")
     from rlxc.tensor import where
 
     i = where(i < 0, i + depth, i)                      # [-depth, -1] count from the end
     y = i.one_hot(depth, dt)
-    if (off, on) != (0.0, 1.0):
+    if (off, on) != (0, 1):
         y = y * (on - off) + off
     a = axis_of(at.get("axis", -1), y.ndim, "axis")
     if a != y.ndim - 1:

@@ -271,17 +271,19 @@ CASES.append(
         N("IsInf", ["sp"], "ninf", detect_positive=0),
         N("OneHot", ["oh_i", "depth", "ohv"], "oh", axis=1),
         N("OneHot", ["oh_i", "depth", "ohv"], "oh_last"),
+        N("OneHot", ["oh_i", "depth", "ohv_int"], "oh_int"),   # F.one_hot: int64 values
         N("GatherElements", ["x", "ge_i"], "ge", axis=1),
         N("GatherElements", ["x", "ge_j"], "ge0", axis=0),
         N("InstanceNormalization", ["img", "isc", "ibi"], "inorm", epsilon=1e-4)],
      {"x": X, "t": TIES, "sp": _SPECIAL, "oh_i": i64(0, 3, -1, 2, -4), "img": IMG},
      {"ax1": i64(1), "axm": i64(-1), "k2": i64(2), "km1": i64(-1),
       "slope": r(4), "depth": i64(4), "ohv": np.array([-1.0, 3.0], np.float32),
+      "ohv_int": i64(0, 1),
       "ge_i": np.array([[[0, 2, 1, 0], [2, -1, 0, 1]], [[1, 1, 2, 0], [0, 0, 0, 2]]], np.int64),
       "ge_j": np.array([[[1, 0, 1, 0]]], np.int64), "isc": r(3), "ibi": r(3)},
      [("cs", F), ("csr", F), ("cse", F), ("csre", F), ("tv", F), ("ti", I64), ("bv", F),
       ("bi", I64), ("up", F), ("lo", F), ("pr", F), ("nan", B), ("inf", B), ("ninf", B),
-      ("oh", F), ("oh_last", F), ("ge", F), ("ge0", F), ("inorm", F)]))
+      ("oh", F), ("oh_last", F), ("oh_int", I64), ("ge", F), ("ge0", F), ("inorm", F)]))
 
 # Resize mode linear (F.interpolate(mode="bilinear")): every coordinate transformation,
 # up and down, integer and fractional scales, from scales and from sizes; Resize-10

@@ -123,6 +123,11 @@ EXPORT_CASES = {
                    h.make_node("Unsqueeze", ["e", "z"], ["ee"]), _const("ax", [1]),
                    h.make_node("Slice", ["x", "z", "ee", "ax"], ["y"])], ["batch", 8], 13),
     "softmax11_3d": ([h.make_node("Softmax", ["x"], ["y"], axis=2)], ["batch", 4, 8], 11),
+    # torch.where(isnan(x), zeros_like(x), x): ConstantOfShape(Shape(x)) of a dynamic x
+    "zeros_like": ([h.make_node("Shape", ["x"], ["s"]),
+                    h.make_node("ConstantOfShape", ["s"], ["z"]),
+                    h.make_node("IsNaN", ["x"], ["n"]),
+                    h.make_node("Where", ["n", "z", "x"], ["y"])], ["batch", 4], 13),
     "logsoftmax11": ([h.make_node("LogSoftmax", ["x"], ["y"], axis=2)],
                      ["batch", "seq", 8], 11),
     "pad_value": ([_const("p", [0, 0, 1, 1, 0, 0, 1, 1]), _const("v", 3.0, np.float32),
