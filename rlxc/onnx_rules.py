@@ -300,17 +300,11 @@ def arg_reduce(kind: str):
         x = cx.T(ins[0])
         axis = axis_of(at.get("axis", 0), x.ndim, "axis")
         keep = bool(at.get("keepdims", 1))
+        arg = "arg" + kind
         if not at.get("select_last_index", 0):
-            return getattr(x, "arg" + kind)(axis, keepdims=keep).cast("i64")
-        n = x.shape[axis]
-        xs = x.stop_gradient()
-        hit = xs == getattr(xs, kind)(axis, keepdims=True)
-        if x.dtype in ("f32", "f64"):
-            hit = hit | (xs != xs)   # max/min propagate a NaN: then only the NaNs hit
-        shape = [1] * x.ndim
-        shape[axis] = n
-        idx = cx.s.constant(np.arange(n, dtype=np.int64).reshape(shape), "i64")
-        return hit.where(idx, -1).max(axis, keepdims=keep)
+            return getattr(x, arg)(axis, keepdims=keep).cast("i64")
+        # the last one: the first of the flipped axis (its NaN rule included)
+        return (x.shape[axis] - 1 - getattr(x.flip(axis), arg)(axis, keepdims=keep)).cast("i64")
     return Rule(fn)
 
 

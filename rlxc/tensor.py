@@ -280,8 +280,7 @@ class Tensor:
         than 0/1 with a mask."""
         dt = self.dtype
         if dt not in FLOAT_DTYPES:
-            if not isinstance(value, (numbers.Integral, np.integer)) and \
-                    not float(value).is_integer():
+            if not _whole(value):
                 raise TypeError(f"{what}: float scalar {value} with {dt} tensor")
             lo, hi = _int_limits(dt)
             if not lo <= int(value) <= hi:
@@ -305,8 +304,7 @@ class Tensor:
             if x.dtype == "i1":
                 x = x.cast("i32")   # a mask against a number counts as 0/1 (NumPy)
             if x.dtype not in FLOAT_DTYPES:
-                if not isinstance(other, (numbers.Integral, np.integer)) and \
-                        not float(other).is_integer():
+                if not _whole(other):
                     x = x.cast("f64")   # 2.5, inf, NaN: exactly in f64
                 else:
                     lo, hi = _int_limits(x.dtype)
@@ -824,6 +822,11 @@ def _as_tensor(x, like: Tensor, what: str) -> Tensor:
     if t is not None:
         return t
     return like._scalar(_truth(x, what) if like.dtype == "i1" else x, what)
+
+
+def _whole(value) -> bool:
+    """A Python/NumPy integer, or a float with an integer value (2.0; not 2.5, inf, NaN)."""
+    return isinstance(value, (numbers.Integral, np.integer)) or float(value).is_integer()
 
 
 def _int_limits(dtype: str) -> tuple[int, int]:
