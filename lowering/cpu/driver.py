@@ -5,8 +5,10 @@
           │ matmul_chain.form_chains, operand_prologue.operand_prologue
           │ buffers.plan             workspace offsets, liveness reuse
           │ llvmgen.generate         llvmlite module                    (--emit llvm)
-          │ target.compile_ir        O3, loop + SLP vectorizer          (--emit llvm, optimized)
-          │ target.emit_object       x86-64 ELF object                  (--emit asm)
+          │ dedup.merge_identical    one copy of each repeated kernel
+          │ target.compile_objects   O3, loop + SLP vectorizer, then    (--emit llvm, optimized;
+          │                          x86-64 ELF objects: a large module  --emit asm: one
+          │                          in parts side by side (partition)   module)
           │ target.link_shared       cc -shared -fopenmp
           ▼
     libNAME.so exporting
@@ -176,14 +178,15 @@ def compile_cpu(func_module, name: str | None = None, cpu: str = "native", opt: 
 
     The library goes to `so_path` (written atomically), or to a fresh temporary
     directory when it is None.  `parts` holds the objects the library is made of
-    (the generated code, then the shared sgemm objects it calls); `object` is them
-    combined into one relocatable object (`cc -r`), unless combine=False: then it is
-    the generated code alone and a caller that links links `parts` (one linker run
-    fewer on a cold compile: rlxc/backends.py)."""
+    (the generated code, in one object or one per part of a large module:
+    partition.py; then the shared sgemm objects it calls); `object` is them combined
+    into one relocatable object (`cc -r`), unless combine=False: then it is the first
+    part alone and a caller that links links `parts` (one linker run fewer on a cold
+    compile: rlxc/backends.py)."""
     from rlxc.lowering.cpu.dedup import merge_identical
     from rlxc.lowering.cpu.loops import MatmulKernel
     from rlxc.lowering.cpu.sgemm_object import relocatable_link, sgemm_object
-    from rlxc.lowering.cpu.target import compile_ir, emit_object, link_shared
+    from rlxc.lowering.cpu.target import compile_objects, link_shared
 
     t = {}
     t0 = time.perf_counter()
@@ -192,20 +195,18 @@ def compile_cpu(func_module, name: str | None = None, cpu: str = "native", opt: 
     text, _ = merge_identical(str(m))   # repeated layers: one copy of each kernel
     t["lower"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    ref = compile_ir(text, cpu, opt)
-    t["llvm opt"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    obj = emit_object(ref, cpu, opt)
-    t["codegen"] = time.perf_counter() - t0
+    parts = compile_objects(text, cpu, opt)   # LLVM O3 + codegen, large modules in parts
+    t["llvm"] = time.perf_counter() - t0
+    t["llvm parts"] = len(parts)
+    obj = parts[0]
     variants = sorted({"plain" if k.epilogue is None else "cb" for kk in prog.kernels
                        for k in getattr(kk, "steps", [kk]) if isinstance(k, MatmulKernel)})
-    parts = [obj]
     if variants:  # the shared sgemm entry points it calls (sgemm_object.py)
-        t0 = time.perf_counter()
         parts += [sgemm_object(cpu, v) for v in variants]
-        if combine:
-            obj = relocatable_link(parts, cpu)
-        t["sgemm object + ld -r"] = time.perf_counter() - t0
+    if len(parts) > 1 and combine:
+        t0 = time.perf_counter()
+        obj = relocatable_link(parts, cpu)
+        t["ld -r"] = time.perf_counter() - t0
     path = None
     if link:
         t0 = time.perf_counter()

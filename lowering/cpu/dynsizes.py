@@ -277,7 +277,7 @@ def compile_dynamic(module, name: str, cpu: str = "native", opt: int = 3,
     from rlxc.lowering.cpu.dynentry import shape_json, symint_json
     from rlxc.lowering.cpu.loops import MatmulKernel
     from rlxc.lowering.cpu.sgemm_object import relocatable_link, sgemm_object
-    from rlxc.lowering.cpu.target import compile_ir, emit_object, link_shared
+    from rlxc.lowering.cpu.target import compile_objects, link_shared
     prog = lower_dynamic(module, module_symbols(module), name, cpu, max_threads)
     m = generate(prog, cpu)   # a size used as a number there raises DynamicSizeError (symint)
     if prog.batch_split.symbol is not None:
@@ -287,13 +287,13 @@ def compile_dynamic(module, name: str, cpu: str = "native", opt: int = 3,
         emit_split_entry(m, prog, prog.split_threads, PAR_MIN_WORK)
     text, _ = merge_identical(str(m))
     try:
-        obj = emit_object(compile_ir(text, cpu, opt), cpu, opt)
+        objs = compile_objects(text, cpu, opt)
     except RuntimeError as e:
         raise DynamicSizeError(f"LLVM rejected the size-generic program: {e}") from None
     variants = sorted({"plain" if k.epilogue is None else "cb" for k in prog.kernels
                        if isinstance(k, MatmulKernel)})
-    if variants:
-        obj = relocatable_link([obj] + [sgemm_object(cpu, v) for v in variants], cpu)
+    objs += [sgemm_object(cpu, v) for v in variants]
+    obj = relocatable_link(objs, cpu) if len(objs) > 1 else objs[0]
     if not link:
         so_path = None
     elif so_path is None:

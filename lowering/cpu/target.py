@@ -538,6 +538,92 @@ def link_shared(objects: list[bytes], out_path: str, extra_libs=("gomp",),
     return out_path
 
 
+def _unlocked():
+    """llvmlite's C functions without its process-wide lock (which serializes every LLVM
+    call, so threads would take turns): safe for a module, context and target machine
+    that only one thread touches.  None when this llvmlite has no such handle."""
+    from llvmlite.binding import ffi
+
+    raw = getattr(ffi.lib, "_lib", None)
+    need = ("LLVMPY_ParseAssembly", "LLVMPY_VerifyModule", "LLVMPY_RunNewModulePassManager",
+            "LLVMPY_TargetMachineEmitToMemory")
+    if raw is None or not all(hasattr(raw, n) for n in need):
+        return None
+    return raw
+
+
+def _compile_part(text: str, cpu: str, opt: int, tuned: bool) -> bytes:
+    """Object bytes of one part, in a context and target machine of its own (a worker
+    thread of compile_parts)."""
+    from ctypes import c_char_p, string_at
+
+    from llvmlite.binding import ffi
+    from llvmlite.binding.module import ModuleRef
+
+    raw = _unlocked()
+    ctx = llvm.create_context()
+    with ffi.OutputString() as err:
+        ptr = raw.LLVMPY_ParseAssembly(ctx, c_char_p(text.encode()), err)
+        if err:
+            raise RuntimeError(f"LLVM IR parsing error\n{err}")
+    mod = ModuleRef(ptr, ctx)
+    tgt, name, features = resolve_target(cpu)
+    extra = tuning_features(cpu) if tuned else ""
+    if extra:
+        features = f"{features},{extra}" if features else extra
+    tm = llvm.Target.from_triple(tgt.triple).create_target_machine(
+        cpu=name, features=features, opt=int(opt), reloc="pic", codemodel="default")
+    mod.triple = tm.triple
+    mod.data_layout = str(tm.target_data)
+
+    def verify():
+        with ffi.OutputString() as err:
+            if raw.LLVMPY_VerifyModule(mod, err):
+                raise RuntimeError(str(err))
+    verify()
+    _hide_internal_state(mod)
+    if opt > 0:
+        pto = llvm.create_pipeline_tuning_options(speed_level=int(opt))
+        pto.loop_vectorization = pto.slp_vectorization = True
+        pto.loop_unrolling = pto.loop_interleaving = True
+        pb = llvm.create_pass_builder(tm, pto)
+        raw.LLVMPY_RunNewModulePassManager(pb.getModulePassManager(), mod, pb)
+        verify()
+    with ffi.OutputString() as err:
+        mb = raw.LLVMPY_TargetMachineEmitToMemory(tm, mod, 1, err)
+        if not mb:
+            raise RuntimeError(str(err))
+    try:
+        return string_at(ffi.lib.LLVMPY_GetBufferStart(mb), ffi.lib.LLVMPY_GetBufferSize(mb))
+    finally:
+        ffi.lib.LLVMPY_DisposeMemoryBuffer(mb)
+        mod.close()
+
+
+def compile_objects(text: str, cpu: str = "native", opt: int = 3,
+                    tuned: bool = True) -> list[bytes]:
+    """The objects of generated IR `text`: one, or one per part of a large module
+    (partition.split_module), compiled on up to as many threads as this process may
+    use cores.  Link them all."""
+    from rlxc.lowering.cpu.partition import split_module
+
+    texts = split_module(text, hidden_globals=HIDDEN_GLOBALS)
+    if len(texts) == 1 or _unlocked() is None:
+        return [emit_object(compile_ir(text, cpu, opt, tuned), cpu, opt, tuned)]
+    _ensure_init()
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    workers = max(1, min(len(texts), cores))
+    if workers == 1:
+        return [_compile_part(t, cpu, opt, tuned) for t in texts]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rlxc-llvm") as ex:
+        return list(ex.map(lambda t: _compile_part(t, cpu, opt, tuned), texts))
+
+
 def build_shared(modules, out_path: str, cpu: str = "native", opt: int = 3,
                  extra_libs=("gomp",)) -> str:
     """compile_ir + emit_object each of ``modules`` (IR text, llvmlite.ir
