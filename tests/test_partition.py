@@ -137,6 +137,36 @@ def test_split_falls_back_on_unknown_items():
     assert partition.split_module(IR, parts=1) == [IR]
 
 
+def test_split_keeps_foreign_names_internal(small_units):
+    """A symbol that would turn hidden but is not named after the program's entry (two
+    programs linked into one library could both define it): the module stays whole."""
+    text = IR.replace('@"f.k2"', '@"g.k2"')
+    assert partition.split_module(text, parts=3) == [text]
+
+
+def test_split_shared_runtime_object(small_units):
+    """A runtime object that one link holds several copies of (the sgemm objects):
+    functions used across parts turn weak_odr hidden, so the copies merge; a global used
+    across parts keeps such a module whole."""
+    assert partition.split_module(IR, parts=3, shared=True) == [IR]   # f.state
+    stateless = IR.replace('@"f.state" = internal thread_local global',
+                           '@"f.state" = private constant')
+    parts = partition.split_module(stateless, parts=3, shared=True)
+    assert len(parts) == 3
+    assert any('define weak_odr hidden void @"f.k1"' in p for p in parts)
+
+
+def test_sgemm_objects_of_two_programs_link_together(tmp_path):
+    """Two programs' objects, each combined with the sgemm object in parts (weak_odr),
+    link into one library (the AOT artifact links a model and its train step so)."""
+    from rlxc.lowering.cpu import sgemm_object
+
+    obj = sgemm_object._build("native", "plain")
+    a = sgemm_object.relocatable_link([obj], "native")
+    so = target.link_shared([a, a], str(tmp_path / "libtwo.so"))
+    assert so
+
+
 def test_parts_for(monkeypatch):
     monkeypatch.delenv("RLXC_LLVM_PARTS", raising=False)
     assert partition.parts_for(100) == 1

@@ -251,19 +251,24 @@ def _type_of(init: str) -> str:
     return init
 
 
-def _promote(it: _Item) -> str:
-    """The definition with internal/private linkage turned into hidden."""
+def _promote(it: _Item, shared: bool) -> str:
+    """The definition with internal/private linkage turned into hidden (weak_odr hidden
+    for a `shared` object, which several objects of one link may each contain)."""
+    vis = "weak_odr hidden" if shared else "hidden"
     if it.kind == "fn":
-        return it.text.replace(f"define {it.linkage} ", "define hidden ", 1)
+        return it.text.replace(f"define {it.linkage} ", f"define {vis} ", 1)
     return it.text.replace(f" = {it.linkage} ", " = hidden ", 1)
 
 
 def split_module(text: str, parts: int | None = None,
-                 hidden_globals: tuple[str, ...] = ()) -> list[str]:
+                 hidden_globals: tuple[str, ...] = (), shared: bool = False) -> list[str]:
     """The IR texts of the parts of `text` (one: `text` itself, unchanged).
 
     `parts`: how many (default parts_for(lines)); `hidden_globals`: names that part 0
-    makes hidden after parsing (target.HIDDEN_GLOBALS), declared hidden elsewhere."""
+    makes hidden after parsing (target.HIDDEN_GLOBALS), declared hidden elsewhere;
+    `shared`: the objects are a runtime piece that one link may hold several copies of
+    (the sgemm objects, in every program's object): functions turn weak_odr hidden, and a
+    global used across parts keeps the module whole."""
     n = parts_for(text.count("\n")) if parts is None else parts
     if n <= 1:
         return [text]
@@ -331,6 +336,15 @@ def split_module(text: str, parts: int | None = None,
         where[v] = 0
     if len(set(where.values())) == 1:
         return [text]
+    # a symbol that turns hidden must be this program's own (named after one of its entry
+    # points), so that two programs linked into one library never define it twice
+    entries = tuple(it.name.strip('"') + "." for it in units_of
+                    if it.kind == "fn" and it.linkage not in _LINKAGE)
+    for it in units_of:
+        if it.linkage in _LINKAGE and (shared and it.kind == "gv" or not it.name.strip(
+                '"').startswith(entries)) and any(
+                it.name in o.refs for o in units_of if where[o.name] != where[it.name]):
+            return [text]
     # what each part defines, copies and declares
     out = []
     for p in range(n):
@@ -349,7 +363,7 @@ def split_module(text: str, parts: int | None = None,
             elif where[it.name] == p:
                 foreign_use = it.linkage in _LINKAGE and any(
                     it.name in other.refs for other in units_of if where[other.name] != p)
-                body.append(_promote(it) if foreign_use else it.text)
+                body.append(_promote(it, shared) if foreign_use else it.text)
             elif it.name in need:
                 hidden = it.linkage in _LINKAGE or it.name.strip('"') in hidden_globals
                 body.append(_declaration(it, hidden))

@@ -63,7 +63,7 @@ EPI_FN = ir.FunctionType(VOID, [I8P, I64, I64, F32.as_pointer(), I64, I64, I64])
 
 _lock = threading.Lock()
 _objects: dict = {}
-SOURCES = ("sgemm_kernels.py", "openmp.py", "target.py", "sgemm_object.py",
+SOURCES = ("sgemm_kernels.py", "openmp.py", "target.py", "partition.py", "sgemm_object.py",
            "sgemm_tall.py", "sgemm_dyn.py")
 
 
@@ -216,7 +216,7 @@ VARIANTS = ("plain", "cb")
 
 def _build(cpu: str, variant: str) -> bytes:
     from rlxc.lowering.cpu.sgemm_kernels import emit_sgemm
-    from rlxc.lowering.cpu.target import compile_ir, emit_object, ir_module
+    from rlxc.lowering.cpu.target import compile_objects, ir_module
 
     name = symbols(cpu)[VARIANTS.index(variant)]
     hook, extra = (None, ()) if variant == "plain" else (_callback_hook, (I8P, I8P))
@@ -226,8 +226,11 @@ def _build(cpu: str, variant: str) -> bytes:
     fn.linkage = "weak_odr"
     text = str(m).replace(f'define weak_odr void @"{name}"',
                           f'define weak_odr hidden void @"{name}"')
-    # untuned (target.TUNING_FEATURES): the GEMM kernels were tuned without them
-    return emit_object(compile_ir(text, cpu, 3, tuned=False), cpu, 3, tuned=False)
+    # untuned (target.TUNING_FEATURES): the GEMM kernels were tuned without them; in
+    # parts on several cores (partition.py), weak_odr across parts as the entry is: every
+    # program's object holds a copy of this one
+    objs = compile_objects(text, cpu, 3, tuned=False, shared=True)
+    return objs[0] if len(objs) == 1 else relocatable_link(objs, cpu)
 
 
 def runtime_dir() -> str:

@@ -600,14 +600,14 @@ def _compile_part(text: str, cpu: str, opt: int, tuned: bool) -> bytes:
         mod.close()
 
 
-def compile_objects(text: str, cpu: str = "native", opt: int = 3,
-                    tuned: bool = True) -> list[bytes]:
+def compile_objects(text: str, cpu: str = "native", opt: int = 3, tuned: bool = True,
+                    shared: bool = False) -> list[bytes]:
     """The objects of generated IR `text`: one, or one per part of a large module
-    (partition.split_module), compiled on up to as many threads as this process may
-    use cores.  Link them all."""
+    (partition.split_module; `shared` as there), compiled on up to as many threads as
+    this process may use cores.  Link them all."""
     from rlxc.lowering.cpu.partition import split_module
 
-    texts = split_module(text, hidden_globals=HIDDEN_GLOBALS)
+    texts = split_module(text, hidden_globals=HIDDEN_GLOBALS, shared=shared)
     if len(texts) == 1 or _unlocked() is None:
         return [emit_object(compile_ir(text, cpu, opt, tuned), cpu, opt, tuned)]
     _ensure_init()
