@@ -129,7 +129,7 @@ def _mark_duplicable(items, by_name) -> None:
                 it.dup = changed = True
 
 
-def _dominators(nodes, succ, roots):
+def _dominators(succ, roots):
     """Immediate dominator of each node reachable from `roots` (a virtual root None
     above them): the iterative algorithm of Cooper, Harvey and Kennedy."""
     order, seen = [], set()
@@ -285,7 +285,7 @@ def split_module(text: str, parts: int | None = None,
     movable = {it.name for it in units_of if it.name not in set(fixed)}
     succ = {it.name: [r for r in sorted(it.refs) if r in by_name and not by_name[r].dup
                       and r != it.name] for it in units_of}
-    idom = _dominators(units_of, succ, fixed)
+    idom = _dominators(succ, fixed)
     children: dict = {}
     for v, d in idom.items():
         if v is not None:
