@@ -345,34 +345,44 @@ def target_machine(cpu: str = "native", opt: int = 3, tuned: bool = True) -> llv
     ``cpu="native"`` → host triple, CPU name and features; otherwise the named
     target's triple with that CPU's default features.  ``tuned`` adds the CPU's
     TUNING_FEATURES (they change code generation choices, never the ISA)."""
+    key = _machine_spec(cpu, opt, tuned)
+    with _tm_lock:
+        tm = _tm_cache.get(key)
+        if tm is None:
+            tm = _tm_cache[key] = _new_target_machine(*key)
+        return tm
+
+
+def _machine_spec(cpu: str, opt: int, tuned: bool) -> tuple[str, str, str, int]:
+    """(triple, CPU name, features, opt) of target_machine(cpu, opt, tuned)."""
     _ensure_init()
     tgt, name, features = resolve_target(cpu)
     extra = tuning_features(cpu) if tuned else ""
     if extra:
         features = f"{features},{extra}" if features else extra
-    key = (tgt.triple, name, features, int(opt))
-    with _tm_lock:
-        tm = _tm_cache.get(key)
-        if tm is None:
-            target = llvm.Target.from_triple(tgt.triple)
-            tm = target.create_target_machine(
-                cpu=name, features=features, opt=int(opt),
-                reloc="pic", codemodel="default")
-            _tm_cache[key] = tm
-        return tm
+    return tgt.triple, name, features, int(opt)
 
 
-def optimize(mod: llvm.ModuleRef, tm: llvm.TargetMachine, level: int = 3) -> llvm.ModuleRef:
-    """Run the new-pass-manager pipeline at ``level`` (loop vectorizer and
-    SLP vectorizer on, loop unrolling and interleaving on) in place."""
+def _new_target_machine(triple: str, name: str, features: str, opt: int):
+    return llvm.Target.from_triple(triple).create_target_machine(
+        cpu=name, features=features, opt=int(opt), reloc="pic", codemodel="default")
+
+
+def _pass_builder(tm: llvm.TargetMachine, level: int):
+    """The new pass manager's O`level` pipeline: loop and SLP vectorizer, loop unrolling
+    and interleaving on."""
     pto = llvm.create_pipeline_tuning_options(speed_level=int(level))
     pto.loop_vectorization = True
     pto.slp_vectorization = True
     pto.loop_unrolling = True
     pto.loop_interleaving = True
-    pb = llvm.create_pass_builder(tm, pto)
-    mpm = pb.getModulePassManager()
-    mpm.run(mod, pb)
+    return llvm.create_pass_builder(tm, pto)
+
+
+def optimize(mod: llvm.ModuleRef, tm: llvm.TargetMachine, level: int = 3) -> llvm.ModuleRef:
+    """Run the new-pass-manager pipeline at ``level`` (_pass_builder) in place."""
+    pb = _pass_builder(tm, level)
+    pb.getModulePassManager().run(mod, pb)
     return mod
 
 
@@ -554,7 +564,7 @@ def _unlocked():
 
 def _compile_part(text: str, cpu: str, opt: int, tuned: bool) -> bytes:
     """Object bytes of one part, in a context and target machine of its own (a worker
-    thread of compile_parts)."""
+    thread of compile_objects)."""
     from ctypes import c_char_p, string_at
 
     from llvmlite.binding import ffi
@@ -563,16 +573,11 @@ def _compile_part(text: str, cpu: str, opt: int, tuned: bool) -> bytes:
     raw = _unlocked()
     ctx = llvm.create_context()
     with ffi.OutputString() as err:
-        ptr = raw.LLVMPY_ParseAssembly(ctx, c_char_p(text.encode()), err)
+        mod = ModuleRef(raw.LLVMPY_ParseAssembly(ctx, c_char_p(text.encode()), err), ctx)
         if err:
+            mod.close()
             raise RuntimeError(f"LLVM IR parsing error\n{err}")
-    mod = ModuleRef(ptr, ctx)
-    tgt, name, features = resolve_target(cpu)
-    extra = tuning_features(cpu) if tuned else ""
-    if extra:
-        features = f"{features},{extra}" if features else extra
-    tm = llvm.Target.from_triple(tgt.triple).create_target_machine(
-        cpu=name, features=features, opt=int(opt), reloc="pic", codemodel="default")
+    tm = _new_target_machine(*_machine_spec(cpu, opt, tuned))   # this thread's own
     mod.triple = tm.triple
     mod.data_layout = str(tm.target_data)
 
@@ -583,10 +588,7 @@ def _compile_part(text: str, cpu: str, opt: int, tuned: bool) -> bytes:
     verify()
     _hide_internal_state(mod)
     if opt > 0:
-        pto = llvm.create_pipeline_tuning_options(speed_level=int(opt))
-        pto.loop_vectorization = pto.slp_vectorization = True
-        pto.loop_unrolling = pto.loop_interleaving = True
-        pb = llvm.create_pass_builder(tm, pto)
+        pb = _pass_builder(tm, opt)
         raw.LLVMPY_RunNewModulePassManager(pb.getModulePassManager(), mod, pb)
         verify()
     with ffi.OutputString() as err:
