@@ -855,7 +855,7 @@ def where(cond: Tensor, a, b) -> Tensor:
         raise ValueError("where: the condition and a branch are Tensors of another traced "
                          "function (another GraphScope)")
     if ref is None:
-        dt = "f32"
+        dt = _pair_dtype(a, b)
         a = cond.scope._splat(a, cond.shape, dt)
         b = cond.scope._splat(b, cond.shape, dt)
     else:
@@ -865,6 +865,25 @@ def where(cond: Tensor, a, b) -> Tensor:
     shp = broadcast_shapes(broadcast_shapes(cond.shape, a.shape, "select"), b.shape, "select")
     return cond.scope.emit("rlx.select", [cond.broadcast_to(shp), a.broadcast_to(shp),
                                         b.broadcast_to(shp)])
+
+
+def _pair_dtype(a, b) -> str:
+    """where()'s dtype for two Python scalars: NumPy's kind at rlxc's default width (two
+    bools: a mask; ints, or an int and a bool: i32; any float: f32)."""
+    for v in (a, b):
+        if not isinstance(v, (numbers.Real, np.number, np.bool_)):
+            raise TypeError(f"where: a branch must be a Tensor or a real number, got "
+                            f"{type(v).__name__}")
+    if all(isinstance(v, (bool, np.bool_)) for v in (a, b)):
+        return "i1"
+    if not all(isinstance(v, (numbers.Integral, np.integer, np.bool_)) for v in (a, b)):
+        return "f32"
+    lo, hi = _int_limits("i32")
+    for v in (a, b):
+        if not lo <= int(v) <= hi:
+            raise OverflowError(f"where: Python integer {int(v)} out of bounds for i32 "
+                                f"({lo} .. {hi}); pass a Tensor of the dtype you need")
+    return "i32"
 
 
 def concat(tensors, axis: int = 0) -> Tensor:

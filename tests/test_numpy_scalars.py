@@ -6,7 +6,8 @@
   (a fraction) is f32, the default float, so it combines with f32 losses.
 - A Python scalar never wraps into an integer dtype: an integer beyond the dtype's range
   raises OverflowError in arithmetic (NumPy 2) and compares exactly (every element alike);
-  a non-integer float raises TypeError in arithmetic and `where`, and compares in f64.
+  a non-integer float raises TypeError in arithmetic and `where`, and compares in f64;
+  `where` of two Python scalars takes NumPy's kind (i32, f32 or a mask).
 - Integer `**` is exact and wraps like NumPy's (square and multiply, not f64 pow); a
   constant negative exponent raises ValueError as NumPy does, a runtime one gives the
   truncated 1 / x ** -y (lowering/shared/scalar.py's header).
@@ -229,3 +230,30 @@ def test_tall_float_product_over_rows():
     x[5, 1], x[69999, 2] = 2.0, -0.5
     (got,) = Func("tallprod", lambda s: s.input("x", (70000, 3)).prod(0)).run(x=x)
     np.testing.assert_array_equal(got, [1.0, 2.0, -0.5])
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_where_of_two_python_scalars_takes_numpys_kind(dev):
+    """np.where(m, 1, 0) is an integer, (m, 1, 0.5) a float, (m, True, False) a bool:
+    rlxc gives i32, f32 and an i1 mask (its default widths), no longer f32 for all."""
+    x = np.array([1.0, 2.0, 3.0], np.float32)
+
+    def build(s):
+        m = s.input("x", (3,)) > 1.5
+        return [where(m, 1, 0), where(m, 1, 0.5), where(m, True, False), m.where(2, np.int64(7)),
+                where(m, 1, 0) * 3]
+
+    got = Func("where_kinds", build).run_on(dev, x=x)
+    m = x > 1.5
+    want = [np.where(m, 1, 0).astype(np.int32), np.where(m, 1, 0.5).astype(np.float32), m,
+            np.where(m, 2, 7).astype(np.int32), np.where(m, 3, 0).astype(np.int32)]
+    for g, w in zip(got, want):
+        assert np.asarray(g).dtype == w.dtype
+        np.testing.assert_array_equal(g, w)
+
+
+def test_where_of_scalars_out_of_range_or_not_numbers():
+    with pytest.raises(OverflowError, match="where: Python integer 4294967296"):
+        Func("w_big", lambda s: where(s.input("x", (3,)) > 0, 2 ** 32, 0)).module
+    with pytest.raises(TypeError, match="where: a branch must be a Tensor or a real number"):
+        Func("w_str", lambda s: where(s.input("x", (3,)) > 0, "a", 0)).module
