@@ -100,6 +100,12 @@ def test_split_golden(small_units):
     k1 = next(p for p in parts if 'define hidden void @"f.k1"' in p)
     assert 'define internal void @"f.k1.helper"' in k1     # with its only caller
     assert '@"f.state" = external hidden thread_local global [4 x i64]' in k1
+    ie = partition.split_module(IR.replace("thread_local global", "thread_local(initialexec) "
+                                           "global"), parts=3)
+    assert any('@"f.state" = external hidden thread_local(initialexec) global [4 x i64]' in p
+               for p in ie)
+    for p in ie:
+        _parse(p)
     assert '@"rlxc_num_threads" = external hidden global i32' in k1
     assert '@"f.table" = private constant' in k1
     assert 'define internal float @"rlx.math.twice"' in k1
@@ -133,6 +139,8 @@ def test_split_links_and_runs(small_units, tmp_path):
 def test_split_falls_back_on_unknown_items():
     """A top-level item the splitter does not know: the module stays whole."""
     text = IR + '$c = comdat any\n'
+    assert partition.split_module(text, parts=2) == [text]
+    text = IR + '!0 = !{void (float*)* @"f.k2"}\n'   # metadata that names a symbol
     assert partition.split_module(text, parts=2) == [text]
     assert partition.split_module(IR, parts=1) == [IR]
 

@@ -100,6 +100,8 @@ def _items(text: str):
             items.append(it)
         elif ln.startswith(("declare ", "attributes ", "!")) or (
                 ln.startswith("%") and " = type " in ln):
+            if not ln.startswith("declare ") and "@" in ln:
+                return None   # metadata naming a symbol: every part would copy it
             items.append(_Item("other", None, ln))
         elif ln.startswith(("target ", "source_filename", ";")) or not ln.strip():
             header.append(ln)
@@ -189,8 +191,8 @@ def _declaration(it: _Item, hidden: bool) -> str:
         rest = it.text.split(" = ", 1)[1].split()
         words = [w for w in rest if w not in _LINKAGE + ("weak", "hidden", "dso_local",
                                                          "unnamed_addr", "local_unnamed_addr")]
-        tls = "thread_local " if words and words[0] == "thread_local" else ""
-        if tls:
+        tls = words[0] + " " if words and words[0].startswith("thread_local") else ""
+        if tls:   # thread_local, or thread_local(<model>)
             words = words[1:]
         kind = words[0]                      # global | constant
         ty = _type_of(" ".join(words[1:]))
