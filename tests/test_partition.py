@@ -213,3 +213,25 @@ def test_transformer_grad_in_parts_matches_one_module(monkeypatch):
     assert len(got) == len(ref) > 2
     for u, v in zip(ref, got):
         np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
+
+
+def test_compile_threads_follow_rlxc_num_threads(monkeypatch):
+    """The parts compile on at most RLXC_NUM_THREADS threads (here one: in order, on
+    the calling thread), with the same objects."""
+    import threading
+
+    monkeypatch.setattr(partition, "MIN_UNIT", 10)
+    monkeypatch.setattr(partition, "PART_LINES", 10)
+    seen = set()
+    real = target._compile_part
+
+    def spy(*a):
+        seen.add(threading.current_thread().name)
+        return real(*a)
+    monkeypatch.setattr(target, "_compile_part", spy)
+    monkeypatch.setenv("RLXC_NUM_THREADS", "1")
+    one = target.compile_objects(IR)
+    assert len(one) >= 2 and seen == {threading.current_thread().name}
+    monkeypatch.setenv("RLXC_NUM_THREADS", "2")
+    assert target.compile_objects(IR) == one
+

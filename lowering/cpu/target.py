@@ -606,7 +606,7 @@ def compile_objects(text: str, cpu: str = "native", opt: int = 3, tuned: bool = 
                     shared: bool = False) -> list[bytes]:
     """The objects of generated IR `text`: one, or one per part of a large module
     (partition.split_module; `shared` as there), compiled on up to as many threads as
-    this process may use cores.  Link them all."""
+    this process may use cores (at most RLXC_NUM_THREADS when set).  Link them all."""
     from rlxc.lowering.cpu.partition import split_module
 
     texts = split_module(text, hidden_globals=HIDDEN_GLOBALS, shared=shared)
@@ -617,6 +617,9 @@ def compile_objects(text: str, cpu: str = "native", opt: int = 3, tuned: bool = 
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
+    env = os.environ.get("RLXC_NUM_THREADS", "").strip()
+    if env.isdigit() and int(env) > 0:   # the user's cap on rlxc's threads holds here too
+        cores = min(cores, int(env))
     workers = max(1, min(len(texts), cores))
     if workers == 1:
         return [_compile_part(t, cpu, opt, tuned) for t in texts]
