@@ -11,7 +11,7 @@
           │ exports nothing new) and that part declares it; private constants and the
           │ alwaysinline math helpers are copied into every part
           ▼
-    N IR texts → target.compile_parts: one thread per part, each with its own
+    N IR texts → target.compile_objects: a thread per part, each with its own
     LLVMContext and target machine → N objects, linked into one library
 
 Why: the O3 pipeline and instruction selection are most of a cold compile (W10's
