@@ -282,10 +282,7 @@ class Tensor:
         if dt not in FLOAT_DTYPES:
             if not _whole(value):
                 raise TypeError(f"{what}: float scalar {value} with {dt} tensor")
-            lo, hi = _int_limits(dt)
-            if not lo <= int(value) <= hi:
-                raise OverflowError(f"{what}: Python integer {int(value)} out of bounds for "
-                                    f"{dt} ({lo} .. {hi})")
+            _fits(value, dt, what)
         return self.scope._splat(value, self.shape, dt)
 
     def _binary(self, op: str, other, swap=False) -> "Tensor":
@@ -829,6 +826,14 @@ def _whole(value) -> bool:
     return isinstance(value, (numbers.Integral, np.integer)) or float(value).is_integer()
 
 
+def _fits(value, dtype: str, what: str) -> None:
+    """OverflowError unless the integer `value` is in `dtype`'s range (never wrapped)."""
+    lo, hi = _int_limits(dtype)
+    if not lo <= int(value) <= hi:
+        raise OverflowError(f"{what}: Python integer {int(value)} out of bounds for {dtype} "
+                            f"({lo} .. {hi})")
+
+
 def _int_limits(dtype: str) -> tuple[int, int]:
     """The range of an integer dtype (i1: a mask, 0 .. 1)."""
     if dtype == "i1":
@@ -878,11 +883,8 @@ def _pair_dtype(a, b) -> str:
         return "i1"
     if not all(isinstance(v, (numbers.Integral, np.integer, np.bool_)) for v in (a, b)):
         return "f32"
-    lo, hi = _int_limits("i32")
     for v in (a, b):
-        if not lo <= int(v) <= hi:
-            raise OverflowError(f"where: Python integer {int(v)} out of bounds for i32 "
-                                f"({lo} .. {hi}); pass a Tensor of the dtype you need")
+        _fits(v, "i32", "where")
     return "i32"
 
 

@@ -126,8 +126,8 @@ def _mark_duplicable(items, by_name) -> None:
         for it in cands:
             if it.dup:
                 continue
-            if all(by_name.get(r) is None or by_name[r].dup or by_name[r].kind == "other"
-                   or r == it.name for r in it.refs):
+            if all(by_name.get(r) is None or by_name[r].dup or r == it.name
+                   for r in it.refs):
                 it.dup = changed = True
 
 
