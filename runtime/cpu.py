@@ -133,7 +133,8 @@ def _env_flag(name: str, default: bool = True) -> bool:
     return default if not v else v not in ("0", "false", "no", "off")
 
 
-def _cores() -> int:
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask)."""
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # pragma: no cover
@@ -203,7 +204,7 @@ class ThreadGovernor:
         self.alarm = 0.0  # > 0 in the steady state: a team call this slow is recorded
         self._apply(n)
         self._fixed = (not self.adaptive or self._set is None or n == 1 or
-                       (n == 0 and _cores() <= 1))
+                       (n == 0 and usable_cores() <= 1))
 
     def _apply(self, n: int) -> None:
         if n != self._cell[0]:

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from rlxc.runtime.cpu import _cores
+from rlxc.runtime.cpu import usable_cores
 
 from rlxc.runtime.cpu import EXPLORE, TEAM_BURST, ThreadGovernor
 
@@ -150,7 +150,7 @@ def test_concurrent_calls_of_one_library_are_safe_and_exact():
 
     n = 1 << 16
     j = Func("gov_mt", lambda s: ((s.input("x", (n,)) * 1.5).tanh() * 2.0).sum()).jit()
-    assert j.lib.governor.adaptive and not j.lib.governor._fixed or _cores() < 2
+    assert j.lib.governor.adaptive and not j.lib.governor._fixed or usable_cores() < 2
     xs = [np.random.default_rng(i).standard_normal(n).astype(np.float32) for i in range(8)]
     want = [j.run(x=x)[0].copy() for x in xs]
     errors, bad, calls = [], [], [0] * 8

@@ -612,11 +612,11 @@ def compile_objects(text: str, cpu: str = "native", opt: int = 3, tuned: bool = 
     texts = split_module(text, hidden_globals=HIDDEN_GLOBALS, shared=shared)
     if len(texts) == 1 or _unlocked() is None:
         return [emit_object(compile_ir(text, cpu, opt, tuned), cpu, opt, tuned)]
-    from rlxc.runtime.cpu import _cores, env_threads
+    from rlxc.runtime.cpu import env_threads, usable_cores
 
     _ensure_init()
     cap = env_threads()   # the user's cap on rlxc's threads holds here too (0: none)
-    workers = max(1, min(len(texts), _cores(), cap or len(texts)))
+    workers = max(1, min(len(texts), usable_cores(), cap or len(texts)))
     if workers == 1:
         return [_compile_part(t, cpu, opt, tuned) for t in texts]
     from concurrent.futures import ThreadPoolExecutor
